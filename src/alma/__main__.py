@@ -1,0 +1,3 @@
+from alma.cli.main import main
+
+main()

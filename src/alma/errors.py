@@ -1,0 +1,80 @@
+"""One exception hierarchy for the whole toolchain.
+
+Code below the CLI raises these and never calls ``sys.exit``; ``alma.cli.main`` maps
+them to exit codes. Every user-facing error carries a ``hint`` ("try: ...") naming the
+next step, so the user never has to read a traceback.
+"""
+
+from __future__ import annotations
+
+
+class AlmaError(Exception):
+    """Base of every error the toolchain raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UserError(AlmaError):
+    """Bad input, bad config or a missing precondition the user can fix. Exit 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A config or project file is malformed or inconsistent."""
+
+
+class PreflightError(UserError):
+    """The host is not ready for the requested work (tools, disk, RAM, network, root)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        lines = [f"{what}  (fix: {fix})" for what, fix in problems]
+        super().__init__(
+            "preflight failed:\n  " + "\n  ".join(lines),
+            hint="fix the items above, then run the same command again",
+        )
+        self.problems = problems
+
+
+class ToolError(AlmaError):
+    """An external tool (kas, bitbake, initrd-flash, ssh, ...) failed.
+
+    ``returncode`` is the tool's own exit code; the CLI passes it on when it is
+    meaningful (1..125), otherwise exits 1.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        returncode: int | None = None,
+        hint: str | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.returncode = returncode
+        self.log_path = log_path
+        if returncode is not None and 0 < returncode < 126:
+            self.exit_code = returncode
+
+
+class ToolNotFound(UserError):
+    """An external program is not installed or not on PATH."""
+
+
+class ToolTimeout(ToolError):
+    """An external tool ran past its (phase) deadline and was stopped."""
+
+
+class Interrupted(AlmaError):
+    """The user pressed Ctrl-C; work was stopped cleanly. Exit 130."""
+
+    exit_code = 130

@@ -1,0 +1,230 @@
+"""The one runner for external tools (kas, bitbake, initrd-flash, bmaptool, ssh, ...).
+
+It logs ``cwd$ cmd``, streams every output line to a callback and a log file, enforces an
+overall timeout and optional per-phase deadlines (``Deadline``; NVIDIA's scripts have no
+timeouts of their own), stops the whole process group on timeout or Ctrl-C, and never uses
+a shell. Binary names resolve through ``alma.settings.tool`` so config can point elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from alma.errors import Interrupted, ToolError, ToolNotFound, ToolTimeout
+
+log = logging.getLogger("alma.runner")
+
+# Grace between SIGINT/SIGTERM and SIGKILL when stopping a tool: bitbake needs a few
+# seconds to stop its workers and write its cache cleanly.
+STOP_GRACE_S = 10.0
+
+
+class Deadline:
+    """A resettable deadline, so a caller can give each phase of a tool its own budget.
+
+    ``on_line`` callbacks call ``reset(seconds, phase)`` when they see a phase banner.
+    """
+
+    def __init__(self, seconds: float | None, phase: str = "run") -> None:
+        self.phase = phase
+        self._clock = time.monotonic
+        self._end = None if seconds is None else self._clock() + seconds
+        self.seconds = seconds
+
+    def reset(self, seconds: float | None, phase: str) -> None:
+        self.phase = phase
+        self.seconds = seconds
+        self._end = None if seconds is None else self._clock() + seconds
+
+    def remaining(self) -> float | None:
+        return None if self._end is None else self._end - self._clock()
+
+    def expired(self) -> bool:
+        rem = self.remaining()
+        return rem is not None and rem <= 0
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    returncode: int
+    duration_s: float
+    lines: list[str] = field(default_factory=list)  # only when keep_lines=True
+    log_path: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def format_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> str:
+    """The ``cwd$ cmd`` line that is logged and shown by --dry-run."""
+    where = str(cwd) if cwd is not None else os.getcwd()
+    return f"{where}$ {shlex.join(str(a) for a in argv)}"
+
+
+def resolve(argv0: str, env: Mapping[str, str] | None = None) -> str:
+    """Find an executable or raise ToolNotFound with an install hint."""
+    if os.sep in argv0:
+        if os.access(argv0, os.X_OK):
+            return argv0
+        raise ToolNotFound(f"{argv0}: not found or not executable", hint=f"check the path {argv0}")
+    path = (env or os.environ).get("PATH", os.defpath)
+    found = shutil.which(argv0, path=path)
+    if found is None:
+        raise ToolNotFound(
+            f"{argv0}: command not found on PATH",
+            hint=f'install {argv0}, or set its path in alma.toml [tools] {argv0} = "/path"',
+        )
+    return found
+
+
+def _reader(stream: IO[bytes], q: queue.Queue[str | None]) -> None:
+    for raw in iter(stream.readline, b""):
+        q.put(raw.decode("utf-8", "replace").rstrip("\r\n"))
+    q.put(None)
+
+
+def _stop_group(proc: subprocess.Popen[bytes], first: int) -> None:
+    """Signal the tool's whole process group, escalate to SIGKILL after a grace."""
+    try:
+        os.killpg(proc.pid, first)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | Deadline | None = None,
+    on_line: Callable[[str], None] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+    check: bool = True,
+    keep_lines: bool = False,
+    stdin: int | None = subprocess.DEVNULL,
+    what: str | None = None,
+) -> Result:
+    """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
+
+    Raises ToolNotFound, ToolTimeout (with the phase that overran), Interrupted on Ctrl-C
+    (after stopping the tool's process group with SIGINT), and ToolError on a non-zero
+    exit when ``check`` is true.
+    """
+    args = [str(a) for a in argv]
+    full_env = dict(os.environ if env is None else env)
+    args[0] = resolve(args[0], full_env)
+    name = what or Path(args[0]).name
+    deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
+    cmdline = format_command(args, cwd)
+    log.info("%s", cmdline)
+
+    logf: IO[str] | None = None
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
+        logf.write(cmdline + "\n")
+
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=full_env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: we can stop it and its children
+        )
+    except OSError as exc:
+        if logf:
+            logf.close()
+        raise ToolError(f"{name}: cannot start: {exc}", hint="check the tool's installation") from exc
+
+    assert proc.stdout is not None
+    q: queue.Queue[str | None] = queue.Queue()
+    t = threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True)
+    t.start()
+    lines: list[str] = []
+    try:
+        while True:
+            rem = deadline.remaining()
+            wait = 0.2 if rem is None else max(0.0, min(0.2, rem))
+            try:
+                line = q.get(timeout=wait)
+            except queue.Empty:
+                if deadline.expired():
+                    _stop_group(proc, signal.SIGTERM)
+                    raise ToolTimeout(
+                        f"{name}: no completion of phase '{deadline.phase}' within "
+                        f"{deadline.seconds:.0f} s; stopped it",
+                        hint="see the log" + (f" {log_path}" if log_path else ""),
+                        log_path=str(log_path) if log_path else None,
+                    ) from None
+                continue
+            if line is None:
+                break
+            if logf:
+                logf.write(line + "\n")
+            if keep_lines:
+                lines.append(line)
+            if on_line:
+                on_line(line)
+        proc.wait()
+    except KeyboardInterrupt:
+        _stop_group(proc, signal.SIGINT)
+        raise Interrupted(f"{name}: interrupted; stopped it cleanly") from None
+    except BaseException:
+        if proc.poll() is None:
+            _stop_group(proc, signal.SIGTERM)
+        raise
+    finally:
+        if logf:
+            logf.close()
+    result = Result(
+        argv=args,
+        returncode=proc.returncode,
+        duration_s=time.monotonic() - started,
+        lines=lines,
+        log_path=Path(log_path) if log_path else None,
+    )
+    if check and proc.returncode != 0:
+        raise ToolError(
+            f"{name} exited with code {proc.returncode}",
+            returncode=proc.returncode,
+            log_path=str(log_path) if log_path else None,
+            hint=f"see the log {log_path}" if log_path else None,
+        )
+    return result
+
+
+def capture(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 60.0,
+    check: bool = True,
+) -> Result:
+    """Run a short tool and keep its output lines (e.g. ``systemd-analyze``, ``git``)."""
+    return run(argv, cwd=cwd, env=env, timeout=timeout, check=check, keep_lines=True)

@@ -1,0 +1,35 @@
+"""Test isolation for the whole suite (see ARCHITECTURE.md, "Tests are isolated").
+
+Every test gets a temp HOME, no ALMA_*/KAS_* variables from the developer's shell, and a
+dead proxy so nothing reaches the network by accident.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key in list(os.environ):
+        if key.startswith(("ALMA_", "KAS_")):
+            monkeypatch.delenv(key, raising=False)
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    dead = "http://127.0.0.1:9"  # discard port: connections are refused at once
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(var, dead)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost,::1")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost,::1")
+    yield
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
