@@ -1,0 +1,106 @@
+"""The CLI's error mapping: user errors exit 2 with a hint and no traceback, Ctrl-C 130."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from alma.cli import main as climain
+from alma.errors import Interrupted, ToolError, UserError
+
+
+def _run_with(
+    cmd: click.Command, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    monkeypatch.setitem(climain.VERBS, "probe", ("tests_probe", "probe", "probe"))
+    monkeypatch.setattr(climain.LazyGroup, "get_command", lambda self, ctx, name: cmd if name == "probe" else None)
+    with pytest.raises(SystemExit) as ei:
+        climain.main(["probe"])
+    return int(ei.value.code or 0), capsys.readouterr().err
+
+
+def test_user_error_exits_2_with_try_hint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    @click.command()
+    def probe() -> None:
+        raise UserError("unknown machine 'jetson-foo'", hint="alma build --machine jetson-orin-nano-devkit")
+
+    code, err = _run_with(probe, monkeypatch, capsys)
+    assert code == 2
+    assert "error: unknown machine 'jetson-foo'" in err
+    assert "try: alma build --machine" in err
+    assert "Traceback" not in err
+
+
+def test_tool_error_passes_the_tools_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    @click.command()
+    def probe() -> None:
+        raise ToolError("bitbake exited with code 1", returncode=1)
+
+    code, _ = _run_with(probe, monkeypatch, capsys)
+    assert code == 1
+
+
+def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    @click.command()
+    def probe() -> None:
+        raise Interrupted("stopped")
+
+    code, _ = _run_with(probe, monkeypatch, capsys)
+    assert code == 130
+
+    @click.command()
+    def probe2() -> None:
+        raise KeyboardInterrupt
+
+    code, _ = _run_with(probe2, monkeypatch, capsys)
+    assert code == 130
+
+
+def test_every_verb_loads_and_documents_exit_codes() -> None:
+    """Each registered verb imports, and its help names its exit codes."""
+    for name in climain.VERBS:
+        proc = subprocess.run(
+            [sys.executable, "-m", "alma", name, "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, f"alma {name} --help failed:\n{proc.stderr}"
+        assert "exit" in proc.stdout.lower(), f"alma {name} --help does not document exit codes"
+
+
+def test_unknown_verb_is_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "alma", "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "No such command" in proc.stderr
+
+
+def test_top_level_help_lists_every_verb_without_importing_them() -> None:
+    code = (
+        "import sys; from alma.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
+        "heavy = [m for m in ('rich', 'kas', 'pyudev', 'serial', 'jinja2') if m in sys.modules]\n"
+        "print('HEAVY', heavy)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    for verb in climain.VERBS:
+        assert verb in proc.stdout
+    assert "HEAVY []" in proc.stdout
+
+
+def test_repo_root_found_from_subdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from alma import settings
+
+    (tmp_path / "kas").mkdir()
+    (tmp_path / "layers").mkdir()
+    sub = tmp_path / "docs" / "gates"
+    sub.mkdir(parents=True)
+    assert settings.repo_root(sub) == tmp_path.resolve()
+    monkeypatch.setenv("ALMA_TOOL_KAS", "/opt/kas/bin/kas")
+    assert settings.tool("kas", tmp_path) == "/opt/kas/bin/kas"
+    monkeypatch.delenv("ALMA_TOOL_KAS")
+    (tmp_path / "alma.toml").write_text('[tools]\ninitrd-flash = "/lab/initrd-flash"\n')
+    settings._config.cache_clear()
+    assert settings.tool("initrd-flash", tmp_path) == "/lab/initrd-flash"
+    assert settings.tool("bitbake", tmp_path) == "bitbake"

@@ -1,0 +1,127 @@
+"""The one runner: streaming, logging, timeouts, process-group stop, Ctrl-C, no shell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from alma import runner
+from alma.errors import Interrupted, ToolError, ToolNotFound, ToolTimeout
+
+PY = sys.executable
+
+
+def test_streams_lines_in_order_and_logs_command(tmp_path: Path) -> None:
+    seen: list[str] = []
+    log = tmp_path / "logs" / "tool.log"
+    res = runner.run(
+        [PY, "-c", "import sys\nfor i in range(3): print('line', i, flush=True)\nprint('err', file=sys.stderr)"],
+        cwd=tmp_path,
+        on_line=seen.append,
+        log_path=log,
+    )
+    assert res.ok and res.returncode == 0
+    assert seen[:3] == ["line 0", "line 1", "line 2"] and "err" in seen
+    text = log.read_text()
+    # first line of the log is the `cwd$ cmd` line
+    assert text.splitlines()[0].startswith(f"{tmp_path}$ {PY} -c ")
+    assert "line 2" in text
+
+
+def test_nonzero_exit_raises_tool_error_with_code(tmp_path: Path) -> None:
+    with pytest.raises(ToolError) as ei:
+        runner.run([PY, "-c", "raise SystemExit(7)"])
+    assert ei.value.returncode == 7 and ei.value.exit_code == 7
+    res = runner.run([PY, "-c", "raise SystemExit(7)"], check=False)
+    assert res.returncode == 7
+
+
+def test_missing_tool_is_a_user_error_with_hint() -> None:
+    with pytest.raises(ToolNotFound) as ei:
+        runner.run(["alma-no-such-tool-xyz"])
+    assert ei.value.exit_code == 2 and ei.value.hint and "install" in ei.value.hint
+
+
+def test_shell_metacharacters_are_not_interpreted(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    res = runner.capture([PY, "-c", "import sys; print(sys.argv[1])", f"x; touch {marker}"])
+    assert res.lines == [f"x; touch {marker}"]
+    assert not marker.exists()
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    # The tool forks a grandchild that would outlive a naive kill of the direct child.
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(pidfile)!r}, "w").write(str(p.pid))
+        print("waiting for USB storage device", flush=True)
+        time.sleep(60)
+        """
+    )
+    t0 = time.monotonic()
+    with pytest.raises(ToolTimeout) as ei:
+        runner.run([PY, "-c", script], timeout=runner.Deadline(1.0, phase="wait-board"))
+    assert time.monotonic() - t0 < 15
+    assert "wait-board" in ei.value.message
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("grandchild survived the timeout")
+
+
+def test_deadline_reset_per_phase_keeps_a_progressing_tool_alive() -> None:
+    deadline = runner.Deadline(0.6, phase="step1")
+
+    def on_line(line: str) -> None:
+        if line.startswith("step"):
+            deadline.reset(0.6, line)
+
+    script = "import time\nfor i in range(4):\n    print(f'step{i}', flush=True); time.sleep(0.3)"
+    res = runner.run([PY, "-c", script], timeout=deadline, on_line=on_line)
+    assert res.ok and deadline.phase == "step3"
+
+
+def test_ctrl_c_sends_sigint_to_the_tool_and_raises_interrupted(tmp_path: Path) -> None:
+    got = tmp_path / "got-sigint"
+    script = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        def h(*a):
+            open({str(got)!r}, "w").write("yes"); sys.exit(130)
+        signal.signal(signal.SIGINT, h)
+        print("ready", flush=True)
+        time.sleep(30)
+        """
+    )
+
+    def on_line(line: str) -> None:
+        if line == "ready":
+            # What the terminal does on Ctrl-C: SIGINT to our process.
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(Interrupted) as ei:
+        runner.run([PY, "-c", script], on_line=on_line)
+    assert ei.value.exit_code == 130
+    assert got.read_text() == "yes"
+
+
+def test_format_command_quotes_arguments() -> None:
+    assert runner.format_command(["kas", "shell", "a b.yml", "-c", "bitbake x"], "/w") == (
+        "/w$ kas shell 'a b.yml' -c 'bitbake x'"
+    )
