@@ -1,0 +1,302 @@
+"""``alma verify``: read facts from build artefacts on disk into a facts manifest.
+
+Every fact carries its source. Missing or inconsistent artefacts are collected and raised
+together as one error (exit 2): nothing is silently skipped and no manifest is written
+from a half-read deploy dir. ``absent()`` is the one honest way to record that nothing
+has been built/verified on this machine: every artefact fact is null, with the searched
+places as its source.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from alma.artefacts import deploy as dp
+from alma.artefacts.bundle import ENV_MEMBER, REQUIRED_MEMBERS, BundleScan, Progress, scan_bundle
+from alma.artefacts.cache import Cache, file_key
+from alma.artefacts.kernel import KernelFacts, read_kernel
+from alma.artefacts.manifest import Manifest, now_iso
+from alma.artefacts.rootfs import COMPONENTS, legitimize, read_rootfs_manifest
+from alma.artefacts.status import derive_status
+from alma.errors import UserError
+
+log = logging.getLogger("alma.verify")
+
+DEFAULT_IMAGE = "alma-image"
+DEFAULT_MACHINE = "jetson-orin-nano-devkit"
+
+# Every fact `alma verify` writes: a manifest always carries all of them (null = unknown).
+ARTEFACT_FACTS = (
+    "image_buildable",
+    "kernel_version",
+    "kernel_banner",
+    "kernel_image_bytes",
+    "kernel_image_path",
+    "kernel_package",
+    "bundle_bytes",
+    "bundle_sha256",
+    "bundle_path",
+    "rootfs_bytes",
+    "rootfs_path",
+    "build_time",
+    "env_machine",
+    "env_chipid",
+    "env_rootfs_device",
+    "env_bootdev",
+    "package_count",
+    "components",
+)
+
+
+class ArtefactError(UserError):
+    """Artefacts are missing or contradict each other; lists every problem found."""
+
+    def __init__(self, deploy: Path, problems: list[str], hint: str | None = None) -> None:
+        super().__init__(
+            f"{deploy}: {len(problems)} artefact problem(s):\n  " + "\n  ".join(problems),
+            hint=hint or "rebuild the image (alma build) or point alma verify at the right deploy dir",
+        )
+        self.problems = problems
+
+
+def _cached_bundle(path: Path, cache: Cache, rehash: bool, progress: Progress | None) -> tuple[BundleScan, bool]:
+    key = file_key(path, "bundle")
+    hit = None if rehash else cache.get(key)
+    if hit is not None:
+        try:
+            return BundleScan.from_dict(hit), True
+        except (KeyError, TypeError, ValueError):
+            pass
+    scan = scan_bundle(path, progress)
+    cache.put(key, scan.to_dict())
+    return scan, False
+
+
+def _cached_kernel(path: Path, cache: Cache, rehash: bool) -> KernelFacts:
+    key = file_key(path, "kernel")
+    hit = None if rehash else cache.get(key)
+    if hit is not None:
+        try:
+            return KernelFacts(**hit)
+        except TypeError:
+            pass
+    kf = read_kernel(path)
+    cache.put(key, kf.__dict__.copy())
+    return kf
+
+
+def resolve_deploy(deploy: Path | None, machine: str | None, root: Path) -> tuple[Path, str]:
+    if deploy is not None:
+        deploy = Path(deploy)
+        if not deploy.is_dir():
+            raise UserError(
+                f"deploy dir not found: {deploy}",
+                hint="pass tmp/deploy/images/<MACHINE> of a finished build, or record that nothing "
+                "is built here: alma verify --absent",
+            )
+        return deploy, machine or deploy.resolve().name
+    machine = machine or DEFAULT_MACHINE
+    cands = dp.default_deploy_dirs(root, machine)
+    for c in cands:
+        if c.is_dir():
+            return c, machine
+    raise UserError(
+        "no deploy dir found (looked in: " + ", ".join(str(c) for c in cands) + ")",
+        hint="alma verify PATH/TO/tmp/deploy/images/<MACHINE>, or record honestly that nothing is "
+        "built on this machine: alma verify --absent",
+    )
+
+
+def verify(
+    deploy: Path | None,
+    *,
+    root: Path,
+    machine: str | None = None,
+    image: str | None = None,
+    rehash: bool = False,
+    cache: Cache | None = None,
+    progress: Progress | None = None,
+    on_cache: Callable[[str, bool], None] | None = None,
+) -> Manifest:
+    deploy, machine = resolve_deploy(deploy, machine, root)
+    cache = cache or Cache()
+    problems: list[str] = []
+
+    if image is None:
+        images = dp.images_in(deploy, machine)
+        if not images:
+            stamped = sorted(deploy.glob(f"*-{machine}.rootfs-*.tegraflash.*"))
+            extra = f" (timestamped files exist: {', '.join(p.name for p in stamped[:3])})" if stamped else ""
+            raise ArtefactError(
+                deploy,
+                [f"no bundle: no *-{machine}.rootfs.tegraflash.tar.gz here{extra}"],
+                hint=f"check MACHINE (the dir is for {deploy.name!r}), or build: alma build",
+            )
+        if len(images) > 1:
+            raise UserError(
+                f"{deploy}: bundles for several images: {', '.join(images)}",
+                hint="choose one: alma verify --image " + images[0],
+            )
+        image = images[0]
+
+    m = Manifest(machine=machine, image=image, generated=now_iso())
+    host = socket.gethostname()
+
+    # --- bundle (the fingerprint of the build) ---
+    b = dp.find_bundle(deploy, image, machine)
+    scan: BundleScan | None = None
+    if b is None:
+        stamped = dp.stamped_siblings(deploy, image, machine)
+        note = f"; timestamped files without a link: {', '.join(p.name for p in stamped)}" if stamped else ""
+        problems.append(f"no bundle: {dp.link_name(image, machine)}.tegraflash.tar.gz is missing{note}")
+    elif b.dangling:
+        problems.append(f"dangling symlink: {b.link.name} -> {os.readlink(b.link)} (target missing)")
+    else:
+        assert b.real is not None
+        scan, hit = _cached_bundle(b.real, cache, rehash, progress)
+        if on_cache:
+            on_cache(str(b.real), hit)
+        src = str(b.real)
+        m.set("image_buildable", True, f"{src}: a flashable bundle exists, so the image was built")
+        m.set("bundle_path", src, f"{b.link} -> {b.real.name}" if b.link != b.real else src)
+        m.set("bundle_bytes", scan.size, f"{src}: file size")
+        m.set("bundle_sha256", scan.sha256, f"{src}: sha256 ({'cached by path/size/mtime/inode' if hit else 'read'})")
+        stamp = dp.stamp_time(b.real.name)
+        if stamp:
+            m.set("build_time", stamp, f"{b.real.name}: IMAGE_NAME DATETIME stamp (UTC)")
+        esrc = f"{src}:{ENV_MEMBER}"
+        if scan.env is None:
+            problems.append(f"{b.real.name}: bundle has no {ENV_MEMBER} (built without initrd-flash support?)")
+        else:
+            env = scan.env
+            m.set("env_machine", env.get("MACHINE"), esrc)
+            m.set("env_chipid", env.get("CHIPID"), esrc)
+            m.set("env_rootfs_device", env.get("ROOTFS_DEVICE"), esrc)
+            m.set("env_bootdev", env.get("BOOTDEV"), esrc)
+            if env.get("MACHINE") != machine:
+                problems.append(
+                    f"wrong machine: {b.real.name}: {ENV_MEMBER} says MACHINE={env.get('MACHINE')!r}, "
+                    f"this deploy dir/--machine is {machine!r}"
+                )
+            rootfs_member = env.get("ROOTFS_IMAGE")
+            wanted = [*REQUIRED_MEMBERS, *([rootfs_member] if rootfs_member else [])]
+            missing = [n for n in wanted if n not in scan.members]
+            if missing:
+                problems.append(f"{b.real.name}: bundle lacks {', '.join(missing)}")
+            if rootfs_member and not rootfs_member.startswith(image + "."):
+                problems.append(f"{b.real.name}: {ENV_MEMBER} ROOTFS_IMAGE={rootfs_member!r} is not image {image!r}")
+
+    # --- rootfs ---
+    r = dp.locate(deploy / (dp.link_name(image, machine) + ".ext4"))
+    if r is None:
+        problems.append(f"no rootfs: {dp.link_name(image, machine)}.ext4 is missing")
+    elif r.dangling:
+        problems.append(f"dangling symlink: {r.link.name} -> {os.readlink(r.link)} (target missing)")
+    else:
+        m.set("rootfs_bytes", r.path.stat().st_size, f"{r.path}: file size")
+        m.set("rootfs_path", str(r.path), f"{r.link}")
+
+    # --- image manifest: packages, components, kernel package ---
+    mf = dp.locate(deploy / (dp.link_name(image, machine) + ".manifest"))
+    kpkg: tuple[str, str] | None = None
+    if mf is None:
+        problems.append(f"no image manifest: {dp.link_name(image, machine)}.manifest is missing")
+    elif mf.dangling:
+        problems.append(f"dangling symlink: {mf.link.name} -> {os.readlink(mf.link)} (target missing)")
+    else:
+        try:
+            rm = read_rootfs_manifest(mf.path)
+        except UserError as exc:
+            problems.append(exc.message)
+        else:
+            m.set("package_count", rm.count, f"{mf.path}: lines")
+            m.set("components", rm.components(), f"{mf.path}: packages {', '.join(COMPONENTS)}")
+            kpkg = rm.kernel_release()
+            if kpkg:
+                arch, ver = rm.packages[kpkg[1]]
+                m.set("kernel_package", f"{kpkg[1]} {ver}", f"{mf.path}: kernel package")
+            else:
+                m.set("kernel_package", None, f"{mf.path}: no kernel-<release> package in the image")
+            if not stamp_set(m):
+                t = dp.stamp_time(mf.path.name)
+                if t:
+                    m.set("build_time", t, f"{mf.path.name}: IMAGE_NAME DATETIME stamp (UTC)")
+
+    # --- kernel, from the image itself ---
+    k = dp.find_kernel(deploy, machine)
+    if k is None:
+        problems.append(f"no kernel image: none of {', '.join(n.format(machine=machine) for n in dp.KERNEL_NAMES)}")
+    elif k.dangling:
+        problems.append(f"dangling symlink: {k.link.name} -> {os.readlink(k.link)} (target missing)")
+    else:
+        try:
+            kf = _cached_kernel(k.path, cache, rehash)
+        except UserError as exc:
+            problems.append(exc.message)
+        else:
+            ksrc = f"{k.path}: 'Linux version' banner" + (" (gzip)" if kf.compressed else "")
+            m.set("kernel_version", kf.release, ksrc)
+            m.set("kernel_banner", kf.banner, ksrc)
+            m.set("kernel_image_bytes", k.path.stat().st_size, f"{k.path}: file size")
+            m.set("kernel_image_path", str(k.path), str(k.link))
+            if kpkg and legitimize(kf.release) != kpkg[0]:
+                problems.append(
+                    f"kernel mismatch: the image manifest has {kpkg[1]} but {k.path.name} says "
+                    f"'Linux version {kf.release}' (stale kernel image or manifest from another build)"
+                )
+
+    # --- build time fallback: buildhistory ---
+    if not stamp_set(m):
+        bh = dp.buildhistory_dir(deploy, image, machine)
+        for name in ("image-info.txt", "build-id.txt"):
+            f = bh / name
+            if f.is_file():
+                from datetime import UTC, datetime
+
+                t = datetime.fromtimestamp(f.stat().st_mtime, UTC).replace(microsecond=0)
+                m.set("build_time", t.isoformat().replace("+00:00", "Z"), f"{f}: mtime (buildhistory)")
+                break
+        else:
+            m.set("build_time", None, "no DATETIME stamp in the artefact names and no buildhistory")
+
+    cache.save()
+    if problems:
+        raise ArtefactError(deploy, problems)
+    for name in ARTEFACT_FACTS:
+        if name not in m.facts:
+            m.set(name, None, f"{deploy}: not found on host {host}")
+    derive_status(m, root / "facts")
+    return m
+
+
+def stamp_set(m: Manifest) -> bool:
+    return m.has("build_time") and m.facts["build_time"].value is not None
+
+
+def absent(root: Path, machine: str, image: str, searched: list[Path]) -> Manifest:
+    """The honest manifest for 'nothing built/verified here'. Refuses when artefacts exist."""
+    for d in searched:
+        if d.is_dir() and (dp.images_in(d, machine) or any(d.iterdir())):
+            raise UserError(
+                f"{d} exists and is not empty: refusing to record that nothing is built",
+                hint=f"verify it instead: alma verify {d}",
+            )
+    host = socket.gethostname()
+    m = Manifest(machine=machine, image=image, generated=now_iso())
+    where = ", ".join(_rel(d, root) for d in searched) or "(no place given)"
+    src = f"alma verify --absent on {host}: no deploy dir found ({where}); not built/verified here"
+    for name in ARTEFACT_FACTS:
+        m.set(name, None, src)
+    derive_status(m, root / "facts")
+    return m
+
+
+def _rel(p: Path, root: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(p)

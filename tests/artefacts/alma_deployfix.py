@@ -1,0 +1,169 @@
+"""Build realistic meta-tegra scarthgap deploy dirs for tests (tmp/deploy/images/<MACHINE>).
+
+Names follow oe-core image-artifact-names + kernel.bbclass + meta-tegra image_types_tegra
+(scarthgap): timestamped real files behind IMAGE_LINK_NAME symlinks, a gzip'd tar bundle
+whose members carry bare names (tar --transform=s,^\\./,,) including .env.initrd-flash as
+written by create_tegraflash_pkg, a kernel image with a real-looking ``Linux version`` banner.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import random
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+KREL = "5.15.185-l4t-r36.5-1033.33+g9c6d5c8154"
+KPV = "5.15.185+git0+9c6d5c8154-r0"
+BANNER = (
+    "Linux version {rel} (oe-user@oe-host) (aarch64-oe-linux-gcc (GCC) 13.3.0, "
+    "GNU ld (GNU Binutils) 2.42.0.20240723) #1 SMP PREEMPT Fri Nov 27 12:00:00 UTC 2026\n"
+)
+STAMP = "20261130120000"
+
+# MACHINE -> (BOOTDEV, ROOTFS_DEVICE, BOARDID)
+MACHINES = {
+    "jetson-orin-nano-devkit": ("mmcblk1p1", "mmcblk1", "3767"),
+    "jetson-orin-nano-devkit-nvme": ("nvme0n1p1", "nvme0n1", "3767"),
+    "jetson-agx-orin-devkit": ("mmcblk0p1", "mmcblk0", "3701"),
+}
+COMPONENTS = ("alma-guard", "alma-health", "alma-watchdog-config", "eran-grid")
+
+
+def env_text(machine: str, image: str) -> str:
+    bootdev, rootdev, boardid = MACHINES.get(machine, ("mmcblk0p1", "mmcblk0", "3701"))
+    return f"""FLASH_HELPER=tegra-flash-helper.sh
+BOOTDEV="{bootdev}"
+ROOTFS_DEVICE="{rootdev}"
+CHIPID="0x23"
+MACHINE="{machine}"
+DEFAULTS[BOARDID]="{boardid}"
+DEFAULTS[FAB]="300"
+DEFAULTS[CHIPREV]=""
+DEFAULTS[BOARDSKU]="0005"
+DEFAULTS[BOARDREV]=""
+DTBFILE="tegra234-p3768-0000+p3767-0005-nv.dtb"
+EMMC_BCTS=""
+ODMDATA="gbe-uphy-config-8,hsstp-lane-map-3,hsio-uphy-config-0"
+LNXFILE="boot.img"
+ROOTFS_IMAGE="{image}.ext4"
+DATAFILE=""
+EXTERNAL_ROOTFS_DRIVE={1 if "nvme" in machine else 0}
+NO_INTERNAL_STORAGE=0
+"""
+
+
+def kernel_bytes(release: str = KREL, size: int = 3 << 20, banner_at: int | None = None, seed: int = 1) -> bytes:
+    """A raw arm64 Image: 64-byte header with magic ARM\\x64 at 0x38, a banner in 'rodata'."""
+    rnd = random.Random(seed)
+    hdr = bytearray(64)
+    hdr[0:4] = b"MZ@\xfa"  # EFI stub, as the real arm64 Image starts
+    hdr[0x38:0x3C] = b"ARM\x64"
+    body = bytearray(rnd.randbytes(size - 64))
+    # a format string like the kernel's own, which is NOT the banner
+    body[1000:1000 + 30] = b"Linux version %s (%s)\n\0\0\0\0\0\0\0\0"[:30]
+    banner = BANNER.format(rel=release).encode() + b"\0"
+    at = banner_at if banner_at is not None else size // 2
+    body[at - 64 : at - 64 + len(banner)] = banner
+    return bytes(hdr) + bytes(body)
+
+
+@dataclass
+class Deploy:
+    dir: Path
+    machine: str
+    image: str
+    bundle: Path  # the real (timestamped) file
+    bundle_link: Path
+    kernel: Path
+
+
+def _tar_members(machine: str, image: str, env_machine: str, payload: int, with_env: bool) -> list[tuple[str, bytes]]:
+    rnd = random.Random(machine)
+    m = [
+        ("bsp_version", b"36.5.0\n"),
+        ("flash.xml.in", b"<?xml version=\"1.0\"?>\n<partition_layout version=\"01.00.0000\">\n</partition_layout>\n"),
+        ("doflash.sh", f"#!/bin/sh\nMACHINE={machine} ./tegra-flash-helper.sh flash.xml.in boot.img {image}.ext4 \"$@\"\n".encode()),
+        ("initrd-flash", b"#!/bin/bash\n# OE4T initrd-flash\n"),
+        ("tegraflash.py", b"#!/usr/bin/env python3\n"),
+        ("tegrarcm_v2", b"\x7fELF" + b"\0" * 60),
+        ("find-jetson-usb", b"#!/bin/bash\n"),
+        ("make-sdcard", b"#!/bin/bash\n"),
+        ("boot.img", rnd.randbytes(4096)),
+        ("esp.img", rnd.randbytes(4096)),
+        ("initrd-flash.img", rnd.randbytes(4096)),
+        (f"{image}.ext4", rnd.randbytes(payload)),
+    ]
+    if with_env:
+        m.insert(5, (".env.initrd-flash", env_text(env_machine, image).encode()))
+    return m
+
+
+def make_bundle(path: Path, members: list[tuple[str, bytes]]) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mode = 0o755 if not name.endswith((".img", ".ext4", ".xml.in")) else 0o644
+            tar.addfile(ti, io.BytesIO(data))
+    path.write_bytes(gzip.compress(raw.getvalue(), compresslevel=6, mtime=0))
+
+
+def build_deploy(
+    base: Path,
+    machine: str = "jetson-orin-nano-devkit",
+    image: str = "alma-image",
+    *,
+    stamp: str = STAMP,
+    release: str = KREL,
+    manifest_release: str | None = None,
+    env_machine: str | None = None,
+    with_env: bool = True,
+    gz_kernel: bool = False,
+    components: tuple[str, ...] = COMPONENTS,
+    payload: int = 200_000,
+    kernel_size: int = 3 << 20,
+) -> Deploy:
+    d = base / "build" / "tmp" / "deploy" / "images" / machine
+    d.mkdir(parents=True, exist_ok=True)
+    real = f"{image}-{machine}.rootfs-{stamp}"
+    link = f"{image}-{machine}.rootfs"
+
+    bundle = d / f"{real}.tegraflash.tar.gz"
+    make_bundle(bundle, _tar_members(machine, image, env_machine or machine, payload, with_env))
+    os.symlink(bundle.name, d / f"{link}.tegraflash.tar.gz")
+
+    (d / f"{real}.ext4").write_bytes(b"\0" * 1024 + b"\x53\xef" + os.urandom(5000))
+    os.symlink(f"{real}.ext4", d / f"{link}.ext4")
+
+    mrel = manifest_release or release
+    mach_arch = machine.replace("-", "_")
+    pkgs = {
+        "base-files": (mach_arch, "3.0.14-r0"),
+        "busybox": ("armv8a", "1.36.1-r0"),
+        "systemd": ("armv8a", "1:255.21-r0"),
+        f"kernel-{mrel}": (mach_arch, KPV),
+        f"kernel-image-image-{mrel}": (mach_arch, KPV),
+        f"kernel-module-nvgpu-{mrel}": (mach_arch, "36.5.0-r0"),
+        "tegra-firmware": ("armv8a", "36.5.0-r0"),
+        **{c: ("all" if c == "alma-watchdog-config" else "armv8a", "0.1.0-r0") for c in components},
+    }
+    (d / f"{real}.manifest").write_text("".join(f"{k} {a} {v}\n" for k, (a, v) in sorted(pkgs.items())))
+    os.symlink(f"{real}.manifest", d / f"{link}.manifest")
+
+    kdata = kernel_bytes(release, kernel_size)
+    kreal = d / f"Image--{KPV}-{machine}-20240101000000.bin"
+    if gz_kernel:
+        kreal = d / f"Image.gz--{KPV}-{machine}-20240101000000.bin"
+        kreal.write_bytes(gzip.compress(kdata, mtime=0))
+        os.symlink(kreal.name, d / f"Image.gz-{machine}.bin")
+        os.symlink(kreal.name, d / "Image.gz")
+    else:
+        kreal.write_bytes(kdata)
+        os.symlink(kreal.name, d / f"Image-{machine}.bin")
+        os.symlink(kreal.name, d / "Image")
+    return Deploy(d, machine, image, bundle, d / f"{link}.tegraflash.tar.gz", kreal)
