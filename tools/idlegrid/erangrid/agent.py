@@ -1,0 +1,457 @@
+"""The agent: one ``step()`` per poll, a pure decision over what the machine says.
+
+Order of precedence, every poll: privacy (refuse) > power > heat > owner > coordinator. A job
+runs only while all say yes; otherwise it is stopped (SIGSTOP of its whole process group) in
+the same poll, and a job stopped longer than ``vacate_after`` is asked to checkpoint (SIGTERM,
+SIGKILL after ``grace``) and goes back to the queue with its checkpoint, counted as a yield.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import power, presence, privacy, thermal
+from .config import Config
+from .errors import CoordinatorUnreachable, GridError
+from .jobs import Backend, Lease, Outcome, pack_checkpoint, unpack_checkpoint
+from .process import JobProcess
+
+
+@dataclass(frozen=True)
+class Conditions:
+    on_ac: bool
+    heat: thermal.Heat
+    activity: presence.Activity
+    now: float
+
+    def idle_for(self) -> float:
+        return float("inf") if self.activity.at is None else max(0.0, self.now - self.activity.at)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ago(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class Sensors:
+    """Reads the machine. Every path comes from ``cfg.machine`` (tests pass a fake tree)."""
+
+    def __init__(
+        self, cfg: Config, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.cpu = presence.CpuLoad(cfg.machine.proc, cfg.cpu_window, monotonic)
+        self.cpu_busy_at: float | None = None
+        self.cpu_share: float | None = None
+
+    def read(self, job_pgid: int | None = None) -> Conditions:
+        cfg, m = self.cfg, self.cfg.machine
+        now = self.clock()
+        heat = thermal.zone_heat(thermal.read_zones(m.thermal), cfg.max_temp_c, cfg.zone_max_c)
+        if not heat.hot:
+            heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
+        tty = presence.tty_activity(presence.terminals(m.dev, m.dev_pts, cfg.include_serial_ttys))
+        sess = presence.session_activity(m.sessions, now)
+        self.cpu_share = self.cpu.sample(job_pgid)
+        if self.cpu_share is not None and self.cpu_share > cfg.cpu_busy:
+            self.cpu_busy_at = now
+        cpu = presence.Activity(self.cpu_busy_at, f"cpu {100 * (self.cpu_share or 0):.0f} %")
+        latest = max(
+            (a for a in (tty, sess, cpu) if a.at is not None),
+            key=lambda a: a.at or 0.0,
+            default=presence.Activity(None, ""),
+        )
+        return Conditions(power.on_ac(m.power_supply), heat, latest, now)
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sensors: Sensors | None = None,
+        spawn: Callable[..., JobProcess] = JobProcess,
+        log: Callable[[str], None] | None = None,
+        fd_dir: Path = Path("/proc/self/fd"),
+    ) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.fd_dir = fd_dir
+        self.clock = clock
+        self.sensors = sensors or Sensors(cfg, clock, monotonic)
+        self.spawn = spawn
+        self.log = log or (lambda line: None)
+        self.lease: Lease | None = None
+        self.proc: JobProcess | None = None
+        self.started_at = 0.0
+        self.paused_since: float | None = None
+        self.pause_reason = ""
+        self.term_sent_at: float | None = None
+        self.last_hb = 0.0
+        self.lease_valid_until = 0.0
+        self.ckpt_digest = ""
+        self.hot_until: float | None = None  # heat hold-off: no work before this time
+        self.coord_down_since: float | None = None
+        self.coord_error = ""
+        self.pending: tuple[Lease, Outcome] | None = None  # a result the coordinator has not taken yet
+        self.line = "starting"
+        self.stats = {"done": 0, "failed": 0, "yields": 0, "pauses": 0, "lost": 0}
+        self._status_written = 0.0
+        self._extra_majors = frozenset[int]()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> int:
+        """Checks that must pass before any work: opt-in, the empty sensor set, our own files.
+        Then connect and release this node's leases left by a previous run."""
+        self.cfg.require_opt_in("the configuration")
+        privacy.assert_empty_sensor_set()
+        self._extra_majors = privacy.dynamic_capture_majors(self.cfg.machine.proc / "devices")
+        privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
+        (self.cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
+        try:
+            released = self.backend.open(self.cfg.node)
+        except CoordinatorUnreachable as exc:
+            self._coord_down(exc)
+            return 0
+        if released:
+            self.log(f"released {released} lease(s) left by this node's previous run")
+        return released
+
+    def shutdown(self) -> None:
+        """Stopping the agent yields the running job (checkpoint, requeue), never loses it."""
+        if self.proc is not None and self.lease is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=self.cfg.grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._yield("agent stopping")
+        self.backend.close()
+
+    # -- one poll ---------------------------------------------------------------------------
+    def step(self) -> str:
+        privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
+        cond = self.sensors.read(self.proc.pgid if self.proc is not None and self.proc.poll() is None else None)
+        now = cond.now
+        if cond.heat.hot:
+            self.hot_until = now + self.cfg.heat_holdoff
+        if self.pending is not None:
+            self._retry_pending()
+        if self.proc is not None:
+            self.line = self._step_running(cond)
+        else:
+            self.line = self._step_idle(cond)
+        self._write_status(now)
+        return self.line
+
+    def blocking_reason(self, cond: Conditions) -> str:
+        """Why work may not run now, or '' when it may. Used by the agent and by `status`."""
+        if not cond.on_ac:
+            return "on battery"
+        if cond.heat.hot:
+            return f"hot: {cond.heat.reason}"
+        if self.hot_until is not None and cond.now < self.hot_until:
+            return f"cooling: resume in {ago(self.hot_until - cond.now)}"
+        idle = cond.idle_for()
+        if idle < self.cfg.idle_after:
+            return f"owner active {ago(idle)} ago ({cond.activity.what})"
+        if self.coord_down_since is not None:
+            return f"coordinator unreachable since {iso(self.coord_down_since)}: {self.coord_error}"
+        return ""
+
+    def _coord_down(self, exc: CoordinatorUnreachable) -> None:
+        if self.coord_down_since is None:
+            self.coord_down_since = self.clock()
+            self.log(f"coordinator unreachable: {exc}")
+        self.coord_error = str(exc)
+
+    def _coord_up(self) -> None:
+        if self.coord_down_since is not None:
+            self.log("coordinator reachable again")
+        self.coord_down_since = None
+        self.coord_error = ""
+
+    def _step_idle(self, cond: Conditions) -> str:
+        reason = self.blocking_reason(cond)
+        if self.coord_down_since is not None and reason.startswith("coordinator"):
+            try:
+                self.backend.ping()
+                self.backend.open(self.cfg.node)
+                self._coord_up()
+                reason = self.blocking_reason(cond)
+            except CoordinatorUnreachable as exc:
+                self._coord_down(exc)
+        if reason:
+            return reason
+        if self.pending is not None:
+            return f"holding the result of job {self.pending[0].job.id}: coordinator has not taken it yet"
+        try:
+            lease = self.backend.claim(self.cfg.node)
+        except CoordinatorUnreachable as exc:
+            self._coord_down(exc)
+            return self.blocking_reason(cond)
+        self._coord_up()
+        if lease is None:
+            return f"idle {ago(cond.idle_for())}: queue empty" if cond.activity.at else "idle: queue empty"
+        self._start(lease, cond.now)
+        return f"running job {lease.job.id}"
+
+    def _start(self, lease: Lease, now: float) -> None:
+        job = lease.job
+        workdir = self.cfg.state_dir / "work" / job.id
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        ckpt = workdir / "checkpoint"
+        restored = unpack_checkpoint(lease.checkpoint, ckpt)
+        (workdir / "input").write_bytes(job.input)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")}
+        env.update(
+            {
+                "ERAN_GRID_JOB_ID": job.id,
+                "ERAN_GRID_INPUT": str(workdir / "input"),
+                "ERAN_GRID_ATTEMPT": str(job.attempts),
+                "HOME": str(workdir),
+            }
+        )
+        if job.checkpoint:
+            env["ERAN_GRID_CHECKPOINT_DIR"] = str(ckpt)
+        self.lease = lease
+        self.ckpt_digest = hashlib.sha256(lease.checkpoint or b"").hexdigest()
+        self.last_hb = now
+        self.lease_valid_until = now + self.cfg.lease_ttl
+        try:
+            self.proc = self.spawn(job.command, workdir, workdir / "input", env)
+        except OSError as exc:
+            self.proc = None
+            self._fail(f"cannot start {job.command[0]}: {exc.strerror}")
+            return
+        self.started_at = now
+        self.paused_since = None
+        self.term_sent_at = None
+        self.sensors.cpu.reset()
+        self.log(
+            f"job {job.id} started (attempt {job.attempts}, {job.yields} yields"
+            f"{f', resumed from a {restored}-file checkpoint' if restored else ''})"
+        )
+
+    def _checkpoint(self) -> bytes | None:
+        if self.lease is None or not self.lease.job.checkpoint:
+            return None
+        return pack_checkpoint(
+            self.cfg.state_dir / "work" / self.lease.job.id / "checkpoint", self.cfg.checkpoint_max_bytes
+        )
+
+    def _step_running(self, cond: Conditions) -> str:
+        assert self.proc is not None and self.lease is not None
+        now = cond.now
+        job_id = self.lease.job.id
+        rc = self.proc.poll()
+        if rc is not None:
+            self.proc.reap_group()
+            if self.term_sent_at is not None:
+                self._yield(self.pause_reason or "vacated")
+                return f"yielded job {job_id} ({self.pause_reason}): requeued with its checkpoint"
+            self._finished(rc)
+            return f"job {job_id} exited {rc}"
+
+        if now - self.last_hb >= self.cfg.lease_ttl / 3:
+            self._heartbeat(now)
+            if self.proc is None:
+                return f"lost the lease on job {job_id}: stopped it"
+
+        if self.term_sent_at is not None:
+            if now - self.term_sent_at >= self.cfg.grace:
+                self.proc.kill()
+                self.proc.wait()
+                self._yield(self.pause_reason + ", killed after grace")
+                return f"yielded job {job_id}: killed after {ago(self.cfg.grace)} grace"
+            return f"vacating job {job_id} ({self.pause_reason}): waiting for its checkpoint"
+
+        reason = self.blocking_reason(cond)
+        if reason.startswith("coordinator"):
+            reason = ""  # the job computes locally; the lease check above decides when to stop
+        if reason:
+            if not self.proc.stopped:
+                self.proc.stop()
+                self.paused_since = now
+                self.stats["pauses"] += 1
+                self.log(f"job {job_id} paused: {reason}")
+            self.pause_reason = reason
+            assert self.paused_since is not None
+            if now - self.paused_since >= self.cfg.vacate_after:
+                self.log(f"job {job_id} paused {ago(now - self.paused_since)}: asking it to checkpoint and stop")
+                self.proc.terminate()
+                self.term_sent_at = now
+                return f"vacating job {job_id} ({reason})"
+            return f"paused job {job_id}: {reason}"
+        if self.proc.stopped:
+            self.proc.cont()
+            self.log(f"job {job_id} resumed after {ago(now - (self.paused_since or now))}")
+            self.paused_since = None
+        return f"running job {job_id} for {ago(now - self.started_at)}"
+
+    def _heartbeat(self, now: float) -> None:
+        assert self.lease is not None and self.proc is not None
+        ckpt = self._checkpoint()
+        digest = hashlib.sha256(ckpt or b"").hexdigest()
+        try:
+            ok = self.backend.heartbeat(self.lease, ckpt if digest != self.ckpt_digest else None)
+        except CoordinatorUnreachable as exc:
+            self._coord_down(exc)
+            if now >= self.lease_valid_until:
+                # Our lease has run out where we cannot see: the job may already run elsewhere.
+                self._drop("lease ran out while the coordinator was unreachable")
+            return
+        self._coord_up()
+        self.last_hb = now
+        if not ok:
+            self._drop("lease lost (expired and requeued)")
+            return
+        self.ckpt_digest = digest
+        self.lease_valid_until = now + self.cfg.lease_ttl
+
+    def _drop(self, why: str) -> None:
+        assert self.proc is not None and self.lease is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.log(f"job {self.lease.job.id} dropped: {why}")
+        self.stats["lost"] += 1
+        self._cleanup()
+
+    def _finished(self, rc: int) -> None:
+        assert self.proc is not None and self.lease is not None
+        if rc == 0:
+            size = self.proc.stdout_path.stat().st_size
+            if size > self.cfg.result_max_bytes:
+                self._fail(f"result is {size} bytes, over result_max_bytes ({self.cfg.result_max_bytes})")
+                return
+            outcome = Outcome("done", self.proc.stdout_path.read_bytes(), 0)
+            self.pending = (self.lease, outcome)
+            self.stats["done"] += 1
+            self.log(f"job {self.lease.job.id} done")
+            self._cleanup(keep_lease=True)
+            self._retry_pending()
+            return
+        sig = -rc if rc < 0 else 0
+        why = f"killed by {signal.Signals(sig).name}" if sig else f"exit code {rc}"
+        try:
+            tail = self.proc.stderr_path.read_bytes()[-1500:].decode(errors="replace").strip()
+        except OSError:
+            tail = ""
+        self._fail(why + (f": {tail.splitlines()[-1]}" if tail else ""))
+
+    def _retry_pending(self) -> None:
+        assert self.pending is not None
+        lease, outcome = self.pending
+        try:
+            accepted = self.backend.complete(lease, outcome)
+        except CoordinatorUnreachable as exc:
+            self._coord_down(exc)
+            return
+        self._coord_up()
+        self.pending = None
+        if not accepted:
+            self.log(f"result of job {lease.job.id} not recorded: the lease was lost and the job requeued")
+
+    def _fail(self, why: str) -> None:
+        assert self.lease is not None
+        ckpt = self._checkpoint()
+        job_id = self.lease.job.id
+        try:
+            state = self.backend.fail(self.lease, why, ckpt)
+        except CoordinatorUnreachable as exc:
+            self._coord_down(exc)
+            state = "unrecorded (the lease will expire and requeue it)"
+        self.stats["failed"] += 1
+        self.log(f"job {job_id} failed ({why}): {state}")
+        self._cleanup()
+
+    def _yield(self, why: str) -> None:
+        assert self.lease is not None
+        ckpt = self._checkpoint()
+        try:
+            self.backend.yield_(self.lease, ckpt)
+        except CoordinatorUnreachable as exc:
+            self._coord_down(exc)  # the lease expires and the job is requeued anyway
+        self.stats["yields"] += 1
+        self.log(f"job {self.lease.job.id} yielded ({why}), checkpoint {len(ckpt or b'')} bytes")
+        self._cleanup()
+
+    def _cleanup(self, keep_lease: bool = False) -> None:
+        if self.lease is not None:
+            shutil.rmtree(self.cfg.state_dir / "work" / self.lease.job.id, ignore_errors=True)
+        self.proc = None
+        self.lease = None
+        self.paused_since = None
+        self.term_sent_at = None
+        self.pause_reason = ""
+        self.sensors.cpu.reset()
+
+    # -- status -----------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {
+            "schema": "alma.eran-grid-status/1",
+            "node": self.cfg.node,
+            "time": iso(self.clock()),
+            "updated": self.clock(),
+            "line": self.line,
+            "pid": os.getpid(),
+            "working": self.proc is not None and not self.proc.stopped,
+            "job": self.lease.job.id if self.lease else None,
+            "stats": dict(self.stats),
+        }
+
+    def _write_status(self, now: float) -> None:
+        path = self.cfg.status_path
+        if now - self._status_written < 1.0 and getattr(self, "_last_line", None) == self.line:
+            return
+        self._status_written = now
+        self._last_line = self.line
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(self.status()) + "\n")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # status is a courtesy; never stop work (or safety) over it
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> None:
+        self.start()
+        last = ""
+        try:
+            while not should_stop():
+                t0 = time.monotonic()
+                try:
+                    line = self.step()
+                except CoordinatorUnreachable as exc:
+                    self._coord_down(exc)
+                    line = f"coordinator unreachable: {exc}"
+                if line != last:
+                    self.log(line)
+                    last = line
+                sleep(max(0.0, self.cfg.poll - (time.monotonic() - t0)))
+        finally:
+            self.shutdown()
+
+
+__all__ = ["Agent", "Conditions", "GridError", "Sensors"]

@@ -1,0 +1,133 @@
+"""What a job is, how its checkpoint travels, and the backend interface both queues implement."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import UserError
+
+
+@dataclass
+class Job:
+    """A command with its input, an optional checkpoint and, at the end, a result."""
+
+    id: str
+    command: list[str]
+    input: bytes = b""
+    name: str = ""
+    checkpoint: bool = True  # give the job a checkpoint directory that survives requeues
+    yields: int = 0
+    failures: int = 0
+    attempts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "command": self.command,
+            "input": base64.b64encode(self.input).decode(),
+            "name": self.name,
+            "checkpoint": self.checkpoint,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Job:
+        return cls(
+            id=str(data["id"]),
+            command=[str(a) for a in data["command"]],
+            input=base64.b64decode(data.get("input", "")),
+            name=str(data.get("name", "")),
+            checkpoint=bool(data.get("checkpoint", True)),
+        )
+
+
+def validate_command(command: list[str]) -> None:
+    if not command or not all(isinstance(a, str) and a for a in command):
+        raise UserError(
+            "a job needs a command: a non-empty list of non-empty arguments",
+            hint="try: eran-grid submit -- python3 examples/hashchain.py --steps 1000000",
+        )
+
+
+@dataclass
+class Lease:
+    """A claimed job. ``token`` proves ownership to the backend; ``handle`` is backend data."""
+
+    job: Job
+    token: str
+    checkpoint: bytes | None = None  # packed checkpoint from the last attempt
+    handle: Any = field(default=None, repr=False)
+
+
+@dataclass
+class Outcome:
+    status: str  # "done" | "dead"
+    result: bytes
+    exit_code: int | None
+    detail: str = ""
+
+
+class Backend(Protocol):
+    """The queue as the agent sees it. SQLite and NATS JetStream implement it; the agent's
+    code is the same for both."""
+
+    def open(self, node: str) -> int: ...  # connect; release our own stale leases; returns how many
+    def ping(self) -> None: ...  # raises CoordinatorUnreachable
+    def claim(self, node: str) -> Lease | None: ...
+    def heartbeat(self, lease: Lease, checkpoint: bytes | None) -> bool: ...  # False: lease lost
+    def complete(self, lease: Lease, outcome: Outcome) -> bool: ...
+    def yield_(self, lease: Lease, checkpoint: bytes | None) -> None: ...
+    def fail(self, lease: Lease, error: str, checkpoint: bytes | None) -> str: ...  # "queued"|"dead"
+    def close(self) -> None: ...
+
+
+# -- checkpoints: a flat directory of regular files, packed as JSON so it can ride in a
+#    SQLite row or a JetStream KV entry. Names are checked on the way in: nothing can escape.
+
+
+def _safe_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\x00" not in name and not name.startswith(".") and name not in ("..",)
+
+
+def pack_checkpoint(directory: Path, max_bytes: int) -> bytes | None:
+    """The checkpoint directory as bytes, or None when it is empty. Half-written files (names
+    starting with '.' or ending in '.tmp') are skipped: jobs write a temp file and rename."""
+    files: dict[str, str] = {}
+    total = 0
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return None
+    for entry in entries:
+        if not _safe_name(entry.name) or entry.name.endswith(".tmp") or not entry.is_file(follow_symlinks=False):
+            continue
+        data = Path(entry.path).read_bytes()
+        total += len(data)
+        if total > max_bytes:
+            raise UserError(
+                f"checkpoint in {directory} is larger than {max_bytes} bytes",
+                hint="raise checkpoint_max_bytes or make the job's checkpoint smaller",
+            )
+        files[entry.name] = base64.b64encode(data).decode()
+    if not files:
+        return None
+    return json.dumps({"files": files}, sort_keys=True).encode()
+
+
+def unpack_checkpoint(blob: bytes | None, directory: Path) -> int:
+    """Write a packed checkpoint into an empty ``directory``; returns the number of files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not blob:
+        return 0
+    files = json.loads(blob)["files"]
+    for name, data in files.items():
+        if not _safe_name(name):
+            raise UserError(f"refusing checkpoint file name {name!r}")
+        tmp = directory / f".{name}.part"
+        tmp.write_bytes(base64.b64decode(data))
+        os.replace(tmp, directory / name)
+    return len(files)

@@ -1,0 +1,152 @@
+"""Is the owner here? Signals that never read content.
+
+* tty/pts access times: the kernel moves a terminal's atime when someone types into it. We
+  rescan ``/dev/pts`` on every poll so a new SSH login is seen at once. Serial consoles are
+  ignored by default (a console cable left attached is not an owner).
+* logind sessions (``/run/systemd/sessions/*``, where present): a login's start time is
+  activity, and an active graphical session counts as the owner present, because its input is
+  only visible through input devices, which we never open.
+* non-grid CPU load: all CPU time in ``/proc/stat`` minus our job's own (``/proc/PID/stat`` of
+  every process in the job's process group) above ``cpu_busy`` of all cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+_VT = re.compile(r"^tty[0-9]+$")
+_SERIAL = re.compile(r"^tty(S|TCU|THS|USB|ACM|AMA|AMLS|MSM|HS|mxc|GS)[0-9]+$")
+_GRAPHICAL = frozenset({"x11", "wayland", "mir"})
+
+
+@dataclass(frozen=True)
+class Activity:
+    at: float | None  # wall-clock time of the latest owner activity seen, None if never
+    what: str  # e.g. "pts/3", "session 5", "cpu 63 %"
+
+
+def terminals(dev: Path, dev_pts: Path, include_serial: bool) -> list[Path]:
+    paths: list[Path] = []
+    with contextlib.suppress(OSError):
+        paths += [dev_pts / n for n in os.listdir(dev_pts) if n.isdigit()]
+    try:
+        for name in os.listdir(dev):
+            if _VT.match(name) or (include_serial and _SERIAL.match(name)):
+                paths.append(dev / name)
+    except OSError:
+        pass
+    return paths
+
+
+def tty_activity(paths: list[Path]) -> Activity:
+    best = Activity(None, "")
+    for path in paths:
+        try:
+            atime = os.stat(path).st_atime
+        except OSError:
+            continue  # the terminal closed between listing and stat
+        if best.at is None or atime > best.at:
+            best = Activity(atime, f"{path.parent.name}/{path.name}" if path.parent.name == "pts" else path.name)
+    return best
+
+
+def session_activity(sessions: Path, now: float) -> Activity:
+    """logind's session files are logind's private format: read only the few keys that have
+    been stable for a decade and treat anything else as absent."""
+    best = Activity(None, "")
+    try:
+        names = os.listdir(sessions)
+    except OSError:
+        return best
+    for name in names:
+        if name.endswith(".ref"):
+            continue
+        try:
+            text = (sessions / name).read_text()
+        except OSError:
+            continue
+        keys = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+        if keys.get("CLASS", "user") != "user" or keys.get("STATE") == "closing":
+            continue
+        if keys.get("TYPE") in _GRAPHICAL and keys.get("ACTIVE") == "1":
+            return Activity(now, f"graphical session {name}")
+        try:
+            started = int(keys.get("REALTIME", "0")) / 1e6
+        except ValueError:
+            continue
+        if started and (best.at is None or started > best.at):
+            best = Activity(started, f"session {name}")
+    return best
+
+
+class CpuLoad:
+    """Non-grid CPU share over a sliding window of ``window`` seconds."""
+
+    def __init__(self, proc: Path = Path("/proc"), window: float = 2.0, clock=time.monotonic) -> None:
+        self.proc = proc
+        self.window = window
+        self.clock = clock
+        self._samples: deque[tuple[float, int, int, int]] = deque()  # (t, busy, total, job)
+        self.ncpu = os.cpu_count() or 1
+
+    def _system(self) -> tuple[int, int]:
+        with open(self.proc / "stat") as fh:
+            fields = fh.readline().split()
+        values = [int(v) for v in fields[1:]]
+        # user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
+        total = sum(values[:8])
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        return total - idle, total
+
+    def group_ticks(self, pgid: int | None) -> int:
+        """CPU ticks used by every live process in process group ``pgid`` (plus the children
+        they reaped)."""
+        if pgid is None:
+            return 0
+        ticks = 0
+        try:
+            names = os.listdir(self.proc)
+        except OSError:
+            return 0
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                with open(self.proc / name / "stat") as fh:
+                    rest = fh.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            # rest[0] is field 3 (state): pgrp is field 5, utime..cstime fields 14-17
+            if len(rest) > 14 and rest[2] == str(pgid):
+                ticks += int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])
+        return ticks
+
+    def sample(self, pgid: int | None) -> float | None:
+        """Record a sample; return the non-grid share of all cores over the window, or None
+        until the window has two samples."""
+        now = self.clock()
+        try:
+            busy, total = self._system()
+        except (OSError, ValueError, IndexError):
+            return None
+        job = self.group_ticks(pgid)
+        self._samples.append((now, busy, total, job))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window:
+            self._samples.popleft()
+        if len(self._samples) < 2:
+            return None
+        t0, busy0, total0, job0 = self._samples[0]
+        dtotal = total - total0
+        if dtotal <= 0:
+            return None
+        djob = max(0, job - job0) if job >= job0 else 0  # the job restarted: ignore the drop
+        return max(0.0, (busy - busy0 - djob) / dtotal)
+
+    def reset(self) -> None:
+        self._samples.clear()

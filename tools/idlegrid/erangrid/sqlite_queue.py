@@ -1,0 +1,323 @@
+"""The embedded queue: SQLite, one file, leases.
+
+Durability: WAL with ``synchronous=FULL`` (a commit is on disk when it returns). Every write
+runs in ``BEGIN IMMEDIATE`` so two agents never both think they won. A claim is one
+``UPDATE … RETURNING`` (SQLite ≥ 3.35). A running job's lease is extended by heartbeats; a
+lease that runs out (the agent crashed, the board lost power) puts the job back in the queue.
+Yields are counted apart from failures: a job preempted a hundred times is never dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .errors import CoordinatorUnreachable, UserError
+from .jobs import Job, Lease, Outcome, validate_command
+
+MIN_SQLITE = (3, 35, 0)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL DEFAULT '',
+    command TEXT NOT NULL,
+    input BLOB NOT NULL DEFAULT x'',
+    want_checkpoint INTEGER NOT NULL DEFAULT 1,
+    state TEXT NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'leased', 'done', 'dead')),
+    priority INTEGER NOT NULL DEFAULT 0,
+    submitted REAL NOT NULL,
+    not_before REAL NOT NULL DEFAULT 0,
+    lease_owner TEXT,
+    lease_token TEXT,
+    lease_expires REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    yields INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    checkpoint BLOB,
+    result BLOB,
+    exit_code INTEGER,
+    detail TEXT NOT NULL DEFAULT '',
+    finished REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (state, priority DESC, id);
+CREATE INDEX IF NOT EXISTS jobs_lease ON jobs (state, lease_expires);
+"""
+
+
+def check_sqlite_version(version: str = sqlite3.sqlite_version) -> None:
+    have = tuple(int(p) for p in version.split(".")[:3])
+    if have < MIN_SQLITE:
+        raise UserError(
+            f"SQLite {version} is too old: the queue claims with UPDATE … RETURNING (3.35+)",
+            hint="use the NATS backend, or a newer SQLite",
+        )
+
+
+class SqliteQueue:
+    def __init__(
+        self,
+        path: Path,
+        max_failures: int = 3,
+        lease_ttl: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = 5.0,
+        backoff: float = 5.0,
+    ) -> None:
+        check_sqlite_version()
+        self.path = Path(path)
+        self.max_failures = max_failures
+        self.lease_ttl = lease_ttl
+        self.clock = clock
+        self.busy_timeout = busy_timeout
+        self.backoff = backoff
+        self._db: sqlite3.Connection | None = None
+
+    # -- connection -------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            if not self.path.parent.is_dir():
+                raise CoordinatorUnreachable(
+                    f"queue directory {self.path.parent} does not exist", hint=f"try: mkdir -p {self.path.parent}"
+                )
+            try:
+                db = sqlite3.connect(
+                    self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+                )
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+                db.executescript(SCHEMA)
+            except sqlite3.Error as exc:
+                raise CoordinatorUnreachable(f"cannot open queue {self.path}: {exc}") from exc
+            self._db = db
+        return self._db
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path} is not writable: {exc}") from exc
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # -- administration ---------------------------------------------------------------------
+    def submit(
+        self, command: list[str], input: bytes = b"", name: str = "", checkpoint: bool = True, priority: int = 0
+    ) -> str:
+        validate_command(command)
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO jobs (name, command, input, want_checkpoint, priority, submitted) VALUES (?,?,?,?,?,?)",
+                (name, json.dumps(command), input, int(checkpoint), priority, self.clock()),
+            )
+        return str(cur.lastrowid)
+
+    def jobs(self, states: tuple[str, ...] = ("queued", "leased", "done", "dead")) -> list[dict[str, Any]]:
+        db = self._connect()
+        marks = ",".join("?" * len(states))
+        rows = db.execute(
+            f"SELECT id, name, command, state, priority, submitted, lease_owner, lease_expires, attempts, yields,"
+            f" failures, exit_code, detail, finished, length(checkpoint), length(result) FROM jobs"
+            f" WHERE state IN ({marks}) ORDER BY id",
+            states,
+        ).fetchall()
+        keys = (
+            "id",
+            "name",
+            "command",
+            "state",
+            "priority",
+            "submitted",
+            "lease_owner",
+            "lease_expires",
+            "attempts",
+            "yields",
+            "failures",
+            "exit_code",
+            "detail",
+            "finished",
+            "checkpoint_bytes",
+            "result_bytes",
+        )
+        out = []
+        for row in rows:
+            item = dict(zip(keys, row, strict=True))
+            item["id"] = str(item["id"])
+            item["command"] = json.loads(item["command"])
+            out.append(item)
+        return out
+
+    def result(self, job_id: str) -> tuple[str, bytes | None, int | None, str]:
+        row = (
+            self._connect()
+            .execute("SELECT state, result, exit_code, detail FROM jobs WHERE id=?", (job_id,))
+            .fetchone()
+        )
+        if row is None:
+            raise UserError(f"no job {job_id} in {self.path}", hint="try: eran-grid queue list")
+        return row[0], row[1], row[2], row[3]
+
+    def counts(self) -> dict[str, int]:
+        rows = self._connect().execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
+        return {"queued": 0, "leased": 0, "done": 0, "dead": 0} | {s: n for s, n in rows}
+
+    def requeue(self, job_id: str) -> None:
+        """Put a dead job back (failures reset): the operator fixed the cause."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE jobs SET state='queued', failures=0, not_before=0, detail='' WHERE id=? AND state='dead'",
+                (job_id,),
+            )
+        if cur.rowcount != 1:
+            raise UserError(f"job {job_id} is not dead-lettered", hint="try: eran-grid queue list --state dead")
+
+    def remove(self, job_id: str) -> None:
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM jobs WHERE id=? AND state IN ('queued','done','dead')", (job_id,))
+        if cur.rowcount != 1:
+            raise UserError(
+                f"job {job_id} does not exist or is running now",
+                hint="a leased job cannot be removed; wait for it or stop its agent",
+            )
+
+    # -- the agent's side -------------------------------------------------------------------
+    def open(self, node: str) -> int:
+        """Release our own leases left by a previous run of this node (it crashed or the board
+        rebooted): the jobs go back to the queue now instead of after the lease runs out. The
+        lost attempt counts as a failure (it ended without a result or a yield)."""
+        with self._tx() as db:
+            self._reap(db)
+            cur = db.execute(
+                "UPDATE jobs SET state = CASE WHEN failures + 1 >= ? THEN 'dead' ELSE 'queued' END,"
+                " failures = failures + 1, lease_owner=NULL, lease_token=NULL, lease_expires=NULL,"
+                " detail='released at agent start (previous run of this node ended mid-job)'"
+                " WHERE state='leased' AND lease_owner=?",
+                (self.max_failures, node),
+            )
+        return cur.rowcount
+
+    def ping(self) -> None:
+        try:
+            self._connect().execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+
+    def _reap(self, db: sqlite3.Connection) -> None:
+        db.execute(
+            "UPDATE jobs SET state = CASE WHEN failures + 1 >= ? THEN 'dead' ELSE 'queued' END,"
+            " failures = failures + 1, lease_owner=NULL, lease_token=NULL, lease_expires=NULL,"
+            " detail='lease expired (agent crashed or lost the queue)'"
+            " WHERE state='leased' AND lease_expires < ?",
+            (self.max_failures, self.clock()),
+        )
+
+    def claim(self, node: str) -> Lease | None:
+        now = self.clock()
+        token = secrets.token_hex(8)
+        try:
+            with self._tx() as db:
+                self._reap(db)
+                row = db.execute(
+                    "UPDATE jobs SET state='leased', lease_owner=?, lease_token=?, lease_expires=?,"
+                    " attempts=attempts+1"
+                    " WHERE id = (SELECT id FROM jobs WHERE state='queued' AND not_before <= ?"
+                    "             ORDER BY priority DESC, id LIMIT 1)"
+                    " RETURNING id, name, command, input, want_checkpoint, yields, failures, attempts, checkpoint",
+                    (node, token, now + self.lease_ttl, now),
+                ).fetchone()
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+        if row is None:
+            return None
+        job = Job(
+            id=str(row[0]),
+            name=row[1],
+            command=json.loads(row[2]),
+            input=bytes(row[3]),
+            checkpoint=bool(row[4]),
+            yields=row[5],
+            failures=row[6],
+            attempts=row[7],
+        )
+        return Lease(job=job, token=token, checkpoint=row[8])
+
+    def _owned(self, db: sqlite3.Connection, sql: str, args: tuple[Any, ...], lease: Lease) -> bool:
+        cur = db.execute(sql + " WHERE id=? AND state='leased' AND lease_token=?", (*args, lease.job.id, lease.token))
+        return cur.rowcount == 1
+
+    def heartbeat(self, lease: Lease, checkpoint: bytes | None) -> bool:
+        try:
+            with self._tx() as db:
+                if checkpoint is not None:
+                    return self._owned(
+                        db,
+                        "UPDATE jobs SET lease_expires=?, checkpoint=?",
+                        (self.clock() + self.lease_ttl, checkpoint),
+                        lease,
+                    )
+                return self._owned(db, "UPDATE jobs SET lease_expires=?", (self.clock() + self.lease_ttl,), lease)
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+
+    def complete(self, lease: Lease, outcome: Outcome) -> bool:
+        """Record the result once: only the lease holder can, so a job whose lease expired and
+        was claimed again elsewhere cannot end twice."""
+        try:
+            with self._tx() as db:
+                return self._owned(
+                    db,
+                    "UPDATE jobs SET state=?, result=?, exit_code=?, detail=?, finished=?, lease_owner=NULL,"
+                    " lease_token=NULL, lease_expires=NULL",
+                    (outcome.status, outcome.result, outcome.exit_code, outcome.detail, self.clock()),
+                    lease,
+                )
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+
+    def yield_(self, lease: Lease, checkpoint: bytes | None) -> None:
+        try:
+            with self._tx() as db:
+                self._owned(
+                    db,
+                    "UPDATE jobs SET state='queued', yields=yields+1, lease_owner=NULL, lease_token=NULL,"
+                    " lease_expires=NULL, checkpoint=coalesce(?, checkpoint), detail='yielded to owner'",
+                    (checkpoint,),
+                    lease,
+                )
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+
+    def fail(self, lease: Lease, error: str, checkpoint: bytes | None) -> str:
+        backoff = min(300.0, self.backoff * 2**lease.job.failures)
+        try:
+            with self._tx() as db:
+                self._owned(
+                    db,
+                    "UPDATE jobs SET state = CASE WHEN failures + 1 >= ? THEN 'dead' ELSE 'queued' END,"
+                    " failures=failures+1, lease_owner=NULL, lease_token=NULL, lease_expires=NULL,"
+                    " not_before=?, detail=?, checkpoint=coalesce(?, checkpoint)",
+                    (self.max_failures, self.clock() + backoff, error[-2000:], checkpoint),
+                    lease,
+                )
+                row = db.execute("SELECT state FROM jobs WHERE id=?", (lease.job.id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+        return str(row[0]) if row else "queued"
