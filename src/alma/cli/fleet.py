@@ -1,0 +1,133 @@
+"""``alma fleet health`` and ``alma fleet inspect``: argument parsing and printing only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from alma.cli.output import emit_json, is_tty
+from alma.errors import UserError
+
+FLEET_OPT = click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Fleet file (TOML). Default: $ALMA_FLEET or ~/.config/alma/fleet.toml.",
+)
+
+
+@click.group()
+def fleet() -> None:
+    """Fleet-wide health and read-only inspection over SSH (see docs/fleet.md)."""
+
+
+@fleet.command(
+    epilog="Exit codes (Nagios): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, the worst node with "
+    "ordering OK < UNKNOWN < WARNING < CRITICAL (unreachable, timed-out, unparsable or stale nodes "
+    "are UNKNOWN). A bad fleet file or option also exits 2 (with an error on stderr and no table); "
+    "130 interrupted."
+)
+@FLEET_OPT
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
+@click.option("--nagios", is_flag=True, help="Print one Nagios status line with perfdata.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, help="Per-node timeout in seconds.")
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to save the snapshot for `alma panel`. Default: ~/.local/state/alma/fleet-health.json.",
+)
+@click.option("--no-save", is_flag=True, help="Do not save the snapshot.")
+def health(
+    fleet_path: Path | None, as_json: bool, nagios: bool, timeout: float | None, snapshot: Path | None, no_save: bool
+) -> None:
+    """Run `alma-health --json` on every node in parallel and show node x check.
+
+    Desktop nodes also get the lab rule `no-local-ai`: any GPU compute process or known
+    model server running there is CRITICAL, with the process named.
+    """
+    from alma.fleet import health as H
+    from alma.fleet import table
+    from alma.fleet.inventory import load_fleet
+
+    if as_json and nagios:
+        raise UserError("--json and --nagios are exclusive", hint="pick one output format")
+    fl = load_fleet(fleet_path)
+    progress = None
+    if is_tty() and not (as_json or nagios):
+        from rich.progress import Progress
+
+        progress = Progress(transient=True)
+    if progress is not None:
+        with progress:
+            n_calls = sum(3 if n.role == "desktop" else 1 for n in fl.nodes)
+            task = progress.add_task(f"asking {len(fl.nodes)} nodes", total=n_calls)
+            report = H.run_fleet_health(fl, timeout=timeout, on_done=lambda _n: progress.advance(task))
+    else:
+        report = H.run_fleet_health(fl, timeout=timeout)
+
+    if not no_save:
+        H.save_snapshot(report, snapshot or H.default_snapshot_path())
+    if nagios:
+        click.echo(H.nagios_line(report))
+    elif as_json:
+        emit_json(report.to_dict())
+    elif is_tty():
+        from alma.cli.output import console
+
+        con = console()
+        con.print(table.rich_table(report))
+        colour = table.COLOUR[report.status]
+        con.print(f"fleet: [{colour}]{report.status.name}[/] (exit {report.exit_code})")
+    else:
+        click.echo(table.plain(report))
+    sys.exit(report.exit_code)
+
+
+@fleet.command(
+    epilog="Exit codes: 0 snapshot taken (items that could not be read are listed as 'not checked'), "
+    "3 at least one node could not be reached at all (the snapshot is still written), 2 bad fleet "
+    "file, unknown node or option, 130 interrupted."
+)
+@FLEET_OPT
+@click.argument("nodes", nargs=-1, required=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write to FILE (atomically)."
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of Markdown.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, help="Per-command timeout in seconds.")
+def inspect(
+    fleet_path: Path | None, nodes: tuple[str, ...], out: Path | None, as_json: bool, timeout: float | None
+) -> None:
+    """Read-only capacity and topology snapshot of NODE... (a fixed allow-list of commands).
+
+    Reads UTC time, `free -b`, GPU compute processes, earlyoom, swap, `ip -br -4 address`,
+    `rdma link show` and the configured fabric ports' carrier and speed. Nothing is changed
+    on the node. The output separates what was verified live from what was not checked.
+    """
+    from alma.fleet import inspect as I
+    from alma.fleet.inventory import load_fleet
+    from alma.records import write_atomic
+
+    fl = load_fleet(fleet_path)
+    targets = [fl.node(n) for n in dict.fromkeys(nodes)]
+    if is_tty() and out is None and not as_json:
+        click.echo(
+            f"inspecting {len(targets)} node(s), {len(I.ALLOWED_COMMANDS)} read-only commands each ...", err=True
+        )
+    started, results = I.collect(fl, targets, timeout=timeout)
+    text = (
+        json.dumps(I.to_json(started, results), indent=2, sort_keys=True) + "\n"
+        if as_json
+        else (I.to_markdown(started, results))
+    )
+    if out is not None:
+        write_atomic(out, text)
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(3 if any(not r.reachable for r in results) else 0)

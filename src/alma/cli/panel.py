@@ -1,0 +1,67 @@
+"""``alma panel``: render (and optionally serve) the public status page. Parsing and printing only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(
+    epilog="Exit codes: 0 page written (or server stopped with Ctrl-C), 2 no snapshot / bad fleet "
+    "file / the page would leak an IP address or internal name (nothing written) / port in use, "
+    "130 interrupted before the server started."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("panel"),
+    show_default=True,
+    help="Directory to write index.html into (atomically).",
+)
+@click.option("--stale-after", type=click.FloatRange(min=1), default=None, help="Seconds; default from [panel].")
+@click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Fleet file (aliases, [panel] title and figures). Default: $ALMA_FLEET or "
+              "~/.config/alma/fleet.toml.")  # fmt: skip
+@click.option("--snapshot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Health snapshot. Default: ~/.local/state/alma/fleet-health.json.")  # fmt: skip
+@click.option("--serve", is_flag=True, help="Serve the page over HTTP and re-render it on an interval.")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="Port (0: any free).")
+@click.option("--interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds between re-renders while serving.")  # fmt: skip
+def panel(
+    out: Path, stale_after: float | None, fleet_path: Path | None, snapshot: Path | None, serve: bool, bind: str,
+    port: int, interval: float,
+) -> None:  # fmt: skip
+    """Render the sanitized status page from the last `alma fleet health` snapshot.
+
+    Every node is green, red or grey under its public alias; the page shows the time of the
+    data and turns on a staleness banner by itself (in the browser) once the data is older
+    than --stale-after, even when the page is served long after it was rendered.
+    """
+    from alma.errors import UserError
+    from alma.fleet import panel as P
+    from alma.fleet.health import default_snapshot_path
+    from alma.fleet.inventory import load_fleet
+
+    snap_path = snapshot or default_snapshot_path()
+
+    def render() -> Path:
+        fl = load_fleet(fleet_path)
+        return P.render_to(out, fl, snap_path, stale_after=stale_after, refresh_s=int(interval) if serve else None)
+
+    page = render()
+    click.echo(f"wrote {page}", err=True)
+    if not serve:
+        return
+
+    def on_error(exc: Exception) -> None:
+        click.echo(f"re-render failed, still serving the previous page: {exc}", err=True)
+
+    try:
+        P.serve(out, bind, port, interval, render, on_error, ready=lambda url: click.echo(f"serving {url}", err=True))
+    except OSError as exc:
+        raise UserError(f"cannot serve on {bind}:{port}: {exc}", hint="pick another --port") from exc
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)

@@ -1,0 +1,358 @@
+"""Fleet-wide health: run ``alma-health --json`` on every node in parallel and aggregate.
+
+A node that cannot be reached, does not answer in time, answers with something that is not
+an ``alma.health/1`` report, or answers with a report older than ``stale_after`` is
+UNKNOWN, never OK. The fleet's status is the worst node status (OK < UNKNOWN < WARNING <
+CRITICAL) and is the exit code of ``alma fleet health``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alma import runner
+from alma.errors import ConfigError, Interrupted
+from alma.fleet import desktop
+from alma.fleet.inventory import Fleet, Node
+from alma.fleet.severity import Severity, worst
+from alma.fleet.ssh import RemoteResult, run_remote
+from alma.records import write_atomic
+
+REPORT_SCHEMA = "alma.health/1"
+SNAPSHOT_SCHEMA = "alma.fleet-health/1"
+# Checks every on-board report carries (docs/formats.md); the table shows them in this order.
+KNOWN_CHECKS = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
+MAX_WORKERS = 32
+
+
+def default_snapshot_path() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "alma" / "fleet-health.json"
+
+
+@dataclass
+class Perf:
+    label: str
+    value: float | None
+    uom: str = ""
+    warn: float | None = None
+    crit: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+@dataclass
+class Check:
+    name: str
+    status: Severity
+    summary: str = ""
+    perfdata: list[Perf] = field(default_factory=list)
+
+
+@dataclass
+class NodeResult:
+    name: str
+    role: str
+    alias: str | None
+    status: Severity
+    summary: str
+    checks: list[Check] = field(default_factory=list)
+    report_time: str | None = None
+    duration_s: float = 0.0
+    reachable: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.name
+        d["code"] = self.status.code
+        for c in d["checks"]:
+            c["status"] = c["status"].name
+        return d
+
+
+@dataclass
+class FleetReport:
+    time: str
+    nodes: list[NodeResult]
+    stale_after: float
+
+    @property
+    def status(self) -> Severity:
+        return worst(n.status for n in self.nodes)
+
+    @property
+    def exit_code(self) -> int:
+        return self.status.code
+
+    def check_names(self) -> list[str]:
+        names = [c for c in KNOWN_CHECKS if any(ch.name == c for n in self.nodes for ch in n.checks)]
+        for n in self.nodes:
+            for ch in n.checks:
+                if ch.name not in names:
+                    names.append(ch.name)
+        return names
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SNAPSHOT_SCHEMA,
+            "time": self.time,
+            "status": self.status.name,
+            "code": self.exit_code,
+            "stale_after": self.stale_after,
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise ValueError(f"time is not a string: {value!r}")
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if t.tzinfo is None:
+        raise ValueError(f"time has no timezone: {value!r}")
+    return t
+
+
+def extract_json(text: str) -> Any:
+    """The JSON object in ``text``: ssh merges the remote stderr, so skip lines before it."""
+    decoder = json.JSONDecoder()
+    stripped = text.strip()
+    try:
+        return json.loads(stripped)
+    except json.JSONDecodeError:
+        pass
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("{"):
+            try:
+                obj, _ = decoder.raw_decode(text, offset + (len(line) - len(line.lstrip())))
+                return obj
+            except json.JSONDecodeError:
+                pass
+        offset += len(line)
+    raise ValueError("no JSON object in the output")
+
+
+def _float(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    raise ValueError(f"not a number: {v!r}")
+
+
+def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, duration_s: float = 0.0) -> NodeResult:
+    """Turn a node's output into a NodeResult; any deviation from the contract is UNKNOWN."""
+
+    def unknown(why: str) -> NodeResult:
+        return NodeResult(node.name, node.role, node.alias, Severity.UNKNOWN, why, duration_s=duration_s)
+
+    try:
+        data = extract_json(text)
+    except ValueError:
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "empty output")
+        return unknown(f"unparsable health output: {first[:200]}")
+    if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        return unknown(f"not an {REPORT_SCHEMA} report (schema {got!r})")
+    try:
+        reported = Severity.parse(data.get("status"))
+        t = parse_time(data.get("time"))
+        checks = []
+        for raw in data.get("checks") or []:
+            perf = [
+                Perf(
+                    label=str(p["label"]),
+                    value=_float(p.get("value")),
+                    uom=str(p.get("uom") or ""),
+                    warn=_float(p.get("warn")),
+                    crit=_float(p.get("crit")),
+                    min=_float(p.get("min")),
+                    max=_float(p.get("max")),
+                )
+                for p in raw.get("perfdata") or []
+            ]
+            checks.append(Check(str(raw["name"]), Severity.parse(raw.get("status")), str(raw.get("summary", "")), perf))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return unknown(f"malformed {REPORT_SCHEMA} report: {exc}")
+
+    age = (now - t).total_seconds()
+    result = NodeResult(
+        node.name,
+        node.role,
+        node.alias,
+        worst([reported, *(c.status for c in checks)]),
+        "",
+        checks,
+        report_time=iso(t),
+        duration_s=duration_s,
+    )
+    if age > stale_after:
+        result.status = Severity.UNKNOWN
+        result.summary = f"stale report: taken at {iso(t)}, {age:.0f} s old (limit {stale_after:.0f} s)"
+    elif age < -stale_after:
+        result.status = Severity.UNKNOWN
+        result.summary = f"report time {iso(t)} is {-age:.0f} s in the future: the node's clock is wrong"
+    else:
+        bad = [f"{c.name} {c.status.name}: {c.summary}" for c in checks if c.status is not Severity.OK]
+        result.summary = "; ".join(bad) if bad else f"all {len(checks)} checks OK"
+    return result
+
+
+def node_from_remote(res: RemoteResult, node: Node, *, now: datetime, stale_after: float) -> NodeResult:
+    if res.error:
+        return NodeResult(
+            node.name, node.role, node.alias, Severity.UNKNOWN, res.why(), duration_s=res.duration_s,
+            reachable=False,
+        )  # fmt: skip
+    return parse_report(res.text, node, now=now, stale_after=stale_after, duration_s=res.duration_s)
+
+
+def add_desktop_rule(result: NodeResult, gpu: RemoteResult, ps: RemoteResult) -> None:
+    """Add the lab rule as its own check on a desktop node and fold it into the status."""
+    status, summary = desktop.evaluate(
+        gpu.returncode,
+        gpu.text,
+        gpu.why() if gpu.error else None,
+        ps.returncode,
+        ps.text,
+        ps.why() if ps.error else None,
+    )
+    result.checks.append(Check(desktop.CHECK_NAME, status, summary))
+    if status is not Severity.OK:
+        result.summary = f"{summary}; {result.summary}" if result.summary else summary
+    result.status = worst([result.status, status])
+
+
+def run_fleet_health(
+    fleet: Fleet,
+    *,
+    timeout: float | None = None,
+    nodes: list[Node] | None = None,
+    on_done: Callable[[str], None] | None = None,
+    clock: Callable[[], datetime] = utc_now,
+    remote: Callable[..., RemoteResult] = run_remote,
+) -> FleetReport:
+    """Query every node in parallel, each call bounded by ``timeout`` (fleet default)."""
+    per_node = timeout if timeout is not None else fleet.timeout
+    targets = list(nodes or fleet.nodes)
+    cancel = runner.Deadline(None, phase="fleet health")
+    jobs: dict[tuple[str, str], Future[RemoteResult]] = {}
+    lock = threading.Lock()
+
+    def call(node: Node, command: str) -> RemoteResult:
+        res: RemoteResult = remote(node, command, fleet.ssh, timeout=per_node, cancel=cancel)
+        if on_done:
+            with lock:
+                on_done(node.name)
+        return res
+
+    n_calls = sum(3 if n.role == "desktop" else 1 for n in targets)
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_WORKERS, n_calls))) as pool:
+        for n in targets:
+            jobs[(n.name, "health")] = pool.submit(call, n, n.health_command)
+            if n.role == "desktop":
+                jobs[(n.name, "gpu")] = pool.submit(call, n, desktop.GPU_APPS_COMMAND)
+                jobs[(n.name, "ps")] = pool.submit(call, n, desktop.PS_COMMAND)
+        try:
+            pending = set(jobs.values())
+            while pending:
+                _, pending = wait_futures(pending, timeout=0.2)
+        except KeyboardInterrupt:
+            cancel.reset(0, "interrupted")  # every call in flight stops its ssh process group
+            wait_futures(list(jobs.values()))
+            raise Interrupted("fleet health interrupted; every ssh call was stopped") from None
+
+    now = clock()
+    results = []
+    for n in targets:
+        r = node_from_remote(jobs[(n.name, "health")].result(), n, now=now, stale_after=fleet.stale_after)
+        if n.role == "desktop":
+            add_desktop_rule(r, jobs[(n.name, "gpu")].result(), jobs[(n.name, "ps")].result())
+        results.append(r)
+    return FleetReport(time=iso(now), nodes=results, stale_after=fleet.stale_after)
+
+
+# ---- Nagios output -----------------------------------------------------------------------
+
+# UOMs the monitoring-plugins guidelines define; anything else is dropped (value kept).
+NAGIOS_UOMS = {"", "s", "ms", "us", "%", "B", "KB", "MB", "TB", "c"}
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return ""
+    if float(v).is_integer():
+        return str(int(v))
+    return f"{v:.6f}".rstrip("0").rstrip(".")
+
+
+def perf_item(label: str, value: float | None, uom: str = "", warn: float | None = None, crit: float | None = None,
+              lo: float | None = None, hi: float | None = None) -> str:  # fmt: skip
+    """``'label'=value[UOM];warn;crit;min;max`` (labels may not contain ' or =)."""
+    clean = label.replace("'", "").replace("=", "_")
+    unit = uom if uom in NAGIOS_UOMS else ""
+    val = "U" if value is None else _num(value)  # "U": value could not be determined
+    return f"'{clean}'={val}{unit if value is not None else ''};{_num(warn)};{_num(crit)};{_num(lo)};{_num(hi)}"
+
+
+def nagios_line(report: FleetReport) -> str:
+    """One status line with perfdata, for check_by_ssh/NRPE-style integration."""
+    counts = {s: sum(1 for n in report.nodes if n.status is s) for s in Severity}
+    total = len(report.nodes)
+    parts = [
+        f"{counts[s]} {s.name.lower()}" for s in (Severity.CRITICAL, Severity.WARNING, Severity.UNKNOWN, Severity.OK)
+    ]
+    text = f"FLEET {report.status.name} - {total} nodes: {', '.join(parts)}"
+    bad = sorted((n for n in report.nodes if n.status is not Severity.OK), key=lambda n: -n.status.rank)
+    if bad:
+        text += "; " + "; ".join(f"{n.name} {n.status.name}: {n.summary}" for n in bad)
+    text = text.replace("|", "/").replace("\n", " ")  # '|' would start perfdata
+    perf = [perf_item(f"nodes_{s.name.lower()}", counts[s], lo=0, hi=total) for s in Severity]
+    for n in report.nodes:
+        perf.append(perf_item(f"{n.name}_response", round(n.duration_s, 3), "s", lo=0))
+        for c in n.checks:
+            for p in c.perfdata:
+                perf.append(perf_item(f"{n.name}_{p.label}", p.value, p.uom, p.warn, p.crit, p.min, p.max))
+    return f"{text} | {' '.join(perf)}"
+
+
+# ---- snapshot ----------------------------------------------------------------------------
+
+
+def save_snapshot(report: FleetReport, path: Path) -> None:
+    write_atomic(path, json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def load_snapshot(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no fleet health snapshot at {path}", hint="run `alma fleet health` first (it saves the snapshot)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read snapshot {path}: {exc}", hint="run `alma fleet health` again") from exc
+    if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA or not isinstance(data.get("nodes"), list):
+        raise ConfigError(f"{path} is not an {SNAPSHOT_SCHEMA} snapshot", hint="run `alma fleet health` again")
+    try:
+        parse_time(data.get("time"))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: bad time: {exc}", hint="run `alma fleet health` again") from exc
+    return data

@@ -1,0 +1,350 @@
+"""``alma fleet inspect``: a read-only capacity and topology snapshot before a handover.
+
+Only the commands in ``ALLOWED_COMMANDS`` can be sent to a node (``_send`` refuses
+anything else), none of which changes anything. What was read is reported as "verified
+live at <time>"; what could not be read is "not checked", with the failed command and why.
+Memory capacity is ``available`` from ``free -b``; GPU allocations are never added to it
+(unified-memory boards share one pool), and budgets are per node, never summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from alma import runner
+from alma.errors import Interrupted
+from alma.fleet import parsers as P
+from alma.fleet.desktop import GPU_APPS_COMMAND
+from alma.fleet.health import iso, utc_now
+from alma.fleet.inventory import Fleet, Node
+from alma.fleet.ssh import RemoteResult, run_remote
+
+SCHEMA = "alma.fleet-inspect/1"
+DATE = "date -u +%Y-%m-%dT%H:%M:%SZ"
+FREE = "free -b"
+EARLYOOM = "systemctl is-active earlyoom"
+SWAPON = "swapon --show --bytes --noheadings --raw"
+IP_BRIEF = "ip -br -4 address"
+RDMA = "rdma link show"
+PORTS = "grep -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate"
+
+# The ONLY commands inspect may send. Each only reads; none takes an argument from input.
+ALLOWED_COMMANDS: tuple[str, ...] = (DATE, FREE, GPU_APPS_COMMAND, EARLYOOM, SWAPON, IP_BRIEF, RDMA, PORTS)
+
+
+class NotAllowed(RuntimeError):
+    """A command outside the read-only allow-list was about to be sent (a bug, never user input)."""
+
+
+@dataclass
+class NodeInspection:
+    name: str
+    role: str
+    verified_at: str | None = None  # local UTC clock when the last answer arrived
+    node_clock: str | None = None  # the node's own UTC clock (date -u)
+    verified: dict[str, Any] = field(default_factory=dict)
+    not_checked: list[dict[str, str]] = field(default_factory=list)
+    failed_commands: list[dict[str, str]] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reachable(self) -> bool:
+        return bool(self.verified)
+
+    def skip(self, item: str, reason: str) -> None:
+        self.not_checked.append({"item": item, "reason": reason})
+
+    def failed(self, res: RemoteResult) -> str:
+        why = res.why()
+        self.failed_commands.append({"command": res.command, "why": why})
+        return why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "reachable": self.reachable,
+            "verified_at": self.verified_at,
+            "node_clock": self.node_clock,
+            "verified": self.verified,
+            "not_checked": self.not_checked,
+            "failed_commands": self.failed_commands,
+            "commands": self.commands,
+        }
+
+
+def _send(node: Node, command: str, fleet: Fleet, timeout: float, cancel: runner.Deadline,
+          remote: Callable[..., RemoteResult]) -> RemoteResult:  # fmt: skip
+    if command not in ALLOWED_COMMANDS:
+        raise NotAllowed(f"refusing to send {command!r}: not in the read-only allow-list")
+    res: RemoteResult = remote(node, command, fleet.ssh, timeout=timeout, cancel=cancel)
+    return res
+
+
+def collect(
+    fleet: Fleet,
+    nodes: list[Node],
+    *,
+    timeout: float | None = None,
+    remote: Callable[..., RemoteResult] = run_remote,
+    clock: Callable[[], datetime] = utc_now,
+    on_done: Callable[[str, str], None] | None = None,
+) -> tuple[str, list[NodeInspection]]:
+    """Run every allowed command on every node (in parallel) and interpret the answers."""
+    per_call = timeout if timeout is not None else fleet.timeout
+    cancel = runner.Deadline(None, phase="fleet inspect")
+    started = iso(clock())
+
+    def one(node: Node, command: str) -> tuple[RemoteResult, str]:
+        res = _send(node, command, fleet, per_call, cancel, remote)
+        if on_done:
+            on_done(node.name, command)
+        return res, iso(clock())
+
+    answers: dict[str, dict[str, tuple[RemoteResult, str]]] = {n.name: {} for n in nodes}
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes) * len(ALLOWED_COMMANDS)))) as pool:
+        futs = {(n.name, c): pool.submit(one, n, c) for n in nodes for c in ALLOWED_COMMANDS}
+        try:
+            for (name, cmd), fut in futs.items():
+                answers[name][cmd] = fut.result()
+        except KeyboardInterrupt:
+            cancel.reset(0, "interrupted")
+            for f in futs.values():
+                f.exception()
+            raise Interrupted("inspect interrupted; every ssh call was stopped") from None
+    return started, [interpret(n, answers[n.name]) for n in nodes]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeInspection:
+    out = NodeInspection(node.name, node.role)
+    times = []
+    for cmd in ALLOWED_COMMANDS:
+        res, at = answers[cmd]
+        out.commands.append({"command": cmd, "returncode": res.returncode, "duration_s": round(res.duration_s, 3)})
+        if res.error is None:
+            times.append(at)
+    out.verified_at = max(times) if times else None
+
+    def get(cmd: str) -> RemoteResult:
+        return answers[cmd][0]
+
+    unreachable = all(get(c).error in ("unreachable", "timeout", "ssh-missing") for c in ALLOWED_COMMANDS)
+    if unreachable:
+        why = get(DATE).why()
+        out.failed(get(DATE))
+        out.skip("everything", f"node not reached: {why}")
+        return out
+
+    def usable(item: str, cmd: str, *, allow_rc: tuple[int, ...] = (0,)) -> RemoteResult | None:
+        res = get(cmd)
+        if res.error:
+            out.skip(item, f"`{cmd}` {out.failed(res)}")
+            return None
+        missing = P.missing_command(res.returncode, res.text)
+        if missing:
+            out.skip(item, f"{missing} not installed")
+            return None
+        if res.returncode not in allow_rc:
+            out.skip(item, f"`{cmd}` failed: {out.failed(res)}")
+            return None
+        return res
+
+    def parsed(item: str, cmd: str, fn: Callable[[RemoteResult], Any]) -> Any:
+        try:
+            return fn(get(cmd))
+        except P.ParseError as exc:
+            out.skip(item, f"could not parse `{cmd}` output: {exc}")
+            out.failed_commands.append({"command": cmd, "why": f"unparsable output: {exc}"})
+            return None
+
+    if (r := usable("node clock", DATE)) is not None:
+        out.node_clock = r.text.strip().splitlines()[-1] if r.text.strip() else None
+
+    mem = None
+    if usable("memory", FREE) is not None:
+        mem = parsed("memory", FREE, lambda r: P.parse_free(r.text))
+    if mem is not None:
+        out.verified["memory"] = {
+            "total_bytes": mem.total,
+            "used_bytes": mem.used,
+            "available_bytes": mem.available,
+            "capacity_bytes": mem.available,  # available RAM IS the capacity; no GPU figure added
+        }
+        out.verified["swap"] = {"total_bytes": mem.swap_total, "used_bytes": mem.swap_used}
+        budget = mem.available - node.reserve_bytes
+        out.verified["budget"] = {
+            "available_bytes": mem.available,
+            "reserve_bytes": node.reserve_bytes,
+            "budget_bytes": budget,
+            "note": "this node only; budgets are never summed across nodes",
+        }
+    else:
+        out.skip("budget", "memory not verified")
+
+    if usable("swap devices", SWAPON) is not None:
+        devs = parsed("swap devices", SWAPON, lambda r: P.parse_swapon(r.text))
+        if devs is not None:
+            out.verified.setdefault("swap", {})["devices"] = [d.__dict__ for d in devs]
+
+    if usable("GPU compute processes", GPU_APPS_COMMAND) is not None:
+        apps = parsed("GPU compute processes", GPU_APPS_COMMAND, lambda r: P.parse_compute_apps(r.text))
+        if apps is not None:
+            out.verified["gpu_processes"] = [
+                {"pid": a.pid, "name": a.name, "used_bytes": a.used_bytes, "reported_as": a.used_raw} for a in apps
+            ]
+
+    # `systemctl is-active` exits 3 for inactive/failed: a valid answer, not a failure.
+    if usable("earlyoom", EARLYOOM, allow_rc=(0, 3)) is not None:
+        state = parsed("earlyoom", EARLYOOM, lambda r: P.parse_is_active(r.text, r.returncode))
+        if state is not None:
+            out.verified["earlyoom"] = state
+
+    if usable("IPv4 addresses", IP_BRIEF) is not None:
+        addrs = parsed("IPv4 addresses", IP_BRIEF, lambda r: P.parse_ip_brief(r.text))
+        if addrs is not None:
+            out.verified["addresses"] = [a.__dict__ for a in addrs]
+
+    if usable("RDMA links", RDMA) is not None:
+        links = parsed("RDMA links", RDMA, lambda r: P.parse_rdma_links(r.text))
+        if links is not None:
+            out.verified["rdma_links"] = [rl.__dict__ for rl in links]
+
+    _fabric(node, out, get(PORTS))
+    return out
+
+
+def _fabric(node: Node, out: NodeInspection, res: RemoteResult) -> None:
+    if not node.links:
+        out.skip("fabric ports", "no fabric links configured for this node in the fleet file")
+        return
+    if res.error:
+        out.skip("fabric ports", f"`{PORTS}` {out.failed(res)}")
+        return
+    # grep exits 2 when some attribute is unreadable (down links): the rest is still valid.
+    if res.returncode not in (0, 2):
+        out.skip("fabric ports", f"`{PORTS}` failed: {out.failed(res)}")
+        return
+    try:
+        ports = P.parse_port_attrs(res.text)
+    except P.ParseError as exc:
+        out.skip("fabric ports", f"could not parse sysfs output: {exc}")
+        return
+    rows = []
+    for link in node.links:
+        p = ports.get(link.iface)
+        row: dict[str, Any] = {"iface": link.iface, "expected_speed": link.speed, "peer": link.peer}
+        if p is None:
+            row.update(present=False, problem="absent from /sys/class/net (a NIC without link may power down and "
+                       "vanish from the bus: not proof the hardware is gone)")  # fmt: skip
+        else:
+            row.update(present=True, carrier=p.carrier, speed=p.speed, operstate=p.operstate, errors=p.errors or [])
+            problems = []
+            if p.carrier is None:
+                problems.append("carrier unreadable (interface administratively down)")
+            elif not p.carrier:
+                problems.append("no carrier")
+            if link.speed is not None and p.speed is not None and p.speed != link.speed:
+                problems.append(f"negotiated {p.speed} Mb/s, expected {link.speed} Mb/s")
+            elif link.speed is not None and p.speed is None and p.carrier:
+                problems.append("speed not reported by the driver")
+            row["problem"] = "; ".join(problems) or None
+        rows.append(row)
+    out.verified["fabric"] = rows
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+
+def to_json(started: str, nodes: list[NodeInspection]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "time": started,
+        "read_only_commands": list(ALLOWED_COMMANDS),
+        "nodes": [n.to_dict() for n in nodes],
+    }
+
+
+def _cell(v: Any) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
+    lines = [
+        f"# Fleet inspection, {started}",
+        "",
+        "Read-only snapshot (`alma fleet inspect`): only the commands listed at the end were sent, "
+        "none changes a node. Capacity is *available* RAM; GPU allocations are never added to it. "
+        "Budgets are per node and are **never summed** across nodes.",
+        "",
+    ]
+    for n in nodes:
+        lines += [f"## {n.name} ({n.role})", ""]
+        v = n.verified
+        if v:
+            clock = f" (node clock {n.node_clock})" if n.node_clock else ""
+            lines += [f"### Verified live at {n.verified_at}{clock}", ""]
+            lines += ["| item | value | source |", "|---|---|---|"]
+            if "memory" in v:
+                m = v["memory"]
+                lines.append(f"| available memory (capacity) | {_gib(m['available_bytes'])} "
+                             f"({m['available_bytes']} B) of {_gib(m['total_bytes'])} | `{FREE}` |")  # fmt: skip
+            if "budget" in v:
+                b = v["budget"]
+                budget = f"{_gib(b['budget_bytes'])} ({b['budget_bytes']} B), this node only"
+                lines.append(f"| budget (available − reserve {_gib(b['reserve_bytes'])}) | {budget} | `{FREE}` |")
+            if "swap" in v:
+                s = v["swap"]
+                devs = ", ".join(f"{d['name']} ({d['type']})" for d in s.get("devices", [])) or "none listed"
+                lines.append(f"| swap | {_gib(s.get('total_bytes', 0))} total, {_gib(s.get('used_bytes', 0))} used; "
+                             f"devices: {_cell(devs)} | `{FREE}`, `{SWAPON}` |")  # fmt: skip
+            if "earlyoom" in v:
+                lines.append(f"| earlyoom | {_cell(v['earlyoom'])} | `{EARLYOOM}` |")
+            if "addresses" in v:
+                addrs = "; ".join(
+                    f"{a['iface']} {a['state']} {' '.join(a['addresses'])}".strip() for a in v["addresses"]
+                )
+                lines.append(f"| IPv4 addresses | {_cell(addrs)} | `{IP_BRIEF}` |")
+            if "rdma_links" in v:
+                rl = "; ".join(
+                    f"{x['link']} {x['state']} {x['physical_state']} ({x['netdev']})" for x in v["rdma_links"]
+                )
+                lines.append(f"| RDMA links | {_cell(rl or 'none')} | `{RDMA}` |")
+            if "gpu_processes" in v:
+                gp = v["gpu_processes"]
+                txt = "; ".join(
+                    f"{g['name']} pid {g['pid']}: "
+                    + (
+                        _gib(g["used_bytes"])
+                        if g["used_bytes"] is not None
+                        else f"memory not reported ({g['reported_as']})"
+                    )
+                    for g in gp
+                )
+                lines.append(f"| GPU compute processes | {_cell(txt or 'none')} | `{GPU_APPS_COMMAND}` |")
+            for f in v.get("fabric", []):
+                if not f["present"]:
+                    state = f"ABSENT: {f['problem']}"
+                else:
+                    speed = f"{f['speed']} Mb/s" if f["speed"] else "speed unknown"
+                    carrier = {True: "carrier up", False: "NO CARRIER", None: "carrier unreadable"}[f["carrier"]]
+                    exp = f" (expected {f['expected_speed']} Mb/s)" if f["expected_speed"] else ""
+                    state = f"{carrier}, {speed}{exp}" + (f"; PROBLEM: {f['problem']}" if f["problem"] else "")
+                lines.append(f"| fabric port {f['iface']} | {_cell(state)} | `/sys/class/net/{f['iface']}` |")
+            lines.append("")
+        lines += ["### Not checked", ""]
+        lines += [f"- {x['item']}: {_cell(x['reason'])}" for x in n.not_checked] or ["- nothing: every item was read"]
+        lines.append("")
+        if n.failed_commands:
+            lines += ["### Failed commands", ""]
+            lines += [f"- `{x['command']}`: {_cell(x['why'])}" for x in n.failed_commands]
+            lines.append("")
+    lines += ["## Commands sent (read-only allow-list)", ""] + [f"- `{c}`" for c in ALLOWED_COMMANDS] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,274 @@
+"""Parsers for the output of the read-only commands ``alma fleet inspect`` runs.
+
+Each parser takes the command's text exactly as the tool prints it (tests feed recorded
+real output) and returns plain data; a parser raises ``ParseError`` when the text is not
+what the tool prints, so a report says "could not parse" instead of guessing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Shells say this when a command is missing: dash "sh: 1: rdma: not found",
+# bash "bash: line 1: rdma: command not found"; ssh passes the shell's exit 127 on.
+NOT_FOUND_EXIT = 127
+_NOT_FOUND_RE = re.compile(r"(?:^|: )(?P<cmd>[\w.-]+): (?:command )?not found\s*$")
+
+
+class ParseError(ValueError):
+    pass
+
+
+def missing_command(returncode: int | None, text: str) -> str | None:
+    """The command the remote shell could not find, or None."""
+    if returncode != NOT_FOUND_EXIT:
+        return None
+    for line in text.splitlines():
+        m = _NOT_FOUND_RE.search(line.strip())
+        if m:
+            return m.group("cmd")
+    return "?"
+
+
+@dataclass
+class Memory:
+    total: int
+    used: int
+    free: int
+    available: int  # the capacity: what a new job can get without swapping
+    swap_total: int
+    swap_used: int
+    swap_free: int
+
+
+def parse_free(text: str) -> Memory:
+    """``free -b`` (procps-ng): a header line, ``Mem:`` and ``Swap:`` rows in bytes."""
+    header: list[str] | None = None
+    rows: dict[str, list[int]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "total":
+            header = parts
+        elif parts[0] in ("Mem:", "Swap:"):
+            try:
+                rows[parts[0]] = [int(p) for p in parts[1:]]
+            except ValueError as exc:
+                raise ParseError(f"free -b: non-numeric value in {line!r}") from exc
+    if header is None or "Mem:" not in rows:
+        raise ParseError("free -b: no header or no Mem: row")
+    mem = dict(zip(header, rows["Mem:"], strict=False))
+    if "available" not in mem:
+        # procps < 3.3.10 had no "available" column; free is NOT a capacity estimate.
+        raise ParseError("free -b: no 'available' column (procps too old to tell capacity)")
+    swap = rows.get("Swap:", [0, 0, 0])
+    return Memory(
+        total=mem["total"],
+        used=mem["used"],
+        free=mem["free"],
+        available=mem["available"],
+        swap_total=swap[0],
+        swap_used=swap[1] if len(swap) > 1 else 0,
+        swap_free=swap[2] if len(swap) > 2 else 0,
+    )
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    name: str
+    used_bytes: int | None  # None: the driver reports "[N/A]" / "[Not Supported]" (Orin, GB10)
+    used_raw: str
+
+
+_UNREPORTED = {"[n/a]", "n/a", "[not supported]", "not supported", ""}
+_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)$")
+_MEM_UNIT = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def parse_compute_apps(text: str) -> list[GpuProcess]:
+    """``nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader``.
+
+    Rows look like ``4242, /usr/bin/python3, 1536 MiB``; on unified-memory boards the
+    memory field is ``[N/A]`` (or ``[Not Supported]``): kept as unknown, never as 0.
+    A process name may contain commas, so pid is the first field and memory the last.
+    """
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.lower().startswith("no running"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 3:
+            raise ParseError(f"nvidia-smi: expected 'pid, process_name, used_memory', got {line!r}")
+        pid_s, mem_s, name = fields[0], fields[-1], ", ".join(fields[1:-1])
+        if not pid_s.isdigit():
+            raise ParseError(f"nvidia-smi: pid is not a number in {line!r}")
+        if mem_s.lower() in _UNREPORTED:
+            used: int | None = None
+        else:
+            m = _MEM_RE.match(mem_s)
+            if not m:
+                raise ParseError(f"nvidia-smi: unexpected memory value {mem_s!r}")
+            used = int(float(m.group(1)) * _MEM_UNIT[m.group(2)])
+        out.append(GpuProcess(pid=int(pid_s), name=name, used_bytes=used, used_raw=mem_s))
+    return out
+
+
+def parse_is_active(text: str, returncode: int | None) -> str:
+    """``systemctl is-active UNIT``: one word (active, inactive, failed, activating, ...)."""
+    words = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    states = {"active", "inactive", "failed", "activating", "deactivating", "reloading", "unknown", "maintenance"}
+    if words and words[0] in states:
+        return words[0]
+    raise ParseError(words[0] if words else f"systemctl exited {returncode} without a state")
+
+
+@dataclass
+class Address:
+    iface: str
+    state: str
+    addresses: list[str]
+
+
+def parse_ip_brief(text: str) -> list[Address]:
+    """``ip -br -4 address``: ``<ifname>[@peer] <STATE> <addr/len>...`` per line."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) < 2:
+            raise ParseError(f"ip -br: unexpected line {line!r}")
+        out.append(Address(iface=parts[0].split("@", 1)[0], state=parts[1], addresses=parts[2:]))
+    return out
+
+
+@dataclass
+class RdmaLink:
+    link: str  # "mlx5_0/1"
+    state: str | None
+    physical_state: str | None
+    netdev: str | None
+
+
+def parse_rdma_links(text: str) -> list[RdmaLink]:
+    """``rdma link show``: ``link mlx5_0/1 state ACTIVE physical_state LINK_UP netdev enp1s0f0``."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] != "link" or len(parts) < 2:
+            raise ParseError(f"rdma: unexpected line {line!r}")
+        kv = dict(zip(parts[2::2], parts[3::2], strict=False))
+        out.append(
+            RdmaLink(
+                link=parts[1], state=kv.get("state"), physical_state=kv.get("physical_state"), netdev=kv.get("netdev")
+            )
+        )
+    return out
+
+
+@dataclass
+class Port:
+    iface: str
+    carrier: bool | None = None  # None: unreadable (the kernel says EINVAL while the link is admin-down)
+    speed: int | None = None  # Mb/s; None when unknown (-1, or unreadable)
+    operstate: str | None = None
+    errors: list[str] | None = None
+
+
+_SYSFS_LINE = re.compile(r"^/sys/class/net/(?P<if>[^/]+)/(?P<attr>carrier|speed|operstate):(?P<val>.*)$")
+_SYSFS_ERR = re.compile(r"^grep: /sys/class/net/(?P<if>[^/]+)/(?P<attr>carrier|speed|operstate): (?P<why>.+)$")
+
+
+def parse_port_attrs(text: str) -> dict[str, Port]:
+    """``grep -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate``.
+
+    Reading ``carrier`` or ``speed`` of a down interface fails with "Invalid argument";
+    that is recorded per port, not treated as a missing port.
+    """
+    ports: dict[str, Port] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        m = _SYSFS_LINE.match(line)
+        if m:
+            p = ports.setdefault(m["if"], Port(m["if"]))
+            val = m["val"].strip()
+            if m["attr"] == "carrier":
+                p.carrier = val == "1"
+            elif m["attr"] == "speed":
+                try:
+                    sp = int(val)
+                except ValueError:
+                    sp = -1
+                p.speed = sp if sp > 0 else None
+            else:
+                p.operstate = val
+            continue
+        e = _SYSFS_ERR.match(line)
+        if e:
+            p = ports.setdefault(e["if"], Port(e["if"]))
+            p.errors = [*(p.errors or []), f"{e['attr']}: {e['why']}"]
+            continue
+        if line.startswith("grep: /sys/class/net/*"):
+            continue  # no interface at all: the glob stayed literal
+        raise ParseError(f"sysfs: unexpected line {line!r}")
+    return ports
+
+
+@dataclass
+class Process:
+    pid: int
+    args: str
+
+    @property
+    def exe(self) -> str:
+        first = self.args.split(" ", 1)[0]
+        return first.rsplit("/", 1)[-1]
+
+
+def parse_ps(text: str) -> list[Process]:
+    """``ps -eo pid=,args=``: pid then the full command line."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        pid_s, _, args = line.partition(" ")
+        if not pid_s.isdigit():
+            raise ParseError(f"ps: unexpected line {line!r}")
+        out.append(Process(int(pid_s), args.strip()))
+    return out
+
+
+@dataclass
+class SwapDevice:
+    name: str
+    type: str
+    size: int
+    used: int
+    prio: int | None
+
+
+def parse_swapon(text: str) -> list[SwapDevice]:
+    """``swapon --show --bytes --noheadings --raw``: NAME TYPE SIZE USED PRIO (empty: no swap)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) < 4:
+            raise ParseError(f"swapon: unexpected line {line!r}")
+        try:
+            prio = int(parts[4]) if len(parts) > 4 else None
+            # --raw escapes blanks in names as \x20
+            out.append(SwapDevice(parts[0].replace("\\x20", " "), parts[1], int(parts[2]), int(parts[3]), prio))
+        except ValueError as exc:
+            raise ParseError(f"swapon: non-numeric size in {line!r}") from exc
+    return out

@@ -1,0 +1,116 @@
+"""Running one command on one node over OpenSSH, never prompting, always bounded.
+
+The destination is handed to ``ssh`` as written in the fleet file, so ``~/.ssh/config``
+(or the fleet's ``[ssh] config`` through ``-F``) decides user, port, keys and jump hosts.
+Every call goes through ``alma.runner`` (its deadline stops ssh's whole process group), and
+a shared ``Deadline`` lets Ctrl-C stop every call in flight at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from alma import runner, settings
+from alma.errors import ToolError, ToolNotFound, ToolTimeout
+from alma.fleet.inventory import Node, SshConfig
+
+# ssh's own exit code for "could not connect / authenticate / protocol error".
+SSH_FAILED = 255
+
+
+@dataclass
+class RemoteResult:
+    node: str
+    command: str
+    returncode: int | None  # None: did not finish (timeout) or ssh could not start
+    lines: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    error: str | None = None  # "timeout" | "unreachable" | "ssh-missing"; None when ssh ran
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.returncode == 0
+
+    def why(self) -> str:
+        """One line saying why the call failed (for reports)."""
+        if self.error == "timeout":
+            return f"no answer within {self.duration_s:.1f} s (timed out, ssh stopped)"
+        if self.error == "ssh-missing":
+            return self.lines[0] if self.lines else "ssh is not installed"
+        if self.error == "unreachable":
+            tail = [ln for ln in self.lines if ln.strip()]
+            return "unreachable: " + (tail[-1] if tail else f"ssh exited {self.returncode}")
+        tail = [ln for ln in self.lines if ln.strip()]
+        return f"exit {self.returncode}" + (f": {tail[-1]}" if tail else "")
+
+
+def ssh_argv(node: Node, command: str, cfg: SshConfig) -> list[str]:
+    """The full argv; the remote command is ONE argument after ``--`` and the destination."""
+    argv = [settings.tool("ssh")]
+    if cfg.config is not None:
+        argv += ["-F", str(cfg.config)]
+    argv += [
+        "-o", "BatchMode=yes",  # never ask for a password or passphrase
+        "-o", f"ConnectTimeout={cfg.connect_timeout}",
+        "-o", f"StrictHostKeyChecking={cfg.strict_host_key_checking}",
+        "-o", "LogLevel=ERROR",  # keep "Permanently added ..." out of the JSON stream
+        "-T",  # no tty: the remote side must not wait for input
+    ]  # fmt: skip
+    if cfg.known_hosts is not None:
+        argv += ["-o", f"UserKnownHostsFile={cfg.known_hosts}"]
+    argv += ["--", node.ssh, command]
+    return argv
+
+
+def run_remote(
+    node: Node,
+    command: str,
+    cfg: SshConfig,
+    *,
+    timeout: float,
+    cancel: runner.Deadline | None = None,
+    run: Callable[..., runner.Result] = runner.run,
+) -> RemoteResult:
+    """Run ``command`` on ``node``; never raises for remote failures, returns what happened.
+
+    ``cancel`` is a Deadline shared by all calls of one fleet run: resetting it to 0 stops
+    everything in flight (Ctrl-C). Each call still gets its own ``timeout``.
+    """
+    argv = ssh_argv(node, command, cfg)
+    deadline = runner.Deadline(timeout, phase=f"{node.name}: {command}")
+    if cancel is not None:
+        deadline = _Linked(deadline, cancel)
+    started = time.monotonic()
+    try:
+        res = run(argv, timeout=deadline, check=False, keep_lines=True, what=f"ssh {node.name}")
+    except ToolTimeout:
+        return RemoteResult(node.name, command, None, [], time.monotonic() - started, error="timeout")
+    except ToolNotFound as exc:
+        return RemoteResult(node.name, command, None, [exc.message], 0.0, error="ssh-missing")
+    except ToolError as exc:
+        return RemoteResult(node.name, command, None, [exc.message], time.monotonic() - started, error="unreachable")
+    err = "unreachable" if res.returncode == SSH_FAILED else None
+    return RemoteResult(node.name, command, res.returncode, res.lines, res.duration_s, error=err)
+
+
+class _Linked(runner.Deadline):
+    """A per-call deadline that also expires when the shared cancel deadline does."""
+
+    def __init__(self, own: runner.Deadline, cancel: runner.Deadline) -> None:
+        super().__init__(own.seconds, own.phase)
+        self._own = own
+        self._cancel = cancel
+
+    def remaining(self) -> float | None:
+        own, cancel = self._own.remaining(), self._cancel.remaining()
+        if cancel is None:
+            return own
+        if own is None:
+            return cancel
+        return min(own, cancel)

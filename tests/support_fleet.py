@@ -1,0 +1,121 @@
+"""A REAL OpenSSH server on loopback for the fleet tests and bench/bench_fleet.py.
+
+Debian's /usr/sbin/sshd with temporary host keys, a temporary client key in a temporary
+authorized_keys, ``StrictModes no`` and a free port on 127.0.0.1, so it runs as root (CI)
+and as a normal user alike. The client side is a real ssh config file passed with ``-F``
+(the same path a lab's ~/.ssh/config takes), with a temporary known_hosts holding the
+server's host key: StrictHostKeyChecking=yes is really exercised.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HEALTH = REPO / "tools" / "guard" / "alma-health"
+
+# 16 bench  "nodes" connect at once; the default MaxStartups 10:30:100 would drop some.
+MAX_STARTUPS = "64:30:128"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Sshd:
+    port: int
+    dir: Path
+    client_config: Path
+    known_hosts: Path
+    dead_port: int  # nothing listens there: "Connection refused"
+    proc: subprocess.Popen[bytes]
+
+    def log(self) -> str:
+        p = self.dir / "sshd.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+
+def start_sshd(base: Path) -> Sshd:
+    sshd_bin = shutil.which("sshd") or "/usr/sbin/sshd"
+    keygen = shutil.which("ssh-keygen") or "ssh-keygen"
+    base.mkdir(parents=True, exist_ok=True)
+    for name in ("host_ed25519", "id_ed25519"):
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", "alma-test", "-f", str(base / name)], check=True)
+    (base / "authorized_keys").write_text((base / "id_ed25519.pub").read_text())
+    port, dead = free_port(), free_port()
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    cfg = base / "sshd_config"
+    cfg.write_text(
+        f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {base / "host_ed25519"}
+PidFile {base / "sshd.pid"}
+AuthorizedKeysFile {base / "authorized_keys"}
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PermitRootLogin prohibit-password
+MaxStartups {MAX_STARTUPS}
+MaxSessions 64
+LoginGraceTime 20
+LogLevel ERROR
+"""
+    )
+    hostkey = (base / "host_ed25519.pub").read_text().split()
+    known = base / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {hostkey[0]} {hostkey[1]}\n")
+    client = base / "ssh_config"
+    client.write_text(
+        f"""Host node-* bench-*
+    HostName 127.0.0.1
+    Port {port}
+Host dead-node
+    HostName 127.0.0.1
+    Port {dead}
+Host *
+    User {getpass.getuser()}
+    IdentityFile {base / "id_ed25519"}
+    IdentitiesOnly yes
+    UserKnownHostsFile {known}
+    GlobalKnownHostsFile /dev/null
+"""
+    )
+    log = open(base / "sshd.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited {proc.returncode}: {(base / 'sshd.log').read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                if s.recv(64).startswith(b"SSH-2.0-"):
+                    break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("sshd did not start listening within 10 s")
+    return Sshd(port, base, client, known, dead, proc)
+
+
+def stop_sshd(s: Sshd) -> None:
+    s.proc.terminate()
+    try:
+        s.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        s.proc.wait()
