@@ -47,6 +47,28 @@ def ago(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+def blocking_reason(
+    cfg: Config,
+    cond: Conditions,
+    hot_until: float | None = None,
+    coord_down_since: float | None = None,
+    coord_error: str = "",
+) -> str:
+    """Why work may not run now, or '' when it may. The agent and `status` share it."""
+    if not cond.on_ac:
+        return "on battery"
+    if cond.heat.hot:
+        return f"hot: {cond.heat.reason}"
+    if hot_until is not None and cond.now < hot_until:
+        return f"cooling: resume in {ago(hot_until - cond.now)}"
+    idle = cond.idle_for()
+    if idle < cfg.idle_after:
+        return f"owner active {ago(idle)} ago ({cond.activity.what})"
+    if coord_down_since is not None:
+        return f"coordinator unreachable since {iso(coord_down_since)}: {coord_error}"
+    return ""
+
+
 class Sensors:
     """Reads the machine. Every path comes from ``cfg.machine`` (tests pass a fake tree)."""
 
@@ -164,19 +186,7 @@ class Agent:
         return self.line
 
     def blocking_reason(self, cond: Conditions) -> str:
-        """Why work may not run now, or '' when it may. Used by the agent and by `status`."""
-        if not cond.on_ac:
-            return "on battery"
-        if cond.heat.hot:
-            return f"hot: {cond.heat.reason}"
-        if self.hot_until is not None and cond.now < self.hot_until:
-            return f"cooling: resume in {ago(self.hot_until - cond.now)}"
-        idle = cond.idle_for()
-        if idle < self.cfg.idle_after:
-            return f"owner active {ago(idle)} ago ({cond.activity.what})"
-        if self.coord_down_since is not None:
-            return f"coordinator unreachable since {iso(self.coord_down_since)}: {self.coord_error}"
-        return ""
+        return blocking_reason(self.cfg, cond, self.hot_until, self.coord_down_since, self.coord_error)
 
     def _coord_down(self, exc: CoordinatorUnreachable) -> None:
         if self.coord_down_since is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, power, presence, privacy, thermal
-from .agent import Agent, Conditions, iso
+from .agent import Agent, Conditions, blocking_reason, iso
 from .config import DEFAULT_CONFIG, Config, from_mapping, load
 from .errors import CoordinatorUnreachable, GridError, UserError
 from .jobs import Backend, validate_command
@@ -106,8 +106,7 @@ def live_line(cfg: Config) -> tuple[str, bool]:
         (a for a in (tty, sess) if a.at is not None), key=lambda a: a.at or 0.0, default=presence.Activity(None, "")
     )
     cond = Conditions(power.on_ac(m.power_supply), heat, act, now)
-    probe = Agent(cfg, _NoBackend())
-    reason = probe.blocking_reason(cond)
+    reason = blocking_reason(cfg, cond)
     if not reason:
         try:
             backend = open_backend(cfg)
@@ -116,11 +115,6 @@ def live_line(cfg: Config) -> tuple[str, bool]:
         except CoordinatorUnreachable as exc:
             reason = f"coordinator unreachable since {iso(now)}: {exc}"
     return reason, not reason
-
-
-class _NoBackend:
-    def close(self) -> None:
-        pass
 
 
 def cmd_status(args: argparse.Namespace) -> int:

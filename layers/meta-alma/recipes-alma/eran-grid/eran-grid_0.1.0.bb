@@ -1,15 +1,48 @@
-SUMMARY = "ERAN-GRID: opt-in idle-cycle agent (disabled by default)"
-DESCRIPTION = "Runs queued work only while the board is genuinely idle, on AC power and cool; \
-               yields the instant its owner returns. Ships disabled with enabled = false."
+SUMMARY = "ERAN-GRID: opt-in idle-cycle agent, installed disabled"
+DESCRIPTION = "Runs queued work only while the board is genuinely idle, on AC power and \
+               cool, and stops it the instant its owner returns; a yielded job is requeued \
+               with its checkpoint, never lost. Ships with its unit disabled and \
+               enabled = false in its configuration: nothing runs until an operator opts in."
 HOMEPAGE = "https://github.com/alma-os/alma-toolchain"
 BUGTRACKER = "https://github.com/alma-os/alma-toolchain/issues"
 SECTION = "utils"
 LICENSE = "MIT"
-LIC_FILES_CHKSUM = "file://${COMMON_LICENSE_DIR}/MIT;md5=0835ade698e0bcf8506ecda2f7b4f302"
+LIC_FILES_CHKSUM = "file://LICENSE;md5=2ccfa3f03eeb8180970a4e900f7ddc92"
+CVE_PRODUCT = ""
 
-# Skeleton (parseable): sources are single-sourced from tools/idlegrid in the next commit.
-SRC_URI = "file://${ALMA_TOOLS_DIR}/idlegrid"
+# The on-board code is single-sourced from the repository's tools/idlegrid (never copied into
+# the layer); ALMA_TOOLS_DIR is set from LAYERDIR in conf/layer.conf.
+# nooelint: oelint.vars.bbvars.FILESPATH - a recipe-local search path is how one recipe fetches the shared tree
+FILESPATH:prepend = "${ALMA_TOOLS_DIR}:"
+SRC_URI = "file://idlegrid"
+S = "${WORKDIR}/idlegrid"
 
-inherit allarch
+inherit systemd allarch
 
-RDEPENDS:${PN} = "python3-core"
+# Opt-in: the unit is installed but never enabled (a 98- preset disables it); no timer,
+# socket or path unit exists that could start it.
+SYSTEMD_SERVICE:${PN} = "eran-grid.service"
+SYSTEMD_AUTO_ENABLE:${PN} = "disable"
+
+do_install() {
+    install -d ${D}${nonarch_libdir}/eran-grid/erangrid
+    install -m 0644 ${S}/erangrid/*.py ${D}${nonarch_libdir}/eran-grid/erangrid/
+    install -d ${D}${bindir}
+    install -m 0755 ${S}/eran-grid ${D}${bindir}/eran-grid
+    install -d ${D}${datadir}/eran-grid/examples
+    install -m 0755 ${S}/examples/hashchain.py ${D}${datadir}/eran-grid/examples/hashchain.py
+    install -d ${D}${sysconfdir}/eran-grid
+    install -m 0644 ${S}/conf/eran-grid.toml ${D}${sysconfdir}/eran-grid/eran-grid.toml
+    install -d ${D}${systemd_system_unitdir}
+    install -m 0644 ${S}/systemd/eran-grid.service ${D}${systemd_system_unitdir}/eran-grid.service
+}
+
+FILES:${PN} += "${nonarch_libdir}/eran-grid"
+CONFFILES:${PN} = "${sysconfdir}/eran-grid/eran-grid.toml"
+# Exactly the stdlib parts the agent imports (oe-core's python3 manifest). The NATS backend
+# needs nats-py, which the image does not ship: the SQLite queue is the default.
+RDEPENDS:${PN} = "python3-core python3-crypt python3-ctypes python3-datetime python3-io python3-json \
+                  python3-netclient python3-sqlite3 python3-tomllib"
+
+# On-board only: no native or nativesdk variant.
+BBCLASSEXTEND = ""
