@@ -1,0 +1,195 @@
+"""Run a planned build: preflight, then kas + bitbake through the runner, parsed live.
+
+The full output goes to ``build/<machine>/alma-build-<stamp>.log`` (``alma-build-latest.log``
+points at the newest) with the command, the generated config and the summary around it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from alma import runner
+from alma.build import preflight as pf
+from alma.build.plan import BuildPlan
+from alma.build.progress import BitbakeParser, Failure, Phase, Stats, TaskStarted, short_task
+from alma.errors import Interrupted, PreflightError
+from alma.records import write_atomic
+
+LATEST = "alma-build-latest.log"
+
+
+class Display(Protocol):
+    def event(self, ev: TaskStarted | Phase | Failure, stats: Stats) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Outcome:
+    plan: BuildPlan
+    status: str  # "succeeded" | "failed" | "interrupted"
+    returncode: int | None
+    duration_s: float
+    stats: Stats
+    log_path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "mode": self.plan.mode,
+            "machine": self.plan.request.machine,
+            "image": self.plan.request.image,
+            "returncode": self.returncode,
+            "duration_s": round(self.duration_s, 3),
+            "log": str(self.log_path),
+            **self.stats.summary(),
+        }
+
+
+def disk_need_gb(plan: BuildPlan) -> int:
+    """Free disk a run needs: alma.toml [build] disk_gb (all machines) or the per-machine figure."""
+    if plan.request.check:
+        return pf.CHECK_DISK_NEED_GB
+    from alma.settings import config
+
+    build_cfg = config(plan.root).get("build", {})
+    if isinstance(build_cfg, dict) and isinstance(build_cfg.get("disk_gb"), int):
+        return int(build_cfg["disk_gb"])
+    return pf.DISK_NEED_GB.get(plan.request.machine, pf.DEFAULT_DISK_NEED_GB)
+
+
+def preflight_problems(plan: BuildPlan, probes: pf.Probes, network: bool = True) -> list[pf.Problem]:
+    problems = pf.check_user(probes) + pf.check_tools(probes) + pf.check_locale(probes)
+    problems += pf.check_disk(probes, plan.work_dir, disk_need_gb(plan))
+    if not plan.request.check and plan.request.jobs is not None:
+        problems += pf.check_ram(probes, plan.request.jobs)
+    elif not plan.request.check:
+        problems += pf.check_ram(probes, 1)
+    if network:
+        problems += pf.check_network(probes, plan.kas.repos(plan.work_dir))
+    return problems
+
+
+def require_preflight(plan: BuildPlan, probes: pf.Probes) -> None:
+    problems = preflight_problems(plan, probes)
+    if problems:
+        err = PreflightError(problems)
+        n = len(problems)
+        err.message = (
+            f"{plan.mode} not started: {n} problem{'s' if n != 1 else ''} to fix first "
+            "(every offline step passed: kas files valid, commands and config computed; see --dry-run):\n  "
+            + "\n  ".join(f"{what}\n      fix: {fix}" for what, fix in problems)
+        )
+        raise err
+
+
+def summary_lines(out: Outcome) -> list[str]:
+    st = out.stats
+    s = st.summary()
+    mins, secs = divmod(int(out.duration_s), 60)
+    hours, mins = divmod(mins, 60)
+    dur = f"{hours}h{mins:02d}m{secs:02d}s" if hours else f"{mins}m{secs:02d}s"
+    lines = [f"{out.plan.mode} {out.status} after {dur}: {out.plan.request.image} for {out.plan.request.machine}"]
+    if st.recipes_parsed is not None:
+        lines.append(f"  recipes parsed: {st.recipes_parsed}")
+    if s["tasks_attempted"] is not None:
+        lines.append(
+            f"  tasks: {s['tasks_attempted']} attempted, {s['tasks_run']} run, "
+            f"{s['tasks_reused']} reused (sstate or up to date); setscene restored {s['setscene_run']}"
+        )
+    elif st.tasks_started or st.setscene_started:
+        lines.append(f"  tasks: {st.tasks_started} started of {st.task_total}; setscene {st.setscene_started}")
+    if st.sstate:
+        sm = st.sstate
+        lines.append(
+            f"  sstate: {sm['match_percent']}% match ({sm['local']} local, {sm['mirrors']} mirror, "
+            f"{sm['missed']} missed of {sm['wanted']} wanted)"
+        )
+    if st.failures:
+        lines.append(f"  failed tasks ({len(st.failures)}):")
+        for tid, log in st.failures.items():
+            lines.append(f"    {short_task(tid)}  log: {log or '(none)'}")
+    if st.error_messages:
+        lines.append(f"  bitbake reported {st.error_messages} ERROR message(s)")
+    lines.append(f"  full log: {out.log_path}")
+    return lines
+
+
+def _stamp(now: float) -> str:
+    return _dt.datetime.fromtimestamp(now, tz=_dt.UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def _point_latest(log_path: Path) -> None:
+    link = log_path.parent / LATEST
+    tmp = log_path.parent / f".{LATEST}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(log_path.name)
+    os.replace(tmp, link)
+
+
+def execute(
+    plan: BuildPlan,
+    display: Display,
+    *,
+    clock: Callable[[], float] = time.time,
+    env: dict[str, str] | None = None,
+) -> Outcome:
+    """Write the generated config, run kas, parse its output live. Never raises on a
+    bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
+    plan.machine_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(plan.conf_path, plan.conf_text)
+    started = clock()
+    stamp = _stamp(started)
+    log_path = plan.machine_dir / f"alma-build-{stamp}.log"
+    n = 1
+    while log_path.exists():  # two runs within one second
+        n += 1
+        log_path = plan.machine_dir / f"alma-build-{stamp}-{n}.log"
+    header = [
+        f"# alma build ({plan.mode}) {plan.request.image} for {plan.request.machine}, started {stamp} UTC",
+        *(f"# env {k}={v}" for k, v in plan.env.items()),
+        f"# {plan.conf_path}:",
+        *("#   " + ln for ln in plan.conf_text.splitlines()),
+    ]
+    log_path.write_text("\n".join(header) + "\n", encoding="utf-8")
+    _point_latest(log_path)
+
+    parser = BitbakeParser()
+    feed = parser.feed
+    on_event = display.event
+    stats = parser.stats
+
+    def on_line(line: str) -> None:
+        ev = feed(line)
+        if ev is not None:
+            on_event(ev, stats)
+
+    full_env = dict(os.environ if env is None else env)
+    full_env.update(plan.env)
+    status, code = "failed", None
+    t0 = time.monotonic()
+    try:
+        res = runner.run(
+            plan.argv, cwd=plan.root, env=full_env, on_line=on_line, log_path=log_path, check=False, what="kas"
+        )
+        code = res.returncode
+        if code == 0:
+            status = "succeeded"
+        elif stats.interrupted:
+            status = "interrupted"
+    except Interrupted:
+        status, stats.interrupted = "interrupted", True
+    finally:
+        display.close()
+    out = Outcome(plan, status, code, time.monotonic() - t0, stats, log_path)
+    with log_path.open("a", encoding="utf-8") as fh:
+        if status == "interrupted" and code is None:
+            fh.write("# alma: interrupted (Ctrl-C); bitbake was sent SIGINT and stopped\n")
+        fh.write("\n".join("# " + ln for ln in summary_lines(out)) + "\n")
+    return out

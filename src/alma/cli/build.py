@@ -1,0 +1,172 @@
+"""``alma build``: parse arguments, print. The logic lives in ``alma.build``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from alma.build.plan import BuildPlan
+
+EXIT_CODES = (
+    "Exit codes: 0 build (or --check) succeeded; 2 bad option, unknown machine/image, invalid kas file, "
+    "or a preflight problem (each listed with the command that fixes it); 130 interrupted with Ctrl-C "
+    "(bitbake stopped cleanly); any other code is bitbake's (or kas's) own exit code after a failed run "
+    "(usually 1), printed with the failed tasks and their logs."
+)
+
+
+@click.command("build", epilog=EXIT_CODES)
+@click.option(
+    "--machine",
+    "-m",
+    default=None,
+    help="MACHINE to build for (kas/machines/<name>.yml). Default: jetson-orin-nano-devkit.",
+)
+@click.option("--image", "-i", default=None, help="Image recipe to build. Default: alma-image.")
+@click.option(
+    "--feature",
+    "features",
+    multiple=True,
+    metavar="NAME",
+    help="Add kas/features/<NAME>.yml (repeatable), e.g. release, development, shared-sstate.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate and generate everything offline, print the exact commands and config, run nothing.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Check out, parse and compute the task graph (bitbake -p, -g) "
+    "without compiling: what CI with cached repositories runs.",
+)
+@click.option(
+    "--sstate-mirror",
+    metavar="URL",
+    help="Shared sstate cache (http(s)://, file:// or a directory): sets SSTATE_MIRRORS.",
+)
+@click.option(
+    "--hashserv",
+    metavar="ADDR",
+    help="Shared read-only hash-equivalence server (host:port, unix://, "
+    "wss://): OEEquivHash with BB_HASHSERVE=auto and this as BB_HASHSERVE_UPSTREAM.",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=int,
+    default=None,
+    help="Parallel bitbake tasks (BB_NUMBER_THREADS, "
+    "PARALLEL_MAKE). Default: one per CPU, capped at 2 GiB RAM per task.",
+)
+@click.option(
+    "--build-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where repositories, downloads, sstate and builds go. Default: <checkout>/build.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
+def build(
+    machine: str | None,
+    image: str | None,
+    features: tuple[str, ...],
+    dry_run: bool,
+    check: bool,
+    sstate_mirror: str | None,
+    hashserv: str | None,
+    jobs: int | None,
+    build_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Build an ALMA-OS image with kas + bitbake: preflight, live progress, a summary.
+
+    Every offline step runs first (kas files validated with kas's schema, config generated);
+    then the host is checked (tools, disk, RAM, user, network) and every problem is listed
+    at once before anything slow starts.
+    """
+    from alma.build import engine
+    from alma.build import preflight as pf
+    from alma.build.plan import BuildRequest, make_plan
+    from alma.build.project import DEFAULT_IMAGE, DEFAULT_MACHINE, Project
+    from alma.cli.output import emit_json, is_tty
+    from alma.errors import Interrupted, ToolError
+    from alma.settings import repo_root
+
+    probes = pf.default_probes()
+    req = BuildRequest(
+        machine=machine or DEFAULT_MACHINE,
+        image=image or DEFAULT_IMAGE,
+        features=features,
+        check=check,
+        sstate_mirror=sstate_mirror,
+        hashserv=hashserv,
+        jobs=jobs,
+        build_dir=build_dir,
+    )
+    cpus, capped = probes.cpu_count(), pf.auto_jobs(probes)
+    plan = make_plan(req, Project(repo_root()), auto_jobs=capped if jobs is None and capped < cpus else None)
+
+    if dry_run:
+        problems = engine.preflight_problems(plan, probes, network=False)
+        if as_json:
+            emit_json({**plan.to_json(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
+        else:
+            _print_dry_run(plan, problems)
+        return
+
+    engine.require_preflight(plan, probes)
+    from alma.build.display import PlainDisplay, RichDisplay
+
+    display: engine.Display = (
+        RichDisplay() if is_tty() and not as_json else PlainDisplay(stream=sys.stderr if as_json else sys.stdout)
+    )
+    out = engine.execute(plan, display)
+    if as_json:
+        emit_json(out.to_json())
+    else:
+        for line in engine.summary_lines(out):
+            click.echo(line)
+    if out.status == "interrupted":
+        raise Interrupted(
+            f"{plan.mode} interrupted; bitbake stopped cleanly",
+            hint=f"run the same command again to continue where it stopped (log: {out.log_path})",
+        )
+    if out.status == "failed":
+        raise ToolError(
+            f"{plan.mode} failed: bitbake exited with code {out.returncode}",
+            returncode=out.returncode,
+            log_path=str(out.log_path),
+            hint=f"read the failed tasks' logs listed above; full output: {out.log_path}",
+        )
+
+
+def _print_dry_run(plan: BuildPlan, problems: list[tuple[str, str]]) -> None:
+    from alma.runner import format_command
+
+    req = plan.request
+    click.echo(f"alma build --dry-run: {plan.mode} {req.image} for {req.machine} (nothing is run)")
+    click.echo("kas files: " + " ".join(str(f.relative_to(plan.root)) for f in plan.kas_files))
+    for note in plan.notes:
+        click.echo(note)
+    click.echo("environment (added for kas):")
+    for k, v in plan.env.items():
+        click.echo(f"  {k}={v}")
+    click.echo(f"config {plan.conf_path} (written at run time, read by bitbake -R):")
+    for line in plan.conf_text.splitlines():
+        click.echo(f"  | {line}")
+    click.echo("commands:")
+    for repo in plan.kas.repos(plan.work_dir):
+        if repo.url and not repo.checked_out:
+            click.echo(f"  {format_command(['git', 'ls-remote', '--quiet', repo.url, 'HEAD'], plan.root)}")
+    click.echo(f"  {format_command(plan.argv, plan.root)}")
+    if problems:
+        click.echo(f"preflight (offline part): {len(problems)} problem(s) a real run would stop on:")
+        for what, fix in problems:
+            click.echo(f"  {what}\n      fix: {fix}")
+    else:
+        click.echo("preflight (offline part): ok")
