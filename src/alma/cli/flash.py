@@ -1,0 +1,241 @@
+"""``alma flash``: verify a bundle, flash boards in recovery mode, watch them boot."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from alma.cli.output import console, emit_json, is_tty
+
+if TYPE_CHECKING:
+    from alma.flash.discovery import UsbBoard
+    from alma.flash.session import BoardRun, BundleChoice
+
+EPILOG = (
+    "Exit codes: 0 every board flashed (and, when a console was watched, seen booting); "
+    "2 refused before touching a board (no board, bundle/board mismatch, sha256 mismatch, "
+    "unsafe or truncated archive, board locked by another flash, usage); 3 a flash failed "
+    "(initrd-flash error or 'Final status: FAILED'); 4 a phase timed out (initrd-flash was "
+    "stopped); 5 flashed but no boot seen on the console; 130 interrupted. With --all the "
+    "worst outcome decides, in the order 130, 3, 4, 2, 5, 0. Every attempt writes a flash "
+    "record to facts/flash-records/."
+)
+
+
+def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
+    from alma.flash.flasher import DEFAULT_TIMEOUTS
+
+    out: dict[str, float] = {}
+    for v in values:
+        name, sep, secs = v.partition("=")
+        if not sep or name not in DEFAULT_TIMEOUTS:
+            raise click.BadParameter(
+                f"{v!r}: want PHASE=SECONDS with PHASE one of {', '.join(DEFAULT_TIMEOUTS)}",
+                param_hint="--phase-timeout",
+            )
+        try:
+            out[name] = float(secs)
+        except ValueError:
+            raise click.BadParameter(
+                f"{v!r}: {secs!r} is not a number of seconds", param_hint="--phase-timeout"
+            ) from None
+    return out
+
+
+@click.command(epilog=EPILOG)
+@click.argument("bundle", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--board", "board", metavar="USB_INSTANCE", help="The board to flash (see alma boards), e.g. 1-8.4.")
+@click.option("--all", "all_boards", is_flag=True, help="Flash every board in recovery mode, concurrently.")
+@click.option("--machine", help="MACHINE whose facts manifest names the bundle and its sha256.")
+@click.option("--image", help="Image name of the facts manifest (when several fit).")
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Facts manifest to take the bundle and its sha256 from.",
+)
+@click.option("--sha256", "sha256", metavar="HEX", help="Expected sha256 when no facts manifest is at hand.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before erasing the boards.")
+@click.option(
+    "--console",
+    "console_port",
+    default="auto",
+    show_default=True,
+    metavar="PORT|auto|none",
+    help="Serial console to watch for the boot (auto: the board's USB serial UART if one is found).",
+)
+@click.option("--boot-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, help="Seconds.")
+@click.option("--phase-timeout", multiple=True, metavar="PHASE=SECONDS", help="Override a phase's limit.")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), help="Where bundles are unpacked.")
+@click.option("--records-dir", type=click.Path(file_okay=False, path_type=Path), help="Where flash records go.")
+@click.option("--keep-work", is_flag=True, help="Keep the unpacked bundle and per-board copies.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
+def flash(
+    bundle: Path | None,
+    board: str | None,
+    all_boards: bool,
+    machine: str | None,
+    image: str | None,
+    manifest: Path | None,
+    sha256: str | None,
+    yes: bool,
+    console_port: str,
+    boot_timeout: float,
+    phase_timeout: tuple[str, ...],
+    work_dir: Path | None,
+    records_dir: Path | None,
+    keep_work: bool,
+    as_json: bool,
+) -> None:
+    """Flash BUNDLE (default: the one the facts manifest names) to Jetsons in recovery mode.
+
+    The bundle's sha256 is checked against the facts manifest while it is unpacked (one
+    pass), its MACHINE against each board's USB id, then the bundle's own initrd-flash
+    runs per board with per-phase time limits. Success needs exit 0 and 'Final status:
+    SUCCESS'; with a console the record also says whether the board booted.
+    """
+    from alma.errors import UserError
+    from alma.flash.session import FlashOptions, FlashSession, overall_exit
+
+    if board and all_boards:
+        raise click.UsageError("--board and --all exclude each other")
+    opts = FlashOptions(
+        bundle=bundle,
+        machine=machine,
+        image=image,
+        manifest=manifest,
+        sha256=sha256.lower() if sha256 else None,
+        board=board,
+        all_boards=all_boards,
+        console=None if console_port == "none" else console_port,
+        boot_timeout=boot_timeout,
+        work_dir=work_dir,
+        records_dir=records_dir,
+        timeouts=_phase_timeouts(phase_timeout),
+        keep_work=keep_work,
+    )
+
+    def confirm(boards: list[UsbBoard], choice: BundleChoice) -> bool:
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            raise UserError("flashing erases the boards and stdin is not a terminal", hint="add --yes to confirm")
+        names = ", ".join(f"{b.usb_instance} ({b.module})" for b in boards)
+        click.echo(f"bundle: {choice.path}\n  sha256 {choice.expected_sha256}\nboards: {names}", err=True)
+        return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
+
+    display = _Display(json_mode=as_json)
+    session = FlashSession(opts, on_event=display.event, confirm=confirm)
+    try:
+        runs = session.run()
+    finally:
+        display.close()
+    code = overall_exit(runs)
+    if as_json:
+        emit_json(
+            {
+                "exit_code": code,
+                "records": [{"path": str(r.path), **r.record.to_dict()} for r in runs],
+            }
+        )
+    else:
+        _summary(runs)
+    if code:
+        sys.exit(code)
+
+
+class _Display:
+    """One progress line per board on a terminal; banners and errors as plain lines otherwise."""
+
+    def __init__(self, json_mode: bool) -> None:
+        self.json_mode = json_mode
+        self.tty = is_tty() and not json_mode
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.live: Any = None
+        self._last_pct = -1
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        table = Table(show_header=True, box=None)
+        for col in ("board", "phase", "elapsed", "last line"):
+            table.add_column(col)
+        now = time.monotonic()
+        for inst, row in self.rows.items():
+            table.add_row(inst, row["phase"], f"{now - row['t0']:.0f}s", row["line"][:70])
+        return table
+
+    def _out(self, text: str) -> None:
+        click.echo(text, err=self.json_mode)
+
+    def event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "prepare":
+            pct = int(100 * data["done"] / max(1, data["total"]))
+            if pct // 10 != self._last_pct // 10 or pct == 100 and self._last_pct != 100:
+                self._last_pct = pct
+                click.echo(f"verifying + unpacking bundle: {pct}%", err=True)
+        elif kind == "prepared":
+            click.echo(f"bundle verified: sha256 {data['sha256']} ({data['members']} files)", err=True)
+        elif kind == "start":
+            b = data["board"]
+            self.rows[b.usb_instance] = {"phase": "start", "line": "", "t0": time.monotonic()}
+            if self.tty and self.live is None:
+                from rich.live import Live
+
+                self.live = Live(self._render(), console=console(stderr=True), refresh_per_second=4)
+                self.live.start()
+            elif not self.tty:
+                click.echo(f"[{b.usb_instance}] flashing {b.module}", err=True)
+        elif kind == "line":
+            ev = data["event"]
+            row = self.rows.setdefault(ev.usb_instance, {"phase": ev.phase, "line": "", "t0": time.monotonic()})
+            row["phase"], row["line"] = ev.phase, ev.line
+            if self.live is not None:
+                self.live.update(self._render())
+            elif ev.banner or ev.line.startswith(("Final status:", "ERR", "ERROR", "watching")):
+                click.echo(f"[{ev.usb_instance}] {ev.line}", err=True)
+        elif kind == "warning":
+            click.secho(f"warning: {data['message']}", fg="yellow", err=True)
+        elif kind == "record":
+            run = data["run"]
+            inst = run.record.board.get("usb_instance") or "-"
+            if inst in self.rows:
+                self.rows[inst]["phase"] = run.record.result
+                if self.live is not None:
+                    self.live.update(self._render())
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _summary(runs: list[BoardRun]) -> None:
+    rows = []
+    for r in runs:
+        rec = r.record
+        boot = "-" if rec.boot is None else ("booted" if rec.boot.seen else f"not seen ({rec.boot.reason})")
+        rows.append(
+            (
+                str(rec.board.get("usb_instance") or "-"),
+                str(rec.board.get("module") or "-"),
+                rec.result,
+                rec.final_status or "-",
+                boot,
+                rec.reason or "",
+                str(r.path or ""),
+            )
+        )
+    if is_tty():
+        from rich.table import Table
+
+        table = Table("board", "module", "result", "final status", "boot", "reason", "record")
+        for row in rows:
+            table.add_row(*row)
+        console().print(table)
+        return
+    for row in rows:
+        click.echo("\t".join(row))

@@ -1,0 +1,182 @@
+"""Run a bundle's own ``initrd-flash`` for one board, with the timeouts it lacks.
+
+meta-tegra's script (scarthgap, ``tegra-helper-scripts/initrd-flash.sh``) prints
+``== Step N: <what> at <date -Is> ==`` banners, waits forever for the board and its USB
+storage, and exits 0 even when the device reports ``Final status: FAILED``. Here every
+banner starts a phase with its own deadline (``alma.runner.Deadline``), success needs exit
+0 *and* ``Final status: SUCCESS``, and a failure carries one line saying why.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from alma import runner, settings
+from alma.errors import Interrupted, ToolError, ToolTimeout
+from alma.flash import reasons
+from alma.records import Phase
+
+BANNER = re.compile(r"^== Step (?P<n>\d+): (?P<what>.+?) at (?P<when>\S+) ==\s*$")
+
+# The real script's step texts -> our phase names (docs/flash.md).
+STEP_PHASES = {
+    "Signing binaries": "sign",
+    "Boot Jetson via RCM": "rcm-boot",
+    "Sending flash sequence commands": "send-commands",
+    "Writing partitions on internal storage device": "flash",
+    "Writing partitions on external storage device": "flash",
+    "Waiting for final status from device": "final-status",
+}
+
+# Per-phase budgets in seconds. Generous: a 14 GB rootfs over USB 2.0 takes ~10 min.
+DEFAULT_TIMEOUTS: dict[str, float] = {
+    "wait-board": 60,
+    "sign": 600,
+    "rcm-boot": 300,
+    "send-commands": 300,
+    "flash": 3600,
+    "final-status": 900,
+}
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class FlashOutcome:
+    result: str  # SUCCESS | FAILED | TIMEOUT | INTERRUPTED
+    reason: str | None
+    exit_code: int | None
+    final_status: str | None
+    phases: list[Phase] = field(default_factory=list)
+    host_log: Path | None = None
+    device_logs: Path | None = None
+    transcript: Path | None = None
+
+
+@dataclass
+class FlashEvent:
+    usb_instance: str
+    phase: str
+    line: str
+    banner: bool = False
+
+
+class Flasher(Protocol):
+    """What ``alma flash`` needs from a flash method (initrd-flash today)."""
+
+    def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome: ...
+
+
+class InitrdFlasher:
+    def __init__(
+        self,
+        timeouts: Mapping[str, float] | None = None,
+        *,
+        extra_args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.timeouts = {**DEFAULT_TIMEOUTS, **(timeouts or {})}
+        self.extra_args = extra_args
+        self.env = env
+
+    def command(self, bundle_dir: Path, usb_instance: str) -> list[str]:
+        configured = settings.tool("initrd-flash")
+        # The bundle's own script by default: it matches the bundle's binaries.
+        exe = str(bundle_dir / "initrd-flash") if configured == "initrd-flash" else configured
+        return [exe, "--usb-instance", usb_instance, *self.extra_args]
+
+    def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome:
+        phases: list[Phase] = [Phase("wait-board", now_iso())]
+        deadline = runner.Deadline(self.timeouts["wait-board"], "wait-board")
+        lines: list[str] = []
+
+        def on_line(line: str) -> None:
+            lines.append(line)
+            m = BANNER.match(line.strip())
+            if m:
+                name = STEP_PHASES.get(m["what"], f"step-{m['n']}")
+                phases[-1].finished = now_iso()
+                phases[-1].result = "ok"
+                phases.append(Phase(name, now_iso()))
+                deadline.reset(self.timeouts.get(name), name)
+            on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=bool(m)))
+
+        transcript = bundle_dir / "alma-initrd-flash.log"
+        result = "FAILED"
+        exit_code: int | None = None
+        timed_out: str | None = None
+        timeout_s: float | None = None
+        try:
+            res = runner.run(
+                self.command(bundle_dir, usb_instance),
+                cwd=bundle_dir,
+                env=self.env,
+                timeout=deadline,
+                on_line=on_line,
+                log_path=transcript,
+                check=False,
+                what="initrd-flash",
+            )
+            exit_code = res.returncode
+        except ToolTimeout:
+            timed_out, timeout_s = deadline.phase, deadline.seconds
+            result = "TIMEOUT"
+        except Interrupted:
+            phases[-1].finished, phases[-1].result = now_iso(), "failed"
+            raise
+        except ToolError as exc:  # could not start it at all
+            lines.append(f"ERR: {exc.message}")
+            exit_code = exc.returncode
+
+        host_log, device_logs = collect_logs(bundle_dir)
+        all_lines = list(lines)
+        if host_log is not None:
+            all_lines += host_log.read_text(encoding="utf-8", errors="replace").splitlines()
+        status = reasons.final_status(lines)
+        if result != "TIMEOUT" and exit_code == 0 and status == "SUCCESS":
+            result = "SUCCESS"
+        reason = None
+        if result != "SUCCESS":
+            if result == "FAILED" and exit_code not in (0, None) and status is None:
+                pass  # the reason comes from the log below
+            reason = reasons.reason_from_log(
+                all_lines, usb_instance=usb_instance, timed_out_phase=timed_out, timeout_s=timeout_s
+            )
+        last = phases[-1]
+        last.finished = now_iso()
+        last.result = {"SUCCESS": "ok", "TIMEOUT": "timeout"}.get(result, "failed")
+        return FlashOutcome(result, reason, exit_code, status, phases, host_log, device_logs, transcript)
+
+
+def collect_logs(bundle_dir: Path) -> tuple[Path | None, Path | None]:
+    """The newest ``log.initrd-flash.<stamp>`` and ``device-logs-<stamp>/`` the script left."""
+    logs = sorted(bundle_dir.glob("log.initrd-flash.*"), key=lambda p: p.stat().st_mtime)
+    devs = sorted((p for p in bundle_dir.glob("device-logs-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return (logs[-1] if logs else None), (devs[-1] if devs else None)
+
+
+def keep_logs(outcome: FlashOutcome, dest: Path) -> dict[str, object]:
+    """Copy the host log, device logs and our transcript next to the flash record."""
+    out: dict[str, object] = {"host_log": None, "device_logs": []}
+    if not any((outcome.host_log, outcome.device_logs, outcome.transcript)):
+        return out
+    dest.mkdir(parents=True, exist_ok=True)
+    if outcome.host_log is not None:
+        shutil.copy2(outcome.host_log, dest / outcome.host_log.name)
+        out["host_log"] = str(dest / outcome.host_log.name)
+    if outcome.device_logs is not None:
+        target = dest / outcome.device_logs.name
+        shutil.copytree(outcome.device_logs, target, dirs_exist_ok=True)
+        out["device_logs"] = sorted(str(p) for p in target.rglob("*") if p.is_file())
+    if outcome.transcript is not None and outcome.transcript.exists():
+        shutil.copy2(outcome.transcript, dest / outcome.transcript.name)
+        out["transcript"] = str(dest / outcome.transcript.name)
+    return out

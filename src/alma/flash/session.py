@@ -1,0 +1,480 @@
+"""One ``alma flash`` run: pick boards, verify and unpack the bundle once, flash each board
+in its own copy (concurrently with ``--all``), watch the console, write one flash record
+per board and attempt (refusals included) so status labels move on evidence only.
+
+Order matters: everything that can refuse (board state, bundle/board match from the facts
+manifest, locks, hash, archive safety, the bundle's own ``.env.initrd-flash``) runs before
+the flash script touches a board; a refused board stays in recovery mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alma import records, settings
+from alma.artefacts import manifest as facts
+from alma.errors import Interrupted, UserError
+from alma.flash import bundle as bundles
+from alma.flash import discovery
+from alma.flash.console import ConsoleWatcher, find_console
+from alma.flash.flasher import Flasher, FlashEvent, InitrdFlasher, keep_logs, now_iso
+from alma.flash.lock import BoardLock
+from alma.flash.match import check_fits
+from alma.records import Boot, FlashRecord, Phase
+
+# Exit codes of `alma flash` (also in its --help and docs/flash.md).
+EXIT_OK = 0
+EXIT_REFUSED = 2
+EXIT_FAILED = 3
+EXIT_TIMEOUT = 4
+EXIT_NOT_BOOTED = 5
+EXIT_INTERRUPTED = 130
+# --all: the worst outcome decides, in this order.
+_SEVERITY = [EXIT_INTERRUPTED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_NOT_BOOTED, EXIT_OK]
+
+
+@dataclass
+class FlashOptions:
+    bundle: Path | None = None
+    machine: str | None = None
+    image: str | None = None
+    manifest: Path | None = None
+    sha256: str | None = None
+    board: str | None = None
+    all_boards: bool = False
+    console: str | None = None  # a port, "auto", or None (no boot watch)
+    boot_timeout: float = 300.0
+    work_dir: Path | None = None
+    records_dir: Path | None = None
+    lock_dir: Path | None = None
+    timeouts: dict[str, float] = field(default_factory=dict)
+    keep_work: bool = False
+    root: Path | None = None  # repository root (facts/)
+
+
+@dataclass
+class BoardRun:
+    board: discovery.UsbBoard | None
+    record: FlashRecord
+    path: Path | None = None  # where the record was written
+    error: UserError | None = None  # why it was refused
+
+    @property
+    def exit_code(self) -> int:
+        r = self.record
+        if r.result == "SUCCESS":
+            if r.boot is not None and not r.boot.seen:
+                return EXIT_NOT_BOOTED
+            return EXIT_OK
+        return {"REFUSED": EXIT_REFUSED, "TIMEOUT": EXIT_TIMEOUT, "INTERRUPTED": EXIT_INTERRUPTED}.get(
+            r.result, EXIT_FAILED
+        )
+
+
+def overall_exit(runs: list[BoardRun]) -> int:
+    codes = {r.exit_code for r in runs}
+    for code in _SEVERITY:
+        if code in codes:
+            return code
+    return EXIT_OK
+
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+def _noop(kind: str, data: dict[str, Any]) -> None:
+    return None
+
+
+@dataclass
+class BundleChoice:
+    path: Path
+    expected_sha256: str
+    machine: str | None
+    image: str | None
+    manifest: facts.Manifest | None
+
+
+def _manifest_value(m: facts.Manifest, name: str) -> Any:
+    return m.value(name) if m.has(name) else None
+
+
+def _abs(root: Path, p: str | os.PathLike[str]) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() else root / path
+
+
+def resolve_bundle(opts: FlashOptions) -> BundleChoice:
+    """Which bundle, and the sha256 it must have (from the facts manifest, or --sha256)."""
+    root = opts.root or settings.repo_root()
+    chosen: facts.Manifest | None = None
+    if opts.manifest is not None:
+        chosen = facts.load_manifest(opts.manifest)
+    else:
+        found = [facts.load_manifest(p) for p in facts.find_manifests(root)]
+        cands = found
+        if opts.machine:
+            cands = [m for m in cands if m.machine == opts.machine]
+        if opts.image:
+            cands = [m for m in cands if m.image == opts.image]
+        if opts.bundle is not None and len(cands) != 1:
+            real = Path(opts.bundle).resolve()
+            by_path = [
+                m
+                for m in cands
+                if _manifest_value(m, "bundle_path") and _abs(root, m.value("bundle_path")).resolve() == real
+            ]
+            by_name = [m for m in cands if Path(opts.bundle).name.startswith(f"{m.image}-{m.machine}.rootfs")]
+            cands = by_path or by_name
+        if len(cands) == 1:
+            chosen = cands[0]
+        elif len(cands) > 1 and opts.sha256 is None:
+            names = ", ".join(f"{m.image}-{m.machine}" for m in cands)
+            raise UserError(
+                f"several facts manifests fit ({names})",
+                hint="choose one: alma flash --machine MACHINE [--image IMAGE]",
+            )
+    if chosen is None and opts.sha256 is None:
+        where = root / facts.FACTS_DIR
+        raise UserError(
+            f"no facts manifest for this bundle in {where}: its sha256 cannot be checked",
+            hint="alma verify DEPLOY_DIR --machine MACHINE (writes it), or pass the published hash: --sha256 HEX",
+        )
+    if opts.bundle is not None:
+        path = Path(opts.bundle)
+    else:
+        assert chosen is not None
+        bp = _manifest_value(chosen, "bundle_path")
+        if not bp:
+            raise UserError(
+                f"{chosen.path}: fact bundle_path is empty (no bundle was found when alma verify ran)",
+                hint="build the image (alma build), then alma verify; or name the bundle: alma flash BUNDLE",
+            )
+        path = _abs(root, bp)
+    expected = opts.sha256
+    if expected is None:
+        assert chosen is not None
+        expected = _manifest_value(chosen, "bundle_sha256")
+        if not expected:
+            raise UserError(
+                f"{chosen.path}: fact bundle_sha256 is empty",
+                hint=f"alma verify --machine {chosen.machine} --image {chosen.image}",
+            )
+    elif chosen is not None and _manifest_value(chosen, "bundle_sha256") not in (None, expected):
+        raise UserError(
+            f"--sha256 {expected} contradicts the facts manifest {chosen.path} ({chosen.value('bundle_sha256')})",
+            hint="drop --sha256, or re-run alma verify",
+        )
+    if not path.is_file():
+        raise UserError(f"bundle not found: {path}", hint="alma build, or pass the bundle's path: alma flash BUNDLE")
+    if chosen is not None:
+        want_bytes = _manifest_value(chosen, "bundle_bytes")
+        if isinstance(want_bytes, int) and want_bytes != path.stat().st_size:
+            raise UserError(
+                f"{path.name}: {path.stat().st_size} bytes, but the facts manifest {chosen.path} recorded "
+                f"{want_bytes}: not the verified bundle; refused",
+                hint="re-run alma verify on the build host, or copy the right bundle",
+            )
+    return BundleChoice(
+        path=path,
+        expected_sha256=str(expected).lower(),
+        machine=(chosen.machine if chosen else opts.machine),
+        image=(chosen.image if chosen else opts.image),
+        manifest=chosen,
+    )
+
+
+def pick_boards(opts: FlashOptions, context: Any = None) -> list[discovery.UsbBoard]:
+    if opts.board and opts.all_boards:
+        raise UserError("--board and --all exclude each other", hint="alma flash --all  or  alma flash --board 1-8.4")
+    if opts.board:
+        b = discovery.find_board(opts.board, context)
+        if not b.in_recovery:
+            raise UserError(
+                f"board at USB {b.usb_instance} is {b.state} ({b.description}), not in recovery mode",
+                hint="put it into recovery mode (alma boards prints how), then flash again",
+            )
+        return [b]
+    found = discovery.recovery_boards(context)
+    if not found:
+        raise UserError(
+            "no Jetson in recovery mode on USB (an empty listing is not proof that none is connected)",
+            hint="alma boards --wait  (and see `alma boards` for the recovery-mode steps)",
+        )
+    if len(found) > 1 and not opts.all_boards:
+        listed = ", ".join(f"{b.usb_instance} ({b.module})" for b in found)
+        raise UserError(
+            f"{len(found)} boards in recovery mode: {listed}", hint="choose: --board USB_INSTANCE, or --all"
+        )
+    return found
+
+
+class FlashSession:
+    def __init__(
+        self,
+        opts: FlashOptions,
+        *,
+        flasher: Flasher | None = None,
+        on_event: Event = _noop,
+        udev_context: Any = None,
+        confirm: Callable[[list[discovery.UsbBoard], BundleChoice], bool] | None = None,
+    ) -> None:
+        self.opts = opts
+        self.confirm = confirm
+        self.flasher = flasher or InitrdFlasher(opts.timeouts)
+        self.on_event = on_event
+        self.ctx = udev_context
+        root = opts.root or settings.repo_root()
+        self.records_dir = opts.records_dir or Path(os.environ.get("ALMA_FLASH_RECORDS") or root / records.DEFAULT_DIR)
+        self.lock_dir = opts.lock_dir
+        self._events_lock = threading.Lock()
+
+    # -- records -----------------------------------------------------------------
+    def _record(
+        self,
+        board: discovery.UsbBoard | None,
+        choice: BundleChoice | None,
+        started: str,
+        result: str,
+        *,
+        reason: str | None = None,
+        sha256: str | None = None,
+        machine: str | None = None,
+        phases: list[Phase] | None = None,
+    ) -> FlashRecord:
+        return FlashRecord(
+            board=board.record_board() if board else {"usb_instance": self.opts.board},
+            bundle_sha256=sha256 or (choice.expected_sha256 if choice else ""),
+            bundle_path=str(choice.path if choice else (self.opts.bundle or "")),
+            machine=machine or (choice.machine if choice else None) or self.opts.machine or "unknown",
+            image=choice.image if choice else self.opts.image,
+            started=started,
+            finished=now_iso(),
+            result=result,
+            reason=reason,
+            phases=phases or [],
+        )
+
+    def _save(self, run: BoardRun) -> BoardRun:
+        run.path = records.save(run.record, self.records_dir)
+        self._emit("record", {"run": run})
+        return run
+
+    def _emit(self, kind: str, data: dict[str, Any]) -> None:
+        with self._events_lock:
+            self.on_event(kind, data)
+
+    def refuse(
+        self, exc: UserError, board: discovery.UsbBoard | None, choice: BundleChoice | None, started: str, **kw: Any
+    ) -> BoardRun:
+        rec = self._record(board, choice, started, "REFUSED", reason=exc.message, **kw)
+        return self._save(BoardRun(board, rec, error=exc))
+
+    # -- the run -----------------------------------------------------------------
+    def run(self) -> list[BoardRun]:
+        started = now_iso()
+        try:
+            boards = pick_boards(self.opts, self.ctx)
+        except UserError as exc:
+            self.refuse(exc, None, None, started)
+            raise
+        try:
+            choice = resolve_bundle(self.opts)
+        except UserError as exc:
+            for b in boards:
+                self.refuse(exc, b, None, started)
+            raise
+
+        runs: list[BoardRun] = []
+        fitting: list[discovery.UsbBoard] = []
+        # Cheap pre-check from the manifest (the bundle's own env is checked again below).
+        env_machine = _manifest_value(choice.manifest, "env_machine") if choice.manifest else None
+        env_chipid = _manifest_value(choice.manifest, "env_chipid") if choice.manifest else None
+        for b in boards:
+            try:
+                if env_machine:
+                    check_fits(str(env_machine), env_chipid, b.vendor, b.product, b.usb_instance)
+                fitting.append(b)
+            except UserError as exc:
+                runs.append(self.refuse(exc, b, choice, started, machine=str(env_machine)))
+        locks: dict[str, BoardLock] = {}
+        for b in list(fitting):
+            lk = BoardLock(b.usb_instance, self.lock_dir)
+            try:
+                lk.acquire()
+                locks[b.usb_instance] = lk
+            except UserError as exc:
+                fitting.remove(b)
+                runs.append(self.refuse(exc, b, choice, started))
+        try:
+            if fitting and self.confirm is not None and not self.confirm(fitting, choice):
+                raise UserError("not confirmed: nothing was flashed", hint="pass --yes to flash without asking")
+            if fitting:
+                runs += self._prepare_and_flash(fitting, choice, started)
+        finally:
+            for lk in locks.values():
+                lk.release()
+        if len(boards) == 1 and runs and runs[0].error is not None:
+            raise runs[0].error
+        return runs
+
+    def _work_dir(self) -> Path:
+        base = self.opts.work_dir or Path(
+            os.environ.get("ALMA_FLASH_WORKDIR")
+            or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alma" / "flash"
+        )
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return Path(tempfile.mkdtemp(prefix="run-", dir=base))
+
+    def _prepare_and_flash(
+        self, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
+    ) -> list[BoardRun]:
+        work = self._work_dir()
+        try:
+            prep_phase = Phase("prepare", now_iso())
+            try:
+                prepared = bundles.prepare(
+                    choice.path,
+                    work,
+                    choice.expected_sha256,
+                    progress=lambda done, total: self._emit("prepare", {"done": done, "total": total}),
+                )
+            except UserError as exc:
+                prep_phase.finished, prep_phase.result = now_iso(), "failed"
+                sha = _actual_sha(exc.message)
+                return [self.refuse(exc, b, choice, started, phases=[prep_phase], sha256=sha) for b in boards]
+            prep_phase.finished, prep_phase.result = now_iso(), "ok"
+            self._emit("prepared", {"sha256": prepared.sha256, "members": prepared.members})
+
+            runs: list[BoardRun] = []
+            ok: list[discovery.UsbBoard] = []
+            for b in boards:
+                try:
+                    check_fits(prepared.env.machine, prepared.env.chipid, b.vendor, b.product, b.usb_instance)
+                    ok.append(b)
+                except UserError as exc:
+                    runs.append(
+                        self.refuse(
+                            exc,
+                            b,
+                            choice,
+                            started,
+                            phases=[prep_phase],
+                            sha256=prepared.sha256,
+                            machine=prepared.env.machine,
+                        )
+                    )
+            if not ok:
+                return runs
+            before = bundles.shared_payload_state(prepared)
+            if len(ok) == 1:
+                runs.append(self._flash_one(ok[0], prepared, choice, started, prep_phase, work))
+            else:
+                with ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash") as pool:
+                    futures = [pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work) for b in ok]
+                    runs += [f.result() for f in futures]
+            if bundles.shared_payload_state(prepared) != before:
+                self._emit("warning", {"message": "a shared payload changed during the flash (hard-linked copy)"})
+            return runs
+        finally:
+            if not self.opts.keep_work:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _flash_one(
+        self,
+        board: discovery.UsbBoard,
+        prepared: bundles.PreparedBundle,
+        choice: BundleChoice,
+        started: str,
+        prep_phase: Phase,
+        work: Path,
+    ) -> BoardRun:
+        board_dir = work / "boards" / board.usb_instance.replace("/", "_")
+        board_dir.parent.mkdir(exist_ok=True, mode=0o700)
+        bundles.clone_for_board(prepared, board_dir)
+        self._emit("start", {"board": board})
+
+        watcher: ConsoleWatcher | None = None
+        port = self.opts.console
+        if port == "auto":
+            port = find_console(board.sys_path or None, self.ctx)
+            if port is None:
+                self._emit(
+                    "warning", {"message": f"{board.usb_instance}: no USB serial console found; boot not watched"}
+                )
+        if port:
+            watcher = ConsoleWatcher(port)
+            watcher.start()
+
+        def on_line(ev: FlashEvent) -> None:
+            if watcher is not None and ev.line.startswith("Final status:"):
+                watcher.mark()  # the board reboots into the new system now
+            self._emit("line", {"event": ev})
+
+        rec = self._record(board, choice, started, "FAILED", sha256=prepared.sha256, machine=prepared.env.machine)
+        rec.phases = [prep_phase]
+        try:
+            try:
+                outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
+            except Interrupted:
+                rec.result, rec.reason, rec.finished = (
+                    "INTERRUPTED",
+                    "interrupted (Ctrl-C); initrd-flash stopped",
+                    now_iso(),
+                )
+                self._save(BoardRun(board, rec))
+                raise
+            rec.result = outcome.result
+            rec.reason = outcome.reason
+            rec.exit_code = outcome.exit_code
+            rec.final_status = outcome.final_status
+            rec.phases += outcome.phases
+            rec.finished = now_iso()
+            run = BoardRun(board, rec)
+            logs_dir = self.records_dir / (Path(records.record_filename(rec)).stem + ".logs")
+            rec.logs = keep_logs(outcome, logs_dir)
+            rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
+            if watcher is not None and outcome.result == "SUCCESS":
+                boot_phase = Phase("boot", now_iso())
+                self._emit(
+                    "line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")}
+                )
+                rec.boot = watcher.wait_for_boot(self.opts.boot_timeout)
+                boot_phase.finished = now_iso()
+                boot_phase.result = (
+                    "ok" if rec.boot.seen else ("timeout" if "timeout" in (rec.boot.reason or "") else "failed")
+                )
+                rec.phases.append(boot_phase)
+                rec.finished = now_iso()
+            elif port and outcome.result == "SUCCESS":
+                rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
+            return self._save(run)
+        finally:
+            if watcher is not None:
+                watcher.stop()
+
+
+def _rel(value: Any, base: Path) -> Any:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return str(Path(value).relative_to(base))
+        return value
+    if isinstance(value, list):
+        return [_rel(v, base) for v in value]
+    return value
+
+
+def _actual_sha(message: str) -> str | None:
+    marker = "the file is "
+    if marker in message:
+        return message.split(marker, 1)[1].split()[0].strip(";,")
+    return None

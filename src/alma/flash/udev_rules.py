@@ -1,0 +1,57 @@
+"""udev rules so a member of ``plugdev`` can flash without running everything as root.
+
+The template is package data (``alma/flash/data/70-alma-jetson.rules.j2``): one rule per
+recovery-mode product id from the PID table, plus initrd-flash's 1d6b:0104 gadget.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from alma import runner, settings
+from alma.errors import UserError
+from alma.flash.pids import GADGET_PRODUCT, GADGET_VENDOR, MODULES, NVIDIA_VENDOR
+from alma.records import write_atomic
+
+RULES_NAME = "70-alma-jetson.rules"
+DEFAULT_RULES_DIR = Path("/etc/udev/rules.d")
+GROUP = "plugdev"
+
+
+def render(group: str = GROUP) -> str:
+    text = resources.files("alma.flash").joinpath("data", RULES_NAME + ".j2").read_text(encoding="utf-8")
+    tmpl = jinja2.Template(text, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    modules = sorted(MODULES.values(), key=lambda m: m.pid)
+    return tmpl.render(
+        vendor=NVIDIA_VENDOR,
+        modules=modules,
+        gadget_vendor=GADGET_VENDOR,
+        gadget_product=GADGET_PRODUCT,
+        group=group,
+    )
+
+
+def install(rules_dir: Path | None = None, group: str = GROUP) -> Path:
+    """Write the rules atomically; returns the path."""
+    directory = Path(rules_dir or os.environ.get("ALMA_UDEV_RULES_DIR") or DEFAULT_RULES_DIR)
+    path = directory / RULES_NAME
+    try:
+        write_atomic(path, render(group))
+        os.chmod(path, 0o644)
+    except PermissionError as exc:
+        raise UserError(
+            f"cannot write {path}: permission denied",
+            hint="sudo alma setup udev   (or: alma setup udev --print | sudo tee " + str(path) + ")",
+        ) from exc
+    return path
+
+
+def reload_udev() -> None:
+    """``udevadm control --reload`` then ``udevadm trigger`` through the runner."""
+    udevadm = settings.tool("udevadm")
+    runner.run([udevadm, "control", "--reload"], timeout=30)
+    runner.run([udevadm, "trigger", "--subsystem-match=usb", "--action=add"], timeout=60)
