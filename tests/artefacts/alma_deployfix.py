@@ -64,7 +64,7 @@ def kernel_bytes(release: str = KREL, size: int = 3 << 20, banner_at: int | None
     hdr[0x38:0x3C] = b"ARM\x64"
     body = bytearray(rnd.randbytes(size - 64))
     # a format string like the kernel's own, which is NOT the banner
-    body[1000:1000 + 30] = b"Linux version %s (%s)\n\0\0\0\0\0\0\0\0"[:30]
+    body[1000 : 1000 + 30] = b"Linux version %s (%s)\n\0\0\0\0\0\0\0\0"[:30]
     banner = BANNER.format(rel=release).encode() + b"\0"
     at = banner_at if banner_at is not None else size // 2
     body[at - 64 : at - 64 + len(banner)] = banner
@@ -85,8 +85,11 @@ def _tar_members(machine: str, image: str, env_machine: str, payload: int, with_
     rnd = random.Random(machine)
     m = [
         ("bsp_version", b"36.5.0\n"),
-        ("flash.xml.in", b"<?xml version=\"1.0\"?>\n<partition_layout version=\"01.00.0000\">\n</partition_layout>\n"),
-        ("doflash.sh", f"#!/bin/sh\nMACHINE={machine} ./tegra-flash-helper.sh flash.xml.in boot.img {image}.ext4 \"$@\"\n".encode()),
+        ("flash.xml.in", b'<?xml version="1.0"?>\n<partition_layout version="01.00.0000">\n</partition_layout>\n'),
+        (
+            "doflash.sh",
+            f'#!/bin/sh\nMACHINE={machine} ./tegra-flash-helper.sh flash.xml.in boot.img {image}.ext4 "$@"\n'.encode(),
+        ),
         ("initrd-flash", b"#!/bin/bash\n# OE4T initrd-flash\n"),
         ("tegraflash.py", b"#!/usr/bin/env python3\n"),
         ("tegrarcm_v2", b"\x7fELF" + b"\0" * 60),
@@ -155,6 +158,9 @@ def build_deploy(
     (d / f"{real}.manifest").write_text("".join(f"{k} {a} {v}\n" for k, (a, v) in sorted(pkgs.items())))
     os.symlink(f"{real}.manifest", d / f"{link}.manifest")
 
+    if (d / f"Image-{machine}.bin").exists() or (d / f"Image.gz-{machine}.bin").exists():
+        # a second image in the same deploy dir shares the machine's kernel
+        return Deploy(d, machine, image, bundle, d / f"{link}.tegraflash.tar.gz", (d / "Image").resolve())
     kdata = kernel_bytes(release, kernel_size)
     kreal = d / f"Image--{KPV}-{machine}-20240101000000.bin"
     if gz_kernel:
@@ -167,3 +173,31 @@ def build_deploy(
         os.symlink(kreal.name, d / f"Image-{machine}.bin")
         os.symlink(kreal.name, d / "Image")
     return Deploy(d, machine, image, bundle, d / f"{link}.tegraflash.tar.gz", kreal)
+
+
+def make_project(root: Path) -> Path:
+    """A project checkout as settings.repo_root() recognizes it (kas/ + layers/)."""
+    for d in ("kas", "layers", "facts", "docs/gates"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+def run_alma(capsys, *args: str) -> Run:  # type: ignore[no-untyped-def]
+    """Run the real CLI entry point in-process (exit-code mapping included)."""
+    from alma.cli.main import main
+
+    capsys.readouterr()
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return Run(code, out, err)
