@@ -183,7 +183,7 @@ def render(
     limit = float(stale_after if stale_after is not None else fleet.panel.stale_after)
     now = now or utc_now()
     age = (now - data_time).total_seconds()
-    script = env.get_template("panel.js").render()
+    script = env.get_template("panel.js.j2").render()
     style = env.get_template("panel.css").render()
     view = build_view(fleet, snapshot)
     html = env.get_template("panel.html.j2").render(

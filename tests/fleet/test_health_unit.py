@@ -1,0 +1,239 @@
+"""Aggregation, report parsing, the desktop rule and Nagios output, without ssh."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alma.fleet import desktop
+from alma.fleet import health as H
+from alma.fleet.inventory import Node, parse_fleet
+from alma.fleet.severity import Severity, worst
+from alma.fleet.ssh import RemoteResult
+
+REC = Path(__file__).parent / "recorded"
+NOW = datetime(2026, 11, 30, 16, 0, 0, tzinfo=UTC)
+NODE = Node(name="orin-01", ssh="orin-01", role="board")
+ORDER = [Severity.OK, Severity.UNKNOWN, Severity.WARNING, Severity.CRITICAL]
+
+
+def report(status: str = "OK", t: datetime = NOW, checks: list[dict[str, Any]] | None = None) -> str:
+    return json.dumps(
+        {
+            "schema": "alma.health/1",
+            "node": "orin-01",
+            "time": t.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "status": status,
+            "code": Severity[status].code,
+            "checks": checks
+            if checks is not None
+            else [
+                {
+                    "name": "storm",
+                    "status": status,
+                    "summary": "eth1 multicast 3/s",
+                    "perfdata": [
+                        {"label": "eth1_mcast_rate", "value": 3.5, "uom": "", "warn": 1000, "crit": 10000, "min": 0,
+                         "max": None}  # fmt: skip
+                    ],
+                },
+                {"name": "thermal", "status": "OK", "summary": "tj 61.5 C", "perfdata": []},
+            ],
+        }
+    )
+
+
+def node_result(sev: Severity) -> H.NodeResult:
+    return H.NodeResult(f"n-{sev.name}", "board", None, sev, "")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_exit_code_for_every_severity_mix(n: int) -> None:
+    for mix in itertools.product(list(Severity), repeat=n):
+        rep = H.FleetReport("t", [node_result(s) for s in mix], 300)
+        want = max(mix, key=ORDER.index)
+        assert rep.status is want, mix
+        assert rep.exit_code == want.code, mix
+
+
+def test_worst_is_not_numeric_max() -> None:
+    # UNKNOWN is 3 but ranks below WARNING (1) and CRITICAL (2).
+    assert worst([Severity.UNKNOWN, Severity.WARNING]) is Severity.WARNING
+    assert worst([Severity.CRITICAL, Severity.UNKNOWN]) is Severity.CRITICAL
+    assert worst([Severity.OK, Severity.UNKNOWN]) is Severity.UNKNOWN
+    assert worst([]) is Severity.OK
+
+
+def test_parse_good_report() -> None:
+    r = H.parse_report(report("WARNING"), NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.WARNING
+    assert [c.name for c in r.checks] == ["storm", "thermal"]
+    assert r.checks[0].perfdata[0].value == 3.5
+    assert "storm WARNING" in r.summary
+
+
+def test_a_check_worse_than_the_reported_status_wins() -> None:
+    text = report("OK", checks=[{"name": "thermal", "status": "CRITICAL", "summary": "tj 95 C"}])
+    assert H.parse_report(text, NODE, now=NOW, stale_after=300).status is Severity.CRITICAL
+
+
+def test_stale_and_future_reports_are_unknown() -> None:
+    old = H.parse_report(report("OK", NOW - timedelta(seconds=301)), NODE, now=NOW, stale_after=300)
+    assert old.status is Severity.UNKNOWN and "stale report" in old.summary and "301 s old" in old.summary
+    fresh = H.parse_report(report("OK", NOW - timedelta(seconds=299)), NODE, now=NOW, stale_after=300)
+    assert fresh.status is Severity.OK
+    future = H.parse_report(report("OK", NOW + timedelta(hours=1)), NODE, now=NOW, stale_after=300)
+    assert future.status is Severity.UNKNOWN and "clock" in future.summary
+    # a stale CRITICAL stays visible as UNKNOWN, never silently OK
+    stale_crit = H.parse_report(report("CRITICAL", NOW - timedelta(hours=2)), NODE, now=NOW, stale_after=300)
+    assert stale_crit.status is Severity.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "unparsable"),
+        ("bash: line 1: alma-health: command not found", "unparsable health output: bash: line 1"),
+        ('{"schema": "other/1"}', "not an alma.health/1 report"),
+        ("[1, 2]", "not an alma.health/1 report"),
+        ('{"schema": "alma.health/1", "status": "FINE", "time": "2026-11-30T16:00:00Z"}', "malformed"),
+        ('{"schema": "alma.health/1", "status": "OK", "time": "yesterday"}', "malformed"),
+        ('{"schema": "alma.health/1", "status": "OK", "time": "2026-11-30T16:00:00"}', "no timezone"),
+        ('{"schema": "alma.health/1", "status": "OK", "time": "2026-11-30T16:00:00Z", "checks": [{}]}', "malformed"),
+        ('{"schema": "alma.health/1", "status": "OK", "time": "2026-11-30T16:00:00Z"', "unparsable"),
+    ],
+)
+def test_unparsable_is_unknown(text: str, why: str) -> None:
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN
+    assert why in r.summary
+
+
+def test_json_after_stderr_noise() -> None:
+    # ssh merges the remote stderr into the stream; the report is found after it.
+    text = "warning: guard state 40 s old\n" + report("OK")
+    assert H.parse_report(text, NODE, now=NOW, stale_after=300).status is Severity.OK
+
+
+def test_unreachable_and_timeout_are_unknown() -> None:
+    dead = RemoteResult("orin-01", "x", 255, ["ssh: connect to host 127.0.0.1 port 1: Connection refused"], 0.01,
+                        error="unreachable")  # fmt: skip
+    r = H.node_from_remote(dead, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "Connection refused" in r.summary and not r.reachable
+    hung = RemoteResult("orin-01", "x", None, [], 2.0, error="timeout")
+    r = H.node_from_remote(hung, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "timed out" in r.summary
+
+
+# ---- desktop rule ----------------------------------------------------------------------
+
+
+def rec(name: str) -> str:
+    return (REC / name).read_text()
+
+
+def test_desktop_gpu_compute_is_critical_with_process_named() -> None:
+    sev, summary = desktop.evaluate(0, rec("nvidia-smi_compute-apps_discrete.txt"), None, 0, rec("ps_desktop_clean.txt"), None)
+    assert sev is Severity.CRITICAL
+    assert "python3 (pid 18342): GPU compute process (10734 MiB)" in summary
+    assert "ollama_llama_server (pid 20111)" in summary
+
+
+def test_desktop_gpu_memory_not_reported_still_critical() -> None:
+    sev, summary = desktop.evaluate(0, rec("nvidia-smi_compute-apps_orin.txt"), None, 0, "", None)
+    assert sev is Severity.CRITICAL and "python3 (pid 3187): GPU compute process (memory not reported)" in summary
+
+
+def test_desktop_model_servers_by_name_and_module() -> None:
+    sev, summary = desktop.evaluate(0, "", None, 0, rec("ps_desktop_ollama.txt"), None)
+    assert sev is Severity.CRITICAL
+    assert "ollama (pid 1901)" in summary
+    assert "python3 -m vllm.entrypoints (pid 2333)" in summary
+    assert "notes.py" not in summary and "Xorg" not in summary
+
+
+def test_desktop_clean() -> None:
+    sev, summary = desktop.evaluate(0, "", None, 0, rec("ps_desktop_clean.txt"), None)
+    assert sev is Severity.OK
+    sev, summary = desktop.evaluate(127, rec("sh_nvidia-smi_not-found.txt"), None, 0, rec("ps_desktop_clean.txt"), None)
+    assert sev is Severity.OK and "no nvidia-smi" in summary
+
+
+def test_desktop_cannot_tell_is_unknown_not_ok() -> None:
+    sev, summary = desktop.evaluate(9, rec("nvidia-smi_no-driver.txt"), None, 0, rec("ps_desktop_clean.txt"), None)
+    assert sev is Severity.UNKNOWN and "couldn't communicate with the NVIDIA driver" in summary
+    sev, _ = desktop.evaluate(0, "", None, None, "", "no answer within 2.0 s")
+    assert sev is Severity.UNKNOWN
+    # but an offender found with the other half unknown is still CRITICAL
+    sev, _ = desktop.evaluate(0, rec("nvidia-smi_compute-apps_orin.txt"), None, None, "", "timeout")
+    assert sev is Severity.CRITICAL
+
+
+def test_run_fleet_health_desktop_gets_the_rule(tmp_path: Path) -> None:
+    fl = parse_fleet('[[node]]\nname="desk"\nrole="desktop"\n[[node]]\nname="b1"\nrole="board"\n', tmp_path / "f.toml")
+    sent: list[tuple[str, str]] = []
+
+    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object) -> RemoteResult:
+        sent.append((node.name, command))
+        if command == desktop.PS_COMMAND:
+            return RemoteResult(node.name, command, 0, rec("ps_desktop_ollama.txt").splitlines())
+        if command == desktop.GPU_APPS_COMMAND:
+            return RemoteResult(node.name, command, 0, [])
+        return RemoteResult(node.name, command, 0, report("OK", NOW).splitlines())
+
+    rep = H.run_fleet_health(fl, remote=remote, clock=lambda: NOW)
+    assert sorted(sent) == sorted(
+        [("desk", "alma-health --json"), ("desk", desktop.GPU_APPS_COMMAND), ("desk", desktop.PS_COMMAND),
+         ("b1", "alma-health --json")]  # fmt: skip
+    )
+    desk, board = rep.nodes
+    assert desk.status is Severity.CRITICAL and "ollama (pid 1901)" in desk.summary
+    assert desktop.CHECK_NAME in [c.name for c in desk.checks]
+    assert board.status is Severity.OK and desktop.CHECK_NAME not in [c.name for c in board.checks]
+    assert rep.exit_code == 2
+
+
+# ---- Nagios ------------------------------------------------------------------------------
+
+# 'label'=value[UOM];[warn];[crit];[min];[max] (monitoring-plugins guidelines)
+PERF_RE = re.compile(r"^'[^'=]+'=(-?[0-9.]+|U)(s|ms|us|%|B|KB|MB|TB|c)?;(-?[0-9.]*);(-?[0-9.]*);(-?[0-9.]*);(-?[0-9.]*)$")
+
+
+def test_nagios_line_format() -> None:
+    good = H.parse_report(report("OK"), NODE, now=NOW, stale_after=300)
+    bad = H.NodeResult("orin-02", "board", None, Severity.UNKNOWN, "unreachable: Connection refused | x")
+    rep = H.FleetReport("t", [good, bad], 300)
+    line = H.nagios_line(rep)
+    assert "\n" not in line
+    text, perf = line.split(" | ")
+    assert text.startswith("FLEET UNKNOWN - 2 nodes: 0 critical, 0 warning, 1 unknown, 1 ok; orin-02 UNKNOWN")
+    assert "|" not in text  # a '|' in a summary must not start perfdata early
+    items = perf.split(" ")
+    for item in items:
+        assert PERF_RE.match(item), item
+    assert "'nodes_unknown'=1;;;0;2" in items
+    assert "'orin-01_eth1_mcast_rate'=3.5;1000;10000;0;" in items
+
+
+def test_perf_item_quotes_and_units() -> None:
+    assert H.perf_item("a'b=c", 1.25, "C") == "'ab_c'=1.25;;;;"  # 'C' is not a Nagios UOM: dropped
+    assert H.perf_item("t", 61.0, "%", 80, 90, 0, 100) == "'t'=61%;80;90;0;100"
+    assert H.perf_item("x", None) == "'x'=U;;;;"
+
+
+def test_snapshot_roundtrip_and_atomic(tmp_path: Path) -> None:
+    rep = H.FleetReport("2026-11-30T16:00:00Z", [H.parse_report(report("OK"), NODE, now=NOW, stale_after=300)], 300)
+    p = tmp_path / "state" / "fleet-health.json"
+    H.save_snapshot(rep, p)
+    data = H.load_snapshot(p)
+    assert data["schema"] == "alma.fleet-health/1" and data["nodes"][0]["status"] == "OK"
+    assert [x.name for x in p.parent.iterdir()] == ["fleet-health.json"]  # no temp file left
+    p.write_text("{not json")
+    with pytest.raises(Exception, match="cannot read snapshot"):
+        H.load_snapshot(p)

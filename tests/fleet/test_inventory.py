@@ -1,0 +1,108 @@
+"""The fleet file: valid files load, malformed ones fail with file:line and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alma.cli.main import main
+from alma.errors import ConfigError
+from alma.fleet.inventory import DEFAULT_HEALTH_COMMAND, load_fleet, parse_fleet
+
+GOOD = """
+[ssh]
+config = "ssh_config"
+strict_host_key_checking = "accept-new"
+connect_timeout = 3
+
+[health]
+timeout = 7
+stale_after = 120
+reserve = "2GiB"
+
+[panel]
+title = "Lab"
+stale_after = 600
+[[panel.figure]]
+label = "Boards flashed"
+value = 0
+[[panel.figure]]
+label = "Uptime"
+value = "99.50"
+unit = "%"
+
+[[node]]
+name = "orin-01"
+ssh = "op@orin-01.lab"
+role = "board"
+alias = "Edge A"
+reserve = "4GiB"
+links = [{ iface = "eth1", speed = 10000, peer = "orin-02" }]
+
+[[node]]
+name = "cockpit"
+role = "desktop"
+health_command = "python3 /opt/alma-health --json"
+"""
+
+
+def test_good_file(tmp_path: Path) -> None:
+    fl = parse_fleet(GOOD, tmp_path / "fleet.toml")
+    a, b = fl.nodes
+    assert (a.name, a.ssh, a.role, a.alias, a.reserve_bytes) == ("orin-01", "op@orin-01.lab", "board", "Edge A", 4 << 30)
+    assert a.links[0].iface == "eth1" and a.links[0].speed == 10000 and a.links[0].peer == "orin-02"
+    assert a.health_command == DEFAULT_HEALTH_COMMAND
+    assert (b.ssh, b.reserve_bytes, b.health_command) == ("cockpit", 2 << 30, "python3 /opt/alma-health --json")
+    assert fl.ssh.config == tmp_path / "ssh_config"  # relative to the fleet file
+    assert fl.ssh.strict_host_key_checking == "accept-new" and fl.ssh.connect_timeout == 3
+    assert (fl.timeout, fl.stale_after) == (7.0, 120.0)
+    # published exactly as configured: the zero and the trailing zero survive
+    assert [(f.label, f.value, f.unit) for f in fl.panel.figures] == [("Boards flashed", "0", ""), ("Uptime", "99.50", "%")]
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ('[[node]]\nname = "a1"\nrole = "board"\nssh = \n', r"fleet\.toml: invalid TOML: .*line 4"),
+        ('[[node]]\nname = "a1"\nrole = "toaster"\n', r"fleet\.toml:3: node 'a1': unknown role 'toaster'"),
+        (
+            '[[node]]\nname = "a1"\nrole = "board"\n\n[[node]]\nname = "a1"\nrole = "cluster"\n',
+            r"fleet\.toml:6: duplicate node name 'a1' \(first declared at line 2\)",
+        ),
+        ('[[node]]\nrole = "board"\n', r"fleet\.toml:1: node #1 has no name"),
+        ('[[node]]\nname = "-oProxyCommand=x"\nrole = "board"\n', r"use letters"),
+        ('[[node]]\nname = "a1"\nssh = "-oProxyCommand=x"\nrole = "board"\n', r":3: .*may not start with '-'"),
+        ('[[node]]\nname = "a1"\nrole = "board"\ncolour = "red"\n', r"unknown key\(s\) colour"),
+        ('[[node]]\nname = "a1"\nrole = "board"\nreserve = "lots"\n', r"expected a size"),
+        ('[[node]]\nname = "a1"\nrole = "board"\nlinks = [{ speed = 10 }]\n', r"each link needs iface"),
+        ("[health]\ntimeout = 5\n", r"no \[\[node\]\] entries"),
+        ('[ssh]\nstrict_host_key_checking = "maybe"\n[[node]]\nname="a1"\nrole="board"\n', r"must be one of"),
+        ('[nodes]\nx = 1\n[[node]]\nname="a1"\nrole="board"\n', r"unknown section\(s\): nodes"),
+        ('[health]\ntimeout = -1\n[[node]]\nname="a1"\nrole="board"\n', r"timeout must be a positive number"),
+        ('[[panel.figure]]\nlabel = "x"\n[[node]]\nname="a1"\nrole="board"\n', r"needs label"),
+    ],
+)
+def test_malformed(tmp_path: Path, text: str, expect: str) -> None:
+    with pytest.raises(ConfigError, match=expect):
+        parse_fleet(text, tmp_path / "fleet.toml")
+
+
+def test_cli_exit_2_with_line_and_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "fleet.toml"
+    f.write_text('[[node]]\nname = "a1"\nrole = "toaster"\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "health", "--fleet", str(f)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{f}:3" in err and "unknown role" in err and "try: role must be one of: board, cluster, desktop" in err
+
+
+def test_missing_file_names_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=str(tmp_path / "alma" / "fleet.toml")) as exc:
+        load_fleet()
+    assert exc.value.hint and "--fleet" in exc.value.hint
+    monkeypatch.setenv("ALMA_FLEET", str(tmp_path / "x.toml"))
+    with pytest.raises(ConfigError, match="x.toml"):
+        load_fleet()
