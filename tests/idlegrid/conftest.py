@@ -1,0 +1,115 @@
+"""Fixtures for ERAN-GRID: a fake machine tree (power supplies, thermal zones, /dev/pts whose
+access times the test sets, logind session files, the guard's state file) and helpers to
+build an agent on it with a real SQLite queue and real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+IDLEGRID = Path(__file__).resolve().parents[2] / "tools" / "idlegrid"
+if str(IDLEGRID) not in sys.path:
+    sys.path.insert(0, str(IDLEGRID))
+
+HASHCHAIN = IDLEGRID / "examples" / "hashchain.py"
+ERAN_GRID = IDLEGRID / "eran-grid"
+
+
+class FakeMachine:
+    """A machine tree under ``root``; /proc is the real one (jobs are real processes)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ps = root / "sys/class/power_supply"
+        self.thermal = root / "sys/class/thermal"
+        self.pts = root / "dev/pts"
+        self.sessions = root / "run/systemd/sessions"
+        self.guard = root / "run/alma-guard/state.json"
+        for d in (self.ps, self.thermal, self.pts, self.sessions, self.guard.parent):
+            d.mkdir(parents=True, exist_ok=True)
+        (root / "proc").symlink_to("/proc")
+        (self.pts / "ptmx").write_text("")
+        self.supply("ADP1", "Mains", online=True)
+        self.zone(0, "cpu-thermal", 45.0)
+        self.zone(1, "tj-thermal", 50.0)
+        self.guard_state(shedding=False)
+
+    def supply(
+        self, name: str, kind: str, online: bool | None = None, status: str | None = None, scope: str | None = None
+    ) -> None:
+        d = self.ps / name
+        d.mkdir(exist_ok=True)
+        (d / "type").write_text(kind + "\n")
+        if online is not None:
+            (d / "online").write_text("1\n" if online else "0\n")
+        if status is not None:
+            (d / "status").write_text(status + "\n")
+        if scope is not None:
+            (d / "scope").write_text(scope + "\n")
+
+    def zone(self, n: int, name: str, celsius: float) -> None:
+        d = self.thermal / f"thermal_zone{n}"
+        d.mkdir(exist_ok=True)
+        (d / "type").write_text(name + "\n")
+        (d / "temp").write_text(f"{int(celsius * 1000)}\n")
+
+    def guard_state(self, shedding: bool, updated: float | None = None, reason: str = "") -> None:
+        ts = datetime.fromtimestamp(time.time() if updated is None else updated, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        tmp = self.guard.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "schema": "alma.guard-state/1",
+                    "updated": ts,
+                    "shedding": shedding,
+                    "since": ts,
+                    "reason": reason,
+                    "zones": {},
+                    "unreadable": [],
+                }
+            )
+        )
+        os.replace(tmp, self.guard)
+
+    def touch_pts(self, n: int, at: float) -> Path:
+        """The owner typed into pts/n at time ``at`` (the kernel moves atime on reads)."""
+        p = self.pts / str(n)
+        if not p.exists():
+            p.write_text("")
+        os.utime(p, (at, at))
+        return p
+
+    def config(self, tmp: Path, **over: object) -> dict[str, object]:
+        data: dict[str, object] = {
+            "enabled": True,
+            "node": "node-a",
+            "poll": 0.05,
+            "idle_after": 1.0,
+            "vacate_after": 30.0,
+            "grace": 2.0,
+            "heat_holdoff": 0.5,
+            "lease_ttl": 30.0,
+            "root": str(self.root),
+            "state_dir": str(tmp / "state"),
+            "status_path": str(tmp / "state" / "status.json"),
+            "cpu_busy": 1.01,  # the test machine is busy with other tests: presence via pts here
+            "queue": {"backend": "sqlite", "path": str(tmp / "queue.db")},
+        }
+        data.update(over)
+        return data
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> FakeMachine:
+    return FakeMachine(tmp_path / "root")
+
+
+@pytest.fixture
+def idlegrid_path() -> Path:
+    return IDLEGRID

@@ -1,0 +1,145 @@
+"""The machine signals on a fake tree: power (systemd's on-AC rule), heat, guard state,
+owner presence (pts atimes set by the test, logind session files, non-grid CPU load)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from erangrid import power, presence, thermal
+
+
+@pytest.mark.parametrize(
+    ("supplies", "expected"),
+    [
+        ([], True),  # no power-supply class entries: a mains-only board
+        ([("ADP1", "Mains", True, None)], True),
+        ([("ADP1", "Mains", False, None), ("BAT0", "Battery", None, "Discharging")], False),
+        ([("BAT0", "Battery", None, "Discharging")], False),
+        ([("BAT0", "Battery", None, "Charging")], True),
+        ([("BAT0", "Battery", None, "Full")], True),
+        ([("ADP1", "Mains", True, None), ("BAT0", "Battery", None, "Discharging")], True),
+        ([("usb", "USB", True, None), ("BAT0", "Battery", None, "Discharging")], True),
+        ([("ADP1", "Mains", False, None)], True),  # offline mains and no battery: nothing says battery
+    ],
+)
+def test_on_ac_follows_systemds_rule(machine, supplies, expected):
+    for d in machine.ps.iterdir():
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    for name, kind, online, status in supplies:
+        machine.supply(name, kind, online=online, status=status)
+    assert power.on_ac(machine.ps) is expected
+
+
+def test_peripheral_battery_is_not_the_machines_power(machine):
+    (machine.ps / "ADP1" / "online").write_text("0\n")
+    machine.supply("hidpp_battery_0", "Battery", status="Discharging", scope="Device")
+    assert power.on_ac(machine.ps) is True
+    machine.supply("BAT0", "Battery", status="Discharging")
+    assert power.on_ac(machine.ps) is False
+
+
+def test_zone_over_its_limit_is_hot_and_named(machine):
+    zones = thermal.read_zones(machine.thermal)
+    assert zones == {"cpu-thermal": 45.0, "tj-thermal": 50.0}
+    assert not thermal.zone_heat(zones, 80.0, {}).hot
+    machine.zone(1, "tj-thermal", 91.2)
+    heat = thermal.zone_heat(thermal.read_zones(machine.thermal), 80.0, {})
+    assert heat.hot and heat.reason == "tj-thermal 91 °C"
+    # A per-zone limit overrides the default both ways.
+    assert not thermal.zone_heat(thermal.read_zones(machine.thermal), 80.0, {"tj-thermal": 95.0}).hot
+    assert thermal.zone_heat({"cpu-thermal": 45.0}, 80.0, {"cpu-thermal": 40.0}).hot
+
+
+def test_unreadable_zone_is_skipped_not_fatal(machine):
+    (machine.thermal / "thermal_zone1" / "temp").write_text("garbage\n")
+    assert thermal.read_zones(machine.thermal) == {"cpu-thermal": 45.0}
+
+
+def test_guard_state_fresh_shedding_stale_missing(machine):
+    assert not thermal.guard_heat(machine.guard, 30, True).hot
+    machine.guard_state(shedding=True, reason="tj-thermal 91.2 C >= shed 85.0 C")
+    heat = thermal.guard_heat(machine.guard, 30, True)
+    assert heat.hot and heat.reason == "guard shedding: tj-thermal 91.2 C >= shed 85.0 C"
+    machine.guard_state(shedding=False, updated=time.time() - 31)
+    heat = thermal.guard_heat(machine.guard, 30, True)
+    assert heat.hot and "stale" in heat.reason  # the guard may be dead: fail closed
+    machine.guard.write_text("{not json")
+    assert thermal.guard_heat(machine.guard, 30, True).hot
+    machine.guard.write_text('{"schema": "something/2", "updated": "2026-01-01T00:00:00Z"}')
+    assert "unknown schema" in thermal.guard_heat(machine.guard, 30, True).reason
+    machine.guard.unlink()
+    assert thermal.guard_heat(machine.guard, 30, True).reason == "thermal guard state missing"
+    assert not thermal.guard_heat(machine.guard, 30, False).hot  # no guard on this machine: not required
+
+
+def test_pts_atime_is_owner_activity_and_new_pts_are_seen(machine):
+    now = time.time()
+    dev = machine.root / "dev"
+    assert presence.tty_activity(presence.terminals(dev, machine.pts, False)).at is None
+    machine.touch_pts(0, now - 500)
+    act = presence.tty_activity(presence.terminals(dev, machine.pts, False))
+    assert act.at == pytest.approx(now - 500) and act.what == "pts/0"
+    machine.touch_pts(7, now - 3)  # a new SSH login appears: the next scan sees it
+    act = presence.tty_activity(presence.terminals(dev, machine.pts, False))
+    assert act.at == pytest.approx(now - 3) and act.what == "pts/7"
+
+
+def test_serial_ttys_ignored_by_default_virtual_consoles_counted(machine):
+    dev = machine.root / "dev"
+    now = time.time()
+    serial = dev / "ttyTCU0"
+    serial.write_text("")
+    os.utime(serial, (now - 1, now - 1))
+    assert presence.tty_activity(presence.terminals(dev, machine.pts, False)).at is None
+    act = presence.tty_activity(presence.terminals(dev, machine.pts, True))
+    assert act.what == "ttyTCU0"
+    vt = dev / "tty1"
+    vt.write_text("")
+    os.utime(vt, (now, now))
+    assert presence.tty_activity(presence.terminals(dev, machine.pts, False)).what == "tty1"
+
+
+def test_logind_sessions(machine):
+    now = time.time()
+    (machine.sessions / "3").write_text(
+        "# This is private data. Do not parse.\nUID=1000\nUSER=alice\nACTIVE=1\nSTATE=active\nREMOTE=1\n"
+        f"TYPE=tty\nCLASS=user\nREALTIME={int((now - 40) * 1e6)}\n"
+    )
+    (machine.sessions / "3.ref").write_text("")
+    (machine.sessions / "c1").write_text(
+        f"CLASS=greeter\nTYPE=x11\nACTIVE=1\nSTATE=active\nREALTIME={int(now * 1e6)}\n"
+    )
+    act = presence.session_activity(machine.sessions, now)
+    assert act.at == pytest.approx(now - 40, abs=1e-3) and act.what == "session 3"
+    (machine.sessions / "5").write_text("UID=1000\nACTIVE=1\nSTATE=active\nTYPE=wayland\nCLASS=user\nREALTIME=1\n")
+    act = presence.session_activity(machine.sessions, now)
+    assert act.at == now and act.what == "graphical session 5"  # input unseen without input devices: present
+
+
+def _burner() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+
+
+def test_cpu_load_counts_others_but_not_the_jobs_own_group():
+    burner = _burner()
+    try:
+        # Two windows over the same instants: one blind to the job, one that knows its group.
+        blind, aware = presence.CpuLoad(window=5), presence.CpuLoad(window=5)
+        ncpu = os.cpu_count() or 1
+        blind.sample(None), aware.sample(burner.pid)
+        time.sleep(0.8)
+        everyone, non_grid = blind.sample(None), aware.sample(burner.pid)
+        assert everyone is not None and non_grid is not None
+        assert everyone >= 0.2 / ncpu  # the burner alone keeps a share of a core busy
+        assert everyone - non_grid >= 0.2 / ncpu  # ... and the aware window subtracts it
+        assert aware.group_ticks(burner.pid) > 0
+        assert aware.group_ticks(None) == 0
+    finally:
+        burner.kill()
+        burner.wait()
