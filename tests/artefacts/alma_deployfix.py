@@ -195,8 +195,9 @@ def run_alma(capsys, *args: str) -> Run:  # type: ignore[no-untyped-def]
 
     capsys.readouterr()
     try:
-        main([str(a) for a in args])
-        code = 0
+        # like the console script: sys.exit(main()); click returns Exit codes in non-standalone mode
+        ret = main([str(a) for a in args])
+        code = ret if isinstance(ret, int) else 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     out, err = capsys.readouterr()
