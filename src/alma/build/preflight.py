@@ -253,7 +253,7 @@ def check_network(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMO
             (
                 f"repository {repo.repo_id} ({repo.url}) is not checked out and cannot be reached: {err}",
                 f"allow git access to {repo.url} (proxy: export https_proxy=...), or clone it yourself: "
-                f"git clone {repo.url} {repo.checkout_dir}",
+                f"git clone{' -b ' + repo.branch if repo.branch else ''} {repo.url} {repo.checkout_dir}",
             )
         )
     return problems

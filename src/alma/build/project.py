@@ -156,10 +156,14 @@ def schema_problems(path: Path) -> list[SchemaProblem]:
     validator = validator_for(schema)(schema)
     problems = []
     for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        err = _explain(err)
+        keys = list(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            known = err.schema.get("properties", {})
+            extra = [k for k in err.instance if k not in known]
+            keys += extra[:1]  # point at the unexpected key itself
         where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-        problems.append(
-            SchemaProblem(path, yaml_line(path, list(err.absolute_path)), f"kas schema: at {where}: {err.message}")
-        )
+        problems.append(SchemaProblem(path, yaml_line(path, keys), f"kas schema: at {where}: {err.message}"))
     if problems:
         return problems
     kas_log = logging.getLogger()
@@ -175,6 +179,21 @@ def schema_problems(path: Path) -> list[SchemaProblem]:
     return []
 
 
+def _explain(err: Any) -> Any:
+    """The most telling sub-error of an anyOf/oneOf failure (kas's repo entries are
+    "an object or null", so the raw message is just "not valid under any of the given schemas")."""
+    while err.context:
+        subs = [
+            c
+            for c in err.context
+            if c.validator != "const" and not (c.validator == "type" and c.validator_value == "null")
+        ]
+        if not subs:
+            break
+        err = max(subs, key=lambda c: len(c.absolute_path))
+    return err
+
+
 @dataclass
 class KasConfig:
     """The merged configuration of a chain of kas files (what kas itself computes)."""
@@ -185,15 +204,18 @@ class KasConfig:
 
     def repos(self, work_dir: Path) -> list[RepoPin]:
         pins = []
+        # kas lock files (and `overrides:` in general) pin commits outside `repos:`
+        overrides = ((self.data.get("overrides") or {}).get("repos")) or {}
         for repo_id, spec in (self.data.get("repos") or {}).items():
             spec = spec or {}
             url = spec.get("url")
+            commit = (overrides.get(repo_id) or {}).get("commit") or spec.get("commit")
             path = spec.get("path")
             if path is None:
                 checkout = work_dir / str(spec.get("name") or repo_id)
             else:
                 checkout = Path(path) if Path(path).is_absolute() else work_dir / path
-            pins.append(RepoPin(repo_id, url, spec.get("commit"), spec.get("branch"), checkout))
+            pins.append(RepoPin(repo_id, url, commit, spec.get("branch"), checkout))
         return pins
 
 
