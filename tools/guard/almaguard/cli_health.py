@@ -1,0 +1,76 @@
+"""``alma-health``: one run of the alert-only health checks.
+
+Prints one Nagios-style status line with perfdata (then one line per check), or the JSON
+report of docs/formats.md with ``--json``. Exit code: 0 OK, 1 WARNING, 2 CRITICAL,
+3 UNKNOWN (the worst check, ordered OK < UNKNOWN < WARNING < CRITICAL); a usage or
+configuration error is UNKNOWN (3) too, as monitoring plugins do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .errors import GuardError
+from .health import CHECK_NAMES, Context, hostname, load_health_config, report, run_checks
+from .nagios import CODES, UNKNOWN, status_line
+from .paths import from_root
+
+EPILOG = f"""checks: {", ".join(CHECK_NAMES)}
+
+exit codes (Nagios): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN; the worst check wins with
+the ordering OK < UNKNOWN < WARNING < CRITICAL. Usage/config errors exit 3.
+It takes no action: it reports.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"alma-health: error: {message}", file=sys.stderr)
+        sys.exit(CODES[UNKNOWN])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="alma-health",
+        description="Health watchdog for ALMA-OS boards (alert-only).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"alma-health {__version__}")
+    p.add_argument("--json", action="store_true", help="print the JSON report (docs/formats.md) instead of the line")
+    p.add_argument("--root", metavar="DIR", help="prefix for every machine path (/sys /proc /dev /run /var/lib /etc)")
+    p.add_argument("--config", metavar="FILE", help="config file (default /etc/alma/health.toml under --root)")
+    p.add_argument("--check", action="append", choices=CHECK_NAMES, help="run only this check (repeatable)")
+    p.add_argument("--no-save", action="store_true", help="do not update the saved counters and kernel-log cursor")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        paths = from_root(args.root)
+        cfg = load_health_config(Path(args.config) if args.config else paths.etc_alma / "health.toml")
+        now = time.time()
+        ctx = Context(paths=paths, cfg=cfg, now=now, save=not args.no_save)
+        checks = run_checks(ctx, args.check)
+        rep = report(checks, hostname(paths), now)
+    except GuardError as exc:
+        msg = exc.message + (f" (try: {exc.hint})" if exc.hint else "")
+        if args.json:
+            print(json.dumps({"schema": "alma.health/1", "status": UNKNOWN, "code": 3, "error": msg, "checks": []}))
+        else:
+            print(f"ALMA-HEALTH UNKNOWN - {msg}")
+        return CODES[UNKNOWN]
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(status_line(checks))
+    return int(rep["code"])

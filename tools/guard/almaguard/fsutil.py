@@ -1,0 +1,86 @@
+"""Small file helpers: atomic durable writes, tolerant sysfs reads, UTC timestamps."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def iso(ts: float | None = None) -> str:
+    """ISO 8601 UTC with a Z, second precision (the formats.md convention)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+
+
+def parse_iso(text: str) -> float:
+    """Inverse of :func:`iso` (seconds since the epoch); ValueError on anything else."""
+    import calendar
+
+    return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+    """Write ``path`` so a reader sees the old or the new content, never half of it.
+
+    ``durable`` fsyncs the file and its directory: the forensics ring must survive an
+    abrupt reset; the /run state file (tmpfs) does not need it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
+    write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode(), durable=durable)
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``; None when absent or not valid JSON (a torn or foreign file)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(path: Path) -> str | None:
+    """Stripped content of a sysfs/procfs attribute; None when it cannot be read."""
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def read_int(path: Path) -> int | None:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def boot_id(path: Path) -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``); "unknown" if unreadable."""
+    return read_text(path) or "unknown"

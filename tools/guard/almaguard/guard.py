@@ -1,0 +1,263 @@
+"""The thermal guard loop: shed work before the ceiling, resume after cooling and a hold-off.
+
+``Guard.step(now)`` is one poll with an injected monotonic clock (tests drive it
+deterministically); ``Guard.run()`` is the service loop with sd_notify keep-alives.
+
+Rules:
+- any readable zone at or above its shed threshold -> pause the work at once (this poll);
+- no zone readable at all -> pause (fail closed); some unreadable -> alert, keep going;
+- paused -> resume only when every readable zone is below its resume threshold and has
+  stayed there for ``holdoff_s`` without interruption (hysteresis + hold-off: a sensor
+  that jitters by a few degrees cannot make the work flap);
+- never kill anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import thermal
+from .config import GuardConfig, Thresholds
+from .forensics import Forensics
+from .fsutil import iso, write_json
+from .notify import Notifier
+from .paths import Paths
+from .pause import Pauser, slice_path
+
+log = logging.getLogger("alma-guard")
+STATE_SCHEMA = "alma.guard-state/1"
+
+
+@dataclass
+class GuardStatus:
+    shedding: bool = False
+    since_wall: float = 0.0
+    reason: str = "starting"
+    zones: dict[str, float] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
+
+    def to_state(self, now_wall: float) -> dict[str, Any]:
+        """The state file of docs/formats.md, exactly."""
+        return {
+            "schema": STATE_SCHEMA,
+            "updated": iso(now_wall),
+            "shedding": self.shedding,
+            "since": iso(self.since_wall),
+            "reason": self.reason,
+            "zones": {k: round(v, 1) for k, v in self.zones.items()},
+            "unreadable": list(self.unreadable),
+        }
+
+
+class Guard:
+    def __init__(
+        self,
+        cfg: GuardConfig,
+        paths: Paths,
+        *,
+        wall: Callable[[], float] = time.time,
+        notifier: Notifier | None = None,
+        pauser: Pauser | None = None,
+        forensics: Forensics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.paths = paths
+        self.wall = wall
+        self.notifier = notifier or Notifier(env={})
+        self.cgroup = slice_path(paths.cgroup, cfg.slice)
+        self.pauser = pauser or Pauser(self.cgroup, paths.guard_run / "paused.json", paths.proc)
+        self.forensics = forensics
+        self.zones: list[thermal.Zone] = []
+        self.thresholds: dict[str, Thresholds] = {}
+        self.reader = thermal.Reader([])
+        self._last_discover = float("-inf")
+        self.status = GuardStatus(since_wall=wall())
+        self._cool_since: float | None = None
+        self._last_state_write = float("-inf")
+        self._last_unreadable: list[str] = []
+        self.transitions: list[tuple[float, str, str]] = []  # (now, "shed"|"resume", reason)
+        self.discover(float("-inf"))
+        if self.pauser.paused:
+            # A previous guard (crashed or killed) left the work paused: adopt that pause.
+            self.status.shedding = True
+            self.status.reason = f"adopted a pause ({self.pauser.method}) left by a previous guard"
+
+    # -- zones ---------------------------------------------------------------------------
+    def discover(self, now: float) -> None:
+        self._last_discover = now
+        zones = thermal.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
+        self.reader.close()
+        self.zones = zones
+        self.thresholds = {z.name: self.cfg.thresholds(z) for z in zones}
+        self.reader = thermal.Reader(zones)
+
+    @property
+    def min_shed_c(self) -> float | None:
+        return min((t.shed_c for t in self.thresholds.values()), default=None)
+
+    @property
+    def min_resume_c(self) -> float | None:
+        return min((t.resume_c for t in self.thresholds.values()), default=None)
+
+    # -- one poll ------------------------------------------------------------------------
+    def step(self, now: float) -> str | None:
+        """One poll at monotonic time ``now``; returns "shed", "resume" or None."""
+        if not self.zones and now - self._last_discover >= 10.0:
+            self.discover(now)  # sensors may be probed late; look again, but not every poll
+        readings = self.reader.read()
+        ok = {n: t for n, t in readings.items() if t is not None}
+        unreadable = sorted(n for n, t in readings.items() if t is None)
+        st = self.status
+        st.zones = ok
+        st.unreadable = unreadable
+        if unreadable != self._last_unreadable:
+            if unreadable:
+                log.warning("sensor(s) unreadable: %s", ", ".join(unreadable))
+            else:
+                log.info("all sensors readable again")
+        changed = unreadable != self._last_unreadable
+        self._last_unreadable = unreadable
+
+        action: str | None = None
+        if not ok:
+            why = "no thermal zone found" if not self.zones else "no thermal sensor readable"
+            if not st.shedding:
+                action = self._shed(now, f"{why} (fail closed)")
+            self._cool_since = None
+        else:
+            hot = [(n, t, self.thresholds[n]) for n, t in ok.items() if t >= self.thresholds[n].shed_c]
+            if not st.shedding:
+                if hot:
+                    n, t, th = max(hot, key=lambda x: x[1] - x[2].shed_c)
+                    action = self._shed(now, f"{n} {t:.1f} C >= shed {th.shed_c:.1f} C")
+            else:
+                cool = all(t < self.thresholds[n].resume_c for n, t in ok.items())
+                if not cool:
+                    self._cool_since = None
+                elif self._cool_since is None:
+                    self._cool_since = now
+                elif now - self._cool_since >= self.cfg.holdoff_s:
+                    action = self._resume(now)
+        if st.shedding and action is None:
+            res = self.pauser.refresh()
+            if res is not None:
+                log.warning("paused more work: %s", res.detail)
+        now_wall = self.wall()
+        if action or changed or now_wall - self._last_state_write >= self.cfg.state_every_s:
+            self.write_state(now_wall)
+        if self.forensics is not None:
+            hottest = max(ok.items(), key=lambda kv: kv[1]) if ok else (None, None)
+            self.forensics.sample(now_wall, hottest[1], hottest[0], st.shedding, force=action is not None)
+        self.notifier.keepalive()
+        return action
+
+    def _shed(self, now: float, reason: str) -> str:
+        res = self.pauser.pause()
+        st = self.status
+        st.shedding, st.since_wall, st.reason = True, self.wall(), reason
+        self._cool_since = None
+        self.transitions.append((now, "shed", reason))
+        log.warning("SHED: %s; %s", reason, res.detail)
+        self.notifier.status(f"shedding: {reason}")
+        return "shed"
+
+    def _resume(self, now: float) -> str:
+        hottest = max(self.status.zones.items(), key=lambda kv: kv[1])
+        reason = (
+            f"all zones below resume threshold for {self.cfg.holdoff_s:.0f} s (hottest {hottest[0]} {hottest[1]:.1f} C)"
+        )
+        res = self.pauser.resume()
+        st = self.status
+        st.shedding, st.since_wall, st.reason = False, self.wall(), reason
+        self._cool_since = None
+        self.transitions.append((now, "resume", reason))
+        log.warning("RESUME: %s; %s", reason, res.detail)
+        self.notifier.status(f"normal: {reason}")
+        return "resume"
+
+    def write_state(self, now_wall: float) -> None:
+        self._last_state_write = now_wall
+        try:
+            write_json(self.paths.guard_state, self.status.to_state(now_wall), durable=False)
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.paths.guard_state, exc)
+
+    # -- the service loop ----------------------------------------------------------------
+    def run(self, *, max_polls: int | None = None, clock: Callable[[], float] = time.monotonic) -> int:
+        """Poll until SIGTERM/SIGINT; returns the exit code."""
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        stop: list[int] = []
+
+        def _on_signal(signum: int, _frame: object) -> None:
+            stop.append(signum)
+
+        old_wakeup = signal.set_wakeup_fd(wfd)
+        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            now = clock()
+            ending = None
+            if self.forensics is not None:
+                ending = self.forensics.start(self.min_shed_c, self.min_resume_c, self.wall())
+            if ending is not None:
+                log.warning("previous boot %s ended: %s (%s)", ending.boot_id, ending.ended, "; ".join(ending.evidence))
+            summary = ", ".join(f"{n} shed {t.shed_c:.1f}/resume {t.resume_c:.1f}" for n, t in self.thresholds.items())
+            log.info("guarding %s: %s", self.cgroup, summary or "NO ZONES FOUND (fail closed)")
+            self.step(now)
+            self.notifier.ready(("shedding: " if self.status.shedding else "normal: ") + self.status.reason)
+            polls = 1
+            next_at = now + self.cfg.interval_s
+            while not stop and (max_polls is None or polls < max_polls):
+                timeout = max(0.0, next_at - clock())
+                if timeout:
+                    select.select([rfd], [], [], timeout)
+                    try:
+                        while os.read(rfd, 64):
+                            pass
+                    except BlockingIOError:
+                        pass
+                if stop:
+                    break
+                now = clock()
+                self.step(now)
+                polls += 1
+                next_at += self.cfg.interval_s
+                if next_at < now:  # overran (suspend, a slow sensor): don't burst to catch up
+                    next_at = now + self.cfg.interval_s
+            self._stop()
+            return 0
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, h in old.items():
+                signal.signal(s, h)
+            os.close(rfd)
+            os.close(wfd)
+
+    def _stop(self) -> None:
+        self.notifier.stopping()
+        st = self.status
+        if st.shedding:
+            hottest = max(st.zones.values(), default=None)
+            if hottest is not None and all(t < self.thresholds[n].shed_c for n, t in st.zones.items()):
+                res = self.pauser.resume()
+                st.shedding, st.since_wall, st.reason = (
+                    False,
+                    self.wall(),
+                    "guard stopped while below shed: work resumed",
+                )
+                log.warning("stopping: %s", res.detail)
+            else:
+                # Resuming hot work with nobody watching is how boards die: leave it paused;
+                # the next guard adopts the pause from paused.json.
+                log.warning("stopping while hot or blind: the work stays paused for the next guard")
+        self.write_state(self.wall())
+        if self.forensics is not None:
+            self.forensics.clean_stop(self.wall())
+        self.reader.close()
+        self.notifier.close()

@@ -1,0 +1,505 @@
+"""The health watchdog's checks: storm, memory, gpu, thermal, links, watchdog, disk.
+
+Each check reads the machine (through :class:`Paths`), returns a :class:`Check`, and takes
+no action. State between runs (counter snapshots for rates, the kernel-log cursor) lives
+under /var/lib/alma-health. A check that fails to run reports UNKNOWN with the reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import fabric as fabric_mod
+from . import kmsg, thermal
+from .config import load_guard_config, load_toml_layers
+from .errors import GuardError
+from .fsutil import boot_id, iso, parse_iso, read_int, read_json, read_text, write_json
+from .nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
+from .paths import Paths
+
+SCHEMA = "alma.health/1"
+CHECK_NAMES = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
+
+HEALTH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "storm": {
+        "mcast_warn": 1000.0,  # multicast packets/s on one interface (short window)
+        "mcast_crit": 10000.0,
+        "surge_ratio": 10.0,  # short-window rate this many times the long-window rate ...
+        "mcast_surge_floor": 100.0,  # ... and at least this many multicast/s
+        "rx_surge_floor": 50000.0,  # ... or this many rx packets/s
+        "long_s": 900.0,
+        "exclude": ["lo", "docker*", "veth*", "br-*", "virbr*"],
+    },
+    "memory": {"avail_warn_pct": 10.0, "avail_crit_pct": 5.0, "psi_some_warn": 20.0, "psi_full_crit": 10.0},
+    "gpu": {"fatal_xids": [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120]},
+    "thermal": {"stale_s": 30.0, "crit_below_critical_trip_c": 5.0},
+    "links": {"expected": {}, "fabric": "/etc/alma/fabric.toml"},
+    "watchdog": {"required": False},
+    "disk": {"paths": ["/"], "warn_pct": 10.0, "crit_pct": 5.0},
+}
+
+NVGPU_ERR = re.compile(r"nvgpu: \S+ .*\[ERR\]")
+XID = re.compile(r"NVRM: Xid \((?P<dev>[^)]*)\): (?P<xid>\d+)")
+
+
+def load_health_config(path: Path) -> dict[str, dict[str, Any]]:
+    data, _used = load_toml_layers(path)
+    cfg = {k: dict(v) for k, v in HEALTH_DEFAULTS.items()}
+    for section, values in data.items():
+        if section not in cfg or not isinstance(values, dict):
+            raise GuardError(
+                f"{path}: unknown section [{section}]", hint="sections: " + ", ".join(f"[{s}]" for s in HEALTH_DEFAULTS)
+            )
+        unknown = set(values) - set(cfg[section])
+        if unknown:
+            raise GuardError(
+                f"{path}: unknown key(s) in [{section}]: {', '.join(sorted(unknown))}",
+                hint="known: " + ", ".join(sorted(cfg[section])),
+            )
+        cfg[section].update(values)
+    return cfg
+
+
+@dataclass
+class Context:
+    paths: Paths
+    cfg: dict[str, dict[str, Any]]
+    now: float = field(default_factory=time.time)
+    save: bool = True
+    state: dict[str, Any] = field(default_factory=dict)  # loaded from / saved to health_lib
+
+    @property
+    def state_file(self) -> Path:
+        return self.paths.health_lib / "state.json"
+
+
+# -- storm ------------------------------------------------------------------------------
+
+
+def _net_counters(net: Path, exclude: list[str]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    try:
+        ifaces = sorted(p.name for p in net.iterdir())
+    except OSError:
+        return out
+    for name in ifaces:
+        if any(fnmatch.fnmatchcase(name, pat) for pat in exclude):
+            continue
+        stats = net / name / "statistics"
+        mc, rx = read_int(stats / "multicast"), read_int(stats / "rx_packets")
+        if mc is None and rx is None:
+            continue
+        out[name] = {"multicast": mc or 0, "rx_packets": rx or 0}
+    return out
+
+
+def _rate(new: dict[str, int], old: dict[str, int], key: str, dt: float) -> float | None:
+    if dt <= 0 or key not in old:
+        return None
+    delta = new[key] - old[key]
+    return None if delta < 0 else delta / dt  # a counter that went back: interface re-created
+
+
+def check_storm(ctx: Context) -> Check:
+    c = ctx.cfg["storm"]
+    now_counters = _net_counters(ctx.paths.net, list(c["exclude"]))
+    snaps: list[dict[str, Any]] = [s for s in ctx.state.get("snapshots", []) if isinstance(s, dict)]
+    boot = boot_id(ctx.paths.boot_id_file)
+    snaps = [s for s in snaps if s.get("boot_id") == boot and s.get("t", 0) < ctx.now]
+    new_snaps = [*snaps, {"t": ctx.now, "boot_id": boot, "ifaces": now_counters}]
+    ctx.state["snapshots"] = [s for s in new_snaps if ctx.now - s["t"] <= float(c["long_s"]) * 1.5][-64:]
+    if not now_counters:
+        return Check("storm", OK, "no network interfaces with statistics")
+    if not snaps:
+        return Check("storm", OK, f"baseline recorded for {len(now_counters)} interface(s); rates from the next run")
+    short_ref = snaps[-1]
+    long_ref = next((s for s in snaps if ctx.now - s["t"] <= float(c["long_s"])), snaps[-1])
+    states, parts, perf = [], [], []
+    for name, cur in now_counters.items():
+        s_old = short_ref["ifaces"].get(name)
+        l_old = long_ref["ifaces"].get(name)
+        if not s_old:
+            continue
+        mc_s = _rate(cur, s_old, "multicast", ctx.now - short_ref["t"])
+        rx_s = _rate(cur, s_old, "rx_packets", ctx.now - short_ref["t"])
+        mc_l = _rate(cur, l_old, "multicast", ctx.now - long_ref["t"]) if l_old else None
+        rx_l = _rate(cur, l_old, "rx_packets", ctx.now - long_ref["t"]) if l_old else None
+        if mc_s is None:
+            parts.append(f"{name} counters reset")
+            continue
+        mc_l = mc_s if mc_l is None else mc_l
+        rx_s = rx_s or 0.0
+        rx_l = rx_s if rx_l is None else rx_l
+        st = OK
+        note = ""
+        if mc_s >= float(c["mcast_crit"]):
+            st, note = CRITICAL, " STORM"
+        elif mc_s >= float(c["mcast_warn"]):
+            st, note = WARNING, " high"
+        elif mc_s >= float(c["mcast_surge_floor"]) and mc_s >= float(c["surge_ratio"]) * max(mc_l, 1.0):
+            st, note = WARNING, " surge"
+        elif rx_s >= float(c["rx_surge_floor"]) and rx_s >= float(c["surge_ratio"]) * max(rx_l, 1.0):
+            st, note = WARNING, " rx surge"
+        states.append(st)
+        if st != OK or len(now_counters) <= 4:
+            parts.append(
+                f"{name} multicast {mc_s:.0f}/s (short) {mc_l:.0f}/s (long), rx {rx_s:.0f}/s (short) {rx_l:.0f}/s"
+                f" (long){note}"
+            )
+        perf.append(Perf(f"{name}_mcast_rate", round(mc_s, 1), "", float(c["mcast_warn"]), float(c["mcast_crit"]), 0))
+        perf.append(Perf(f"{name}_rx_rate", round(rx_s, 1), "", None, None, 0))
+    status = worst(states) if states else OK
+    if not parts:
+        parts.append(f"{len(now_counters)} interface(s) quiet")
+    return Check("storm", status, "; ".join(parts), perf)
+
+
+# -- memory -----------------------------------------------------------------------------
+
+
+def _meminfo(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in (read_text(path) or "").splitlines():
+        key, _, rest = line.partition(":")
+        val = rest.split()
+        if val and val[0].isdigit():
+            out[key.strip()] = int(val[0])
+    return out
+
+
+def _psi(path: Path) -> dict[str, float] | None:
+    text = read_text(path)
+    if text is None:
+        return None
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        kind, *fields = line.split()
+        for f in fields:
+            k, _, v = f.partition("=")
+            if k == "avg10":
+                out[kind] = float(v)
+    return out
+
+
+def check_memory(ctx: Context) -> Check:
+    c = ctx.cfg["memory"]
+    mem = _meminfo(ctx.paths("/proc/meminfo"))
+    if "MemTotal" not in mem or "MemAvailable" not in mem:
+        return Check("memory", UNKNOWN, f"cannot read MemTotal/MemAvailable from {ctx.paths('/proc/meminfo')}")
+    pct = 100.0 * mem["MemAvailable"] / max(mem["MemTotal"], 1)
+    avail_mib = mem["MemAvailable"] / 1024
+    st = OK
+    if pct < float(c["avail_crit_pct"]):
+        st = CRITICAL
+    elif pct < float(c["avail_warn_pct"]):
+        st = WARNING
+    # CPU and GPU share this pool on Orin: MemAvailable is the capacity, no "GPU free" figure.
+    parts = [f"MemAvailable {avail_mib:.0f} MiB ({pct:.1f}% of {mem['MemTotal'] / 1024:.0f} MiB, shared CPU+GPU)"]
+    perf = [
+        Perf(
+            "mem_available_pct",
+            round(pct, 1),
+            "%",
+            float(c["avail_warn_pct"]),
+            float(c["avail_crit_pct"]),
+            0,
+            100,
+            low=True,
+        )
+    ]
+    psi = _psi(ctx.paths("/proc/pressure/memory"))
+    if psi is None:
+        parts.append("PSI not available")
+    else:
+        some, full = psi.get("some", 0.0), psi.get("full", 0.0)
+        if full >= float(c["psi_full_crit"]):
+            st = worst([st, CRITICAL])
+        elif some >= float(c["psi_some_warn"]):
+            st = worst([st, WARNING])
+        parts.append(f"PSI some {some:.1f}% full {full:.1f}% (avg10)")
+        perf.append(Perf("psi_some_avg10", some, "%", float(c["psi_some_warn"]), None, 0, 100))
+        perf.append(Perf("psi_full_avg10", full, "%", None, float(c["psi_full_crit"]), 0, 100))
+    return Check("memory", st, ", ".join(parts), perf)
+
+
+# -- gpu --------------------------------------------------------------------------------
+
+
+def check_gpu(ctx: Context) -> Check:
+    c = ctx.cfg["gpu"]
+    src = ctx.paths.kmsg
+    boot = boot_id(ctx.paths.boot_id_file)
+    cur = ctx.state.get("kmsg") or {}
+    cursor = cur.get("seq") if cur.get("boot_id") == boot else None
+    try:
+        records, new_cursor = kmsg.since(src, cursor)
+    except FileNotFoundError:
+        return Check("gpu", UNKNOWN, f"no kernel log at {src}")
+    except PermissionError:
+        return Check(
+            "gpu", UNKNOWN, f"cannot read {src}: needs root or CAP_SYSLOG (run as root or via alma-health.service)"
+        )
+    ctx.state["kmsg"] = {"boot_id": boot, "seq": new_cursor}
+    nvgpu = [r for r in records if NVGPU_ERR.search(r.text)]
+    xids = [(r, m) for r in records if (m := XID.search(r.text))]
+    fatal = {int(x) for x in c["fatal_xids"]}
+    fatal_hits = [m for _r, m in xids if int(m["xid"]) in fatal]
+    st = OK
+    if fatal_hits:
+        st = CRITICAL
+    elif nvgpu or xids:
+        st = WARNING
+    window = "since the last run" if cursor is not None else "this boot"
+    if st == OK:
+        summary = f"no nvgpu errors or Xid events {window}"
+    else:
+        parts = []
+        if nvgpu:
+            parts.append(f"{len(nvgpu)} nvgpu error line(s), last: {nvgpu[-1].text[:120]}")
+        if xids:
+            codes = ", ".join(sorted({m["xid"] for _r, m in xids}, key=int))
+            parts.append(f"{len(xids)} NVRM Xid event(s) (Xid {codes}{', fatal' if fatal_hits else ''})")
+        summary = f"{'; '.join(parts)} {window}"
+    perf = [Perf("gpu_nvgpu_errors", len(nvgpu), "", 1, None, 0), Perf("gpu_xid_events", len(xids), "", 1, None, 0)]
+    return Check("gpu", st, summary, perf)
+
+
+# -- thermal ----------------------------------------------------------------------------
+
+
+def check_thermal(ctx: Context) -> Check:
+    c = ctx.cfg["thermal"]
+    zones = thermal.discover(ctx.paths.thermal)
+    reader = thermal.Reader(zones)
+    temps = reader.read()
+    reader.close()
+    try:
+        gcfg = load_guard_config(ctx.paths.etc_alma / "guard.toml")
+        sheds = {z.name: gcfg.thresholds(z).shed_c for z in zones}
+    except GuardError:
+        sheds = {}
+    st = OK
+    parts: list[str] = []
+    perf: list[Perf] = []
+    readable = {n: t for n, t in temps.items() if t is not None}
+    for z in zones:
+        t = temps.get(z.name)
+        if t is None:
+            continue
+        perf.append(Perf(f"temp_{z.name}", round(t, 1), "", sheds.get(z.name), z.critical_trip_c, None, None))
+        crit = z.critical_trip_c
+        if crit is not None and t >= crit - float(c["crit_below_critical_trip_c"]):
+            st = worst([st, CRITICAL])
+            parts.append(
+                f"{z.name} {t:.1f} C within {c['crit_below_critical_trip_c']} C of the critical trip {crit:.1f} C"
+            )
+    if readable:
+        hot_n, hot_t = max(readable.items(), key=lambda kv: kv[1])
+        parts.insert(0, f"hottest {hot_n} {hot_t:.1f} C")
+    elif zones:
+        st = worst([st, UNKNOWN])
+        parts.append("no zone readable")
+    else:
+        st = worst([st, UNKNOWN])
+        parts.append("no thermal zones")
+    # The guard's view.
+    state = read_json(ctx.paths.guard_state)
+    if not isinstance(state, dict) or state.get("schema") != "alma.guard-state/1":
+        st = worst([st, UNKNOWN])
+        parts.append(f"no guard state at {ctx.paths.guard_state}: is alma-guard running?")
+    else:
+        try:
+            age = ctx.now - parse_iso(str(state.get("updated")))
+        except ValueError:
+            age = float("inf")
+        if age > float(c["stale_s"]):
+            st = worst([st, UNKNOWN])
+            parts.append(f"guard state is stale ({age:.0f} s old > {c['stale_s']:.0f} s): the guard may be dead")
+        elif state.get("shedding"):
+            st = worst([st, WARNING])
+            parts.append(f"guard SHEDDING since {state.get('since')}: {state.get('reason')}")
+        else:
+            parts.append("guard not shedding")
+        if state.get("unreadable") and age <= float(c["stale_s"]):
+            st = worst([st, WARNING])
+            parts.append(f"guard cannot read: {', '.join(state['unreadable'])}")
+    return Check("thermal", st, "; ".join(parts), perf)
+
+
+# -- links ------------------------------------------------------------------------------
+
+
+def _expected_links(ctx: Context) -> tuple[dict[str, int | None], str]:
+    c = ctx.cfg["links"]
+    expected: dict[str, int | None] = {}
+    source = []
+    fpath = ctx.paths(str(c["fabric"])) if str(c["fabric"]).startswith("/") else Path(str(c["fabric"]))
+    if fpath.is_file():
+        fab = fabric_mod.load(fpath)
+        node = fabric_mod.node_name(ctx.paths("/etc/hostname"))
+        expected.update(fab.expected_speeds(node))
+        source.append(f"{fpath.name} node {node}")
+    for name, speed in dict(c["expected"]).items():
+        expected[str(name)] = int(speed) if speed else None
+    if c["expected"]:
+        source.append("health.toml")
+    return expected, " + ".join(source)
+
+
+def check_links(ctx: Context) -> Check:
+    expected, source = _expected_links(ctx)
+    if not expected:
+        return Check("links", OK, "no fabric links configured (fabric.toml has no link for this node)")
+    states, parts, perf = [], [], []
+    for name, want in sorted(expected.items()):
+        d = ctx.paths.net / name
+        if not d.exists():
+            states.append(CRITICAL)
+            parts.append(
+                f"{name} absent (a NIC that lost link can power down and leave the bus; check the cable and slot)"
+            )
+            continue
+        oper = read_text(d / "operstate") or "unknown"
+        carrier = read_text(d / "carrier")  # EINVAL (None here) while the interface is down
+        speed = read_int(d / "speed")
+        if carrier != "1":
+            states.append(CRITICAL)
+            why = "administratively down" if carrier is None else "no carrier"
+            parts.append(f"{name} {why} (operstate {oper})")
+            continue
+        if speed is None or speed <= 0:
+            states.append(WARNING)
+            parts.append(f"{name} up, negotiated speed unknown")
+            continue
+        perf.append(Perf(f"{name}_speed", speed, "", None, None, 0, want))
+        if want and speed < want:
+            states.append(WARNING)
+            parts.append(f"{name} up at {speed} Mb/s, expected {want} Mb/s")
+        else:
+            states.append(OK)
+            parts.append(f"{name} up at {speed} Mb/s")
+    return Check("links", worst(states), "; ".join(parts) + (f" [{source}]" if source else ""), perf)
+
+
+# -- watchdog ---------------------------------------------------------------------------
+
+
+def check_watchdog(ctx: Context) -> Check:
+    c = ctx.cfg["watchdog"]
+    devs = sorted(ctx.paths.watchdog.glob("watchdog*")) if ctx.paths.watchdog.is_dir() else []
+    if not devs:
+        msg = (
+            f"no hardware watchdog device ({ctx.paths.watchdog} is empty); systemd's RuntimeWatchdogSec has "
+            "nothing to arm. Stock L4T R36 disables the Tegra watchdog in the device tree."
+        )
+        return Check("watchdog", CRITICAL if c["required"] else OK, msg)
+    parts, perf, st = [], [], OK
+    for d in devs:
+        ident = read_text(d / "identity") or "?"
+        timeout = read_int(d / "timeout")
+        state = read_text(d / "state")
+        desc = f"/dev/{d.name} ({ident})"
+        desc += f" timeout {timeout} s" if timeout is not None else " timeout unknown"
+        if state is not None:
+            desc += f", {state}"
+            if state != "active":
+                st = worst([st, WARNING])
+                desc += " (not armed: is RuntimeWatchdogSec in effect?)"
+        parts.append(desc)
+        if timeout is not None:
+            perf.append(Perf(f"{d.name}_timeout", timeout, "s", None, None, 0))
+    return Check("watchdog", st, "; ".join(parts), perf)
+
+
+# -- disk -------------------------------------------------------------------------------
+
+
+def check_disk(ctx: Context) -> Check:
+    c = ctx.cfg["disk"]
+    states, parts, perf = [], [], []
+    for mount in c["paths"]:
+        p = ctx.paths(str(mount))
+        try:
+            sv = os.statvfs(p)
+        except OSError as exc:
+            states.append(UNKNOWN)
+            parts.append(f"{mount}: {exc.strerror}")
+            continue
+        total = sv.f_blocks * sv.f_frsize
+        free = sv.f_bavail * sv.f_frsize
+        pct = 100.0 * free / total if total else 0.0
+        st = CRITICAL if pct < float(c["crit_pct"]) else WARNING if pct < float(c["warn_pct"]) else OK
+        states.append(st)
+        parts.append(f"{mount} {free / 2**30:.1f} GiB free ({pct:.1f}%)")
+        label = "root" if mount == "/" else str(mount).strip("/").replace("/", "_")
+        perf.append(
+            Perf(
+                f"disk_{label}_free_pct",
+                round(pct, 1),
+                "%",
+                float(c["warn_pct"]),
+                float(c["crit_pct"]),
+                0,
+                100,
+                low=True,
+            )
+        )
+    return Check("disk", worst(states) if states else OK, "; ".join(parts) or "no paths configured", perf)
+
+
+CHECKS: dict[str, Callable[[Context], Check]] = {
+    "storm": check_storm,
+    "memory": check_memory,
+    "gpu": check_gpu,
+    "thermal": check_thermal,
+    "links": check_links,
+    "watchdog": check_watchdog,
+    "disk": check_disk,
+}
+
+
+def run_checks(ctx: Context, only: list[str] | None = None) -> list[Check]:
+    """Run the checks; state is loaded first and saved after (when ``ctx.save``)."""
+    loaded = read_json(ctx.state_file)
+    ctx.state = loaded if isinstance(loaded, dict) else {}
+    results = []
+    for name in only or list(CHECK_NAMES):
+        try:
+            results.append(CHECKS[name](ctx))
+        except GuardError as exc:
+            results.append(Check(name, UNKNOWN, f"{exc.message}" + (f" (try: {exc.hint})" if exc.hint else "")))
+        except Exception as exc:
+            results.append(Check(name, UNKNOWN, f"check failed: {type(exc).__name__}: {exc}"))
+    if ctx.save:
+        try:
+            write_json(ctx.state_file, ctx.state, durable=False)
+        except OSError as exc:
+            # Read-only use (e.g. an unprivileged SSH user) still reports; say what was lost.
+            for c in results:
+                if c.name in ("storm", "gpu"):
+                    c.summary += f" (state not saved: {ctx.state_file}: {exc.strerror})"
+    return results
+
+
+def report(checks: list[Check], node: str, now: float) -> dict[str, Any]:
+    overall = worst([c.status for c in checks])
+    return {
+        "schema": SCHEMA,
+        "node": node,
+        "time": iso(now),
+        "status": overall,
+        "code": CODES[overall],
+        "checks": [c.to_json() for c in checks],
+    }
+
+
+def hostname(paths: Paths) -> str:
+    return (read_text(paths("/etc/hostname")) or socket.gethostname()).split(".")[0]

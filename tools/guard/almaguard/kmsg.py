@@ -1,0 +1,81 @@
+"""The kernel log since a saved cursor, from /dev/kmsg (or a file in the same format).
+
+/dev/kmsg hands out one record per read(): ``PRIO,SEQ,TS_USEC,FLAGS;message`` followed by
+optional `` KEY=value`` continuation lines; EAGAIN at the end (opened non-blocking), EPIPE
+when the record was overwritten while reading. A regular file with those lines (a test's
+fake tree) reads the same way. The cursor is (boot id, last sequence number).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    ts_usec: int
+    prio: int
+    text: str
+
+
+def parse_line(line: str) -> Record | None:
+    head, sep, text = line.partition(";")
+    if not sep:
+        return None
+    parts = head.split(",")
+    if len(parts) < 3:
+        return None
+    try:
+        return Record(seq=int(parts[1]), ts_usec=int(parts[2]), prio=int(parts[0]) & 7, text=text.rstrip("\n"))
+    except ValueError:
+        return None
+
+
+def read_records(path: Path) -> Iterator[Record]:
+    """Every record available now; PermissionError propagates (needs CAP_SYSLOG or root)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        import stat
+
+        if stat.S_ISCHR(os.fstat(fd).st_mode):
+            while True:
+                try:
+                    chunk = os.read(fd, 8192)
+                except BlockingIOError:
+                    return
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:
+                        continue  # records overwritten under us: carry on with the next
+                    raise
+                if not chunk:
+                    return
+                rec = parse_line(chunk.decode("utf-8", "replace").split("\n", 1)[0])
+                if rec:
+                    yield rec
+        else:
+            with os.fdopen(os.dup(fd), "r", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith(" "):
+                        continue  # dictionary continuation line
+                    rec = parse_line(line)
+                    if rec:
+                        yield rec
+    finally:
+        os.close(fd)
+
+
+def since(path: Path, cursor_seq: int | None) -> tuple[list[Record], int | None]:
+    """Records newer than ``cursor_seq`` (all when None) and the new cursor."""
+    out: list[Record] = []
+    last = cursor_seq
+    for rec in read_records(path):
+        if last is None or rec.seq > last:
+            last = rec.seq
+        if cursor_seq is None or rec.seq > cursor_seq:
+            out.append(rec)
+    return out, last
