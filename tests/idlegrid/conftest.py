@@ -113,3 +113,101 @@ def machine(tmp_path: Path) -> FakeMachine:
 @pytest.fixture
 def idlegrid_path() -> Path:
     return IDLEGRID
+
+
+def to_toml(data: dict[str, object]) -> str:
+    """Enough TOML for our config: scalars at top, then tables (strings JSON-quoted)."""
+
+    def val(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        return json.dumps(str(v))
+
+    top = [f"{k} = {val(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    tables = [
+        f"\n[{k}]\n" + "\n".join(f"{kk} = {val(vv)}" for kk, vv in v.items())
+        for k, v in data.items()
+        if isinstance(v, dict)
+    ]
+    return "\n".join(top) + "\n" + "\n".join(tables) + "\n"
+
+
+def expected_digest(seed: bytes, steps: int) -> str:
+    import hashlib
+
+    d = hashlib.sha256(seed).digest()
+    for _ in range(steps):
+        d = hashlib.sha256(d).digest()
+    return d.hex()
+
+
+class Grid:
+    """An agent on a fake machine with a real SQLite queue and real child processes."""
+
+    def __init__(self, machine: FakeMachine, tmp: Path, **over: object) -> None:
+        from erangrid.config import from_mapping
+        from erangrid.sqlite_queue import SqliteQueue
+
+        self.machine = machine
+        self.tmp = tmp
+        self.data = machine.config(tmp, **over)
+        self.cfg = from_mapping(self.data)
+        self.queue = SqliteQueue(self.cfg.queue.path, max_failures=self.cfg.max_failures, backoff=0.0)
+        self.lines: list[str] = []
+        machine.touch_pts(0, time.time() - 3600)  # the owner left an hour ago
+
+    def agent(self, node: str | None = None, **kw: object):
+        import dataclasses
+
+        from erangrid.agent import Agent
+        from erangrid.sqlite_queue import SqliteQueue
+
+        cfg = self.cfg if node is None else dataclasses.replace(self.cfg, node=node)
+        backend = SqliteQueue(cfg.queue.path, max_failures=cfg.max_failures, lease_ttl=cfg.lease_ttl, backoff=0.0)
+        return Agent(cfg, backend, log=self.lines.append, **kw)
+
+    def hashchain(self, steps: int, seed: bytes = b"seed", every: float = 0.05) -> str:
+        return self.queue.submit(
+            [sys.executable, str(HASHCHAIN), "--steps", str(steps), "--every", str(every)], seed, name="hashchain"
+        )
+
+    def config_file(self, drop: tuple[str, ...] = (), **over: object) -> Path:
+        data = {k: v for k, v in self.data.items() if k not in drop}
+        data.update(over)
+        path = self.tmp / "eran-grid.toml"
+        path.write_text(to_toml(data))
+        return path
+
+    @staticmethod
+    def drive(agent, until, timeout: float = 30.0, poll: float | None = None) -> str:
+        """step() the agent with real sleeps until ``until()`` is true; returns the last line."""
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline:
+            line = agent.step()
+            if until():
+                return line
+            time.sleep(poll if poll is not None else agent.cfg.poll)
+        raise AssertionError(f"timed out; last line: {line}")
+
+
+@pytest.fixture
+def grid(machine: FakeMachine, tmp_path: Path):
+    return lambda **over: Grid(machine, tmp_path, **over)
+
+
+@pytest.fixture
+def hashchain_path() -> Path:
+    return HASHCHAIN
+
+
+@pytest.fixture
+def eran_grid_cmd() -> list[str]:
+    return [sys.executable, str(ERAN_GRID)]
+
+
+@pytest.fixture
+def digest():
+    return expected_digest

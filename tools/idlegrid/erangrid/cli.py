@@ -260,36 +260,48 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("status", "say in one line why the agent is or is not working")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_status)
-    for name, fn, hlp in (
-        ("submit", cmd_submit, "add a job: a command, its input, optionally a checkpoint dir"),
-        ("results", cmd_results, "list finished jobs, or print one job's result"),
-        ("queue", cmd_queue, "administer the queue: list, stats, requeue (dead), remove"),
-    ):
-        a = add(name, hlp)
+
+    def queue_opts(a: argparse.ArgumentParser) -> None:
         a.add_argument("--queue-path", help="SQLite queue file (overrides the configuration)")
         a.add_argument("--json", action="store_true")
-        a.set_defaults(func=fn)
-        if name == "submit":
-            a.add_argument("--name")
-            a.add_argument("--input", help="file whose bytes are the job's stdin ('-' = our stdin)")
-            a.add_argument("--no-checkpoint", action="store_true", help="no checkpoint directory for this job")
-            a.add_argument("--priority", type=int, default=0)
-            a.add_argument("--count", type=int, default=1, help="submit N copies")
-            a.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
-        elif name == "results":
-            a.add_argument("job", nargs="?")
-        else:
-            a.add_argument("action", choices=("list", "stats", "requeue", "remove"))
-            a.add_argument("job", nargs="?")
-            a.add_argument("--state", action="append", choices=("queued", "leased", "done", "dead"))
+
+    a = add("submit", "add a job: a command, its input, optionally a checkpoint dir")
+    queue_opts(a)
+    a.add_argument("--name")
+    a.add_argument("--input", help="file whose bytes are the job's stdin ('-' = our stdin)")
+    a.add_argument("--no-checkpoint", action="store_true", help="no checkpoint directory for this job")
+    a.add_argument("--priority", type=int, default=0)
+    a.add_argument("--count", type=int, default=1, help="submit N copies")
+    a.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    a.set_defaults(func=cmd_submit)
+
+    a = add("results", "list finished jobs, or print one job's result")
+    queue_opts(a)
+    a.add_argument("job", nargs="?")
+    a.set_defaults(func=cmd_results)
+
+    a = add("queue", "administer the queue: list, stats, requeue (dead), remove")
+    qsub = a.add_subparsers(dest="action", required=True)
+    for action, hlp in (
+        ("list", "list jobs"),
+        ("stats", "count jobs by state"),
+        ("requeue", "put a dead-lettered job back in the queue"),
+        ("remove", "delete a job that is not running"),
+    ):
+        q = qsub.add_parser(
+            action, help=hlp, description=hlp, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        queue_opts(q)
+        if action in ("requeue", "remove"):
+            q.add_argument("job")
+        if action == "list":
+            q.add_argument("--state", action="append", choices=("queued", "leased", "done", "dead"))
+        q.set_defaults(func=cmd_queue)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "action", None) in ("requeue", "remove") and not args.job:
-        print(f"eran-grid: error: queue {args.action} needs a JOB id", file=sys.stderr)
-        return 2
     try:
         return int(args.func(args))
     except GridError as exc:

@@ -1,0 +1,153 @@
+"""The eran-grid command: opt-in refusal, one-line status, queue administration, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+
+def run(cmd, *args, stdin=None, timeout=60):
+    return subprocess.run([*cmd, *args], capture_output=True, input=stdin, timeout=timeout)
+
+
+@pytest.mark.parametrize("enabled", ["missing", False])
+def test_run_refuses_without_the_opt_in(grid, eran_grid_cmd, enabled):
+    g = grid()
+    g.hashchain(1000)
+    cfg = g.config_file(drop=("enabled",)) if enabled == "missing" else g.config_file(enabled=enabled)
+    proc = run(eran_grid_cmd, "--config", str(cfg), "run")
+    assert proc.returncode == 2
+    err = proc.stderr.decode()
+    assert "disabled: opt-in required" in err and "try: set `enabled = true`" in err
+    assert "Traceback" not in err
+    assert g.queue.counts()["queued"] == 1  # nothing claimed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('enabled = "yes"\n', "`enabled` has the wrong type"),
+        ("enabled = true\nidle_afterr = 5\n", "unknown key(s): idle_afterr"),
+        ('enabled = true\n[queue]\nbackend = "redis"\n', 'queue.backend must be "sqlite" or "nats"'),
+        ("enabled = true\npoll = 30\n", "`poll` must be between"),
+        ("enabled = tru\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path, eran_grid_cmd, text, message):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    proc = run(eran_grid_cmd, "--config", str(cfg), "run")
+    assert proc.returncode == 2 and message in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+
+
+def test_missing_config_names_the_next_step(tmp_path, eran_grid_cmd):
+    proc = run(eran_grid_cmd, "--config", str(tmp_path / "nope.toml"), "status")
+    assert proc.returncode == 2 and "try: --config FILE" in proc.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("setup", "line", "code"),
+    [
+        (lambda m: None, "agent not running; ready to work", 0),
+        (
+            lambda m: (m.supply("ADP1", "Mains", online=False), m.supply("BAT0", "Battery", status="Discharging")),
+            "agent not running; on battery",
+            1,
+        ),
+        (lambda m: m.zone(1, "tj-thermal", 91.0), "agent not running; hot: tj-thermal 91 °C", 1),
+        (lambda m: m.touch_pts(4, time.time() - 4.2), "agent not running; owner active 4 s ago (pts/4)", 1),
+    ],
+)
+def test_status_line_when_the_agent_is_not_running(grid, machine, eran_grid_cmd, setup, line, code):
+    g = grid(idle_after=180.0)
+    machine.touch_pts(0, time.time() - 3600)
+    setup(machine)
+    proc = run(eran_grid_cmd, "--config", str(g.config_file(idle_after=180.0)), "status")
+    assert proc.stdout.decode().strip() == line and proc.returncode == code
+
+
+def test_status_disabled(grid, eran_grid_cmd):
+    g = grid()
+    proc = run(eran_grid_cmd, "--config", str(g.config_file(enabled=False)), "status", "--json")
+    info = json.loads(proc.stdout)
+    assert info["line"] == "disabled: opt-in required" and info["working"] is False and proc.returncode == 1
+
+
+def test_status_coordinator_unreachable(grid, eran_grid_cmd, tmp_path):
+    g = grid()
+    cfg = g.config_file(queue={"backend": "sqlite", "path": str(tmp_path / "gone" / "q.db")})
+    proc = run(eran_grid_cmd, "--config", str(cfg), "status")
+    out = proc.stdout.decode().strip()
+    assert out.startswith("agent not running; coordinator unreachable since 20") and proc.returncode == 1
+
+
+def test_status_reports_the_running_agents_own_line(grid, eran_grid_cmd):
+    g = grid()
+    g.hashchain(50_000_000)
+    cfg = g.config_file()
+    agent = subprocess.Popen(
+        [*eran_grid_cmd, "--config", str(cfg), "run"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            proc = run(eran_grid_cmd, "--config", str(cfg), "status", "--json")
+            info = json.loads(proc.stdout)
+            if info["line"].startswith("running job"):
+                break
+            time.sleep(0.1)
+        assert info["line"].startswith("running job 1") and info["working"] is True and proc.returncode == 0
+        assert info["agent"]["node"] == "node-a"
+        agent.terminate()  # SIGTERM: the agent yields the job (checkpoint, requeue) and exits 0
+        assert agent.wait(30) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    [row] = g.queue.jobs()
+    assert row["state"] == "queued" and row["yields"] == 1 and row["failures"] == 0
+
+
+def test_submit_results_and_queue_administration(tmp_path, eran_grid_cmd, hashchain_path):
+    q = ["--queue-path", str(tmp_path / "q.db")]
+    sub = run(
+        eran_grid_cmd,
+        "submit",
+        *q,
+        "--name",
+        "chain",
+        "--input",
+        "-",
+        "--",
+        "python3",
+        str(hashchain_path),
+        "--steps",
+        "10",
+        stdin=b"abc",
+    )
+    assert sub.returncode == 0 and sub.stdout.strip() == b"1"
+    listing = run(eran_grid_cmd, "queue", "list", *q, "--json")
+    [row] = json.loads(listing.stdout)
+    assert row["state"] == "queued" and row["name"] == "chain" and row["command"][0] == "python3"
+    assert run(eran_grid_cmd, "queue", "stats", *q).stdout.decode().split()[:2] == ["queued", "1"]
+    res = run(eran_grid_cmd, "results", *q, "1")
+    assert res.returncode == 1 and b"no result yet" in res.stderr
+    bad = run(eran_grid_cmd, "queue", "requeue", *q, "1")
+    assert bad.returncode == 2 and b"not dead-lettered" in bad.stderr
+    assert run(eran_grid_cmd, "queue", "remove", *q, "1").returncode == 0
+    assert json.loads(run(eran_grid_cmd, "queue", "list", *q, "--json").stdout) == []
+    assert run(eran_grid_cmd, "queue", "remove", *q).returncode == 2  # needs a JOB
+
+
+def test_submit_without_a_command_or_with_unreadable_input(tmp_path, eran_grid_cmd):
+    q = ["--queue-path", str(tmp_path / "q.db")]
+    proc = run(eran_grid_cmd, "submit", *q)
+    assert proc.returncode == 2 and b"a job needs a command" in proc.stderr
+    proc = run(eran_grid_cmd, "submit", *q, "--input", str(tmp_path / "nope"), "--", "true")
+    assert proc.returncode == 2 and b"cannot read input" in proc.stderr
+    assert run(eran_grid_cmd, "queue", "stats", *q, "--json").stdout.strip() == (
+        b'{"queued": 0, "leased": 0, "done": 0, "dead": 0}'
+    )
