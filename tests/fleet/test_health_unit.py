@@ -39,8 +39,15 @@ def report(status: str = "OK", t: datetime = NOW, checks: list[dict[str, Any]] |
                     "status": status,
                     "summary": "eth1 multicast 3/s",
                     "perfdata": [
-                        {"label": "eth1_mcast_rate", "value": 3.5, "uom": "", "warn": 1000, "crit": 10000, "min": 0,
-                         "max": None}  # fmt: skip
+                        {
+                            "label": "eth1_mcast_rate",
+                            "value": 3.5,
+                            "uom": "",
+                            "warn": 1000,
+                            "crit": 10000,
+                            "min": 0,
+                            "max": None,
+                        }
                     ],
                 },
                 {"name": "thermal", "status": "OK", "summary": "tj 61.5 C", "perfdata": []},
@@ -122,8 +129,9 @@ def test_json_after_stderr_noise() -> None:
 
 
 def test_unreachable_and_timeout_are_unknown() -> None:
-    dead = RemoteResult("orin-01", "x", 255, ["ssh: connect to host 127.0.0.1 port 1: Connection refused"], 0.01,
-                        error="unreachable")  # fmt: skip
+    dead = RemoteResult(
+        "orin-01", "x", 255, ["ssh: connect to host 127.0.0.1 port 1: Connection refused"], 0.01, error="unreachable"
+    )
     r = H.node_from_remote(dead, NODE, now=NOW, stale_after=300)
     assert r.status is Severity.UNKNOWN and "Connection refused" in r.summary and not r.reachable
     hung = RemoteResult("orin-01", "x", None, [], 2.0, error="timeout")
@@ -139,7 +147,9 @@ def rec(name: str) -> str:
 
 
 def test_desktop_gpu_compute_is_critical_with_process_named() -> None:
-    sev, summary = desktop.evaluate(0, rec("nvidia-smi_compute-apps_discrete.txt"), None, 0, rec("ps_desktop_clean.txt"), None)
+    sev, summary = desktop.evaluate(
+        0, rec("nvidia-smi_compute-apps_discrete.txt"), None, 0, rec("ps_desktop_clean.txt"), None
+    )
     assert sev is Severity.CRITICAL
     assert "python3 (pid 18342): GPU compute process (10734 MiB)" in summary
     assert "ollama_llama_server (pid 20111)" in summary
@@ -189,8 +199,12 @@ def test_run_fleet_health_desktop_gets_the_rule(tmp_path: Path) -> None:
 
     rep = H.run_fleet_health(fl, remote=remote, clock=lambda: NOW)
     assert sorted(sent) == sorted(
-        [("desk", "alma-health --json"), ("desk", desktop.GPU_APPS_COMMAND), ("desk", desktop.PS_COMMAND),
-         ("b1", "alma-health --json")]  # fmt: skip
+        [
+            ("desk", "alma-health --json"),
+            ("desk", desktop.GPU_APPS_COMMAND),
+            ("desk", desktop.PS_COMMAND),
+            ("b1", "alma-health --json"),
+        ]
     )
     desk, board = rep.nodes
     assert desk.status is Severity.CRITICAL and "ollama (pid 1901)" in desk.summary
@@ -202,7 +216,9 @@ def test_run_fleet_health_desktop_gets_the_rule(tmp_path: Path) -> None:
 # ---- Nagios ------------------------------------------------------------------------------
 
 # 'label'=value[UOM];[warn];[crit];[min];[max] (monitoring-plugins guidelines)
-PERF_RE = re.compile(r"^'[^'=]+'=(-?[0-9.]+|U)(s|ms|us|%|B|KB|MB|TB|c)?;(-?[0-9.]*);(-?[0-9.]*);(-?[0-9.]*);(-?[0-9.]*)$")
+PERF_RE = re.compile(
+    r"^'[^'=]+'=(-?[0-9.]+|U)(s|ms|us|%|B|KB|MB|TB|c)?;(-?[0-9.]*);(-?[0-9.]*);(-?[0-9.]*);(-?[0-9.]*)$"
+)
 
 
 def test_nagios_line_format() -> None:

@@ -47,8 +47,14 @@ def fake_remote(answers: dict[str, dict[str, tuple[int, list[str]]]], sent: list
     def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object) -> RemoteResult:
         sent.append((node.name, command))
         if node.name not in answers:
-            return RemoteResult(node.name, command, 255, ["ssh: connect to host x port 22: Connection refused"], 0.01,
-                                error="unreachable")  # fmt: skip
+            return RemoteResult(
+                node.name,
+                command,
+                255,
+                ["ssh: connect to host x port 22: Connection refused"],
+                0.01,
+                error="unreachable",
+            )
         rc, lines = answers[node.name][command]
         return RemoteResult(node.name, command, rc, lines, 0.05)
 

@@ -50,7 +50,13 @@ health_command = "python3 /opt/alma-health --json"
 def test_good_file(tmp_path: Path) -> None:
     fl = parse_fleet(GOOD, tmp_path / "fleet.toml")
     a, b = fl.nodes
-    assert (a.name, a.ssh, a.role, a.alias, a.reserve_bytes) == ("orin-01", "op@orin-01.lab", "board", "Edge A", 4 << 30)
+    assert (a.name, a.ssh, a.role, a.alias, a.reserve_bytes) == (
+        "orin-01",
+        "op@orin-01.lab",
+        "board",
+        "Edge A",
+        4 << 30,
+    )
     assert a.links[0].iface == "eth1" and a.links[0].speed == 10000 and a.links[0].peer == "orin-02"
     assert a.health_command == DEFAULT_HEALTH_COMMAND
     assert (b.ssh, b.reserve_bytes, b.health_command) == ("cockpit", 2 << 30, "python3 /opt/alma-health --json")
@@ -58,7 +64,10 @@ def test_good_file(tmp_path: Path) -> None:
     assert fl.ssh.strict_host_key_checking == "accept-new" and fl.ssh.connect_timeout == 3
     assert (fl.timeout, fl.stale_after) == (7.0, 120.0)
     # published exactly as configured: the zero and the trailing zero survive
-    assert [(f.label, f.value, f.unit) for f in fl.panel.figures] == [("Boards flashed", "0", ""), ("Uptime", "99.50", "%")]
+    assert [(f.label, f.value, f.unit) for f in fl.panel.figures] == [
+        ("Boards flashed", "0", ""),
+        ("Uptime", "99.50", "%"),
+    ]
 
 
 @pytest.mark.parametrize(

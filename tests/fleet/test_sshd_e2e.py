@@ -86,7 +86,7 @@ def test_inspect_real_node_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
     assert n1["node_clock"] and n1["node_clock"].endswith("Z")
     assert any(a["iface"] == "lo" and "127.0.0.1/8" in a["addresses"] for a in n1["verified"]["addresses"])
     fabric = {x["iface"]: x for x in n1["verified"]["fabric"]}
-    assert fabric["lo"]["present"] and fabric["lo"]["carrier"] is True
+    assert fabric["lo"]["present"] and fabric["lo"]["carrier"] is True, (fabric, n1["commands"], n1["not_checked"])
     assert fabric["nope9"]["present"] is False
     items = {x["item"]: x["reason"] for x in n1["not_checked"]}
     # This machine: no GPU driver, maybe no systemd/RDMA; whatever is missing is named, never invented.
@@ -116,8 +116,14 @@ def test_desktop_rule_names_a_real_model_server(sshd: Sshd, tmp_path: Path) -> N
     shutil.copy("/bin/sleep", fake)
     proc = subprocess.Popen([str(fake), "30"])
     try:
-        report = {"schema": "alma.health/1", "node": "desk", "status": "OK", "code": 0, "checks": [],
-                  "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        report = {
+            "schema": "alma.health/1",
+            "node": "desk",
+            "status": "OK",
+            "code": 0,
+            "checks": [],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         rj = tmp_path / "report.json"
         rj.write_text(json.dumps(report))
         f = fleet_file(tmp_path, sshd, [("node-desk", "desktop", f"cat {rj}")])
