@@ -287,3 +287,39 @@ def test_progress_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("hashing bundle: 12%") and err[-1].startswith("hashing bundle: 100%")
     assert 8 <= len(err) <= 11
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.97])
+def test_truncated_late_is_still_caught(project: Path, alma, cut: float) -> None:
+    d = build_deploy(project)
+    data = d.bundle.read_bytes()
+    d.bundle.write_bytes(data[: int(len(data) * cut)])
+    _fails(alma("verify", d.dir), "bundle")
+
+
+def test_corrupt_gzip_data(project: Path, alma) -> None:
+    d = build_deploy(project)
+    data = bytearray(d.bundle.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: CRC or deflate error, never a silent pass
+    d.bundle.write_bytes(bytes(data))
+    _fails(alma("verify", d.dir), "bundle")
+
+
+def test_zip_packaged_bundle(project: Path, alma) -> None:
+    import zipfile
+
+    from artefacts.alma_deployfix import env_text
+
+    d = build_deploy(project)
+    d.bundle_link.unlink()
+    d.bundle.unlink()
+    real = d.dir / f"{IMAGE}-{d.machine}.rootfs-20261130120000.tegraflash.zip"
+    with zipfile.ZipFile(real, "w") as zf:
+        zf.writestr(".env.initrd-flash", env_text(d.machine, IMAGE))
+        for n in ("initrd-flash", "flash.xml.in", f"{IMAGE}.ext4"):
+            zf.writestr(n, b"x" * 100)
+    (d.dir / f"{IMAGE}-{d.machine}.rootfs.tegraflash.zip").symlink_to(real.name)
+    assert alma("verify", d.dir).code == 0
+    m = _manifest(project, d.machine)
+    assert m.value("bundle_sha256") == hashlib.sha256(real.read_bytes()).hexdigest()
+    assert m.value("env_machine") == d.machine

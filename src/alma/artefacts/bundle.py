@@ -4,8 +4,9 @@ meta-tegra (scarthgap, image_types_tegra.bbclass) writes the bundle with
 ``tar --sparse --numeric-owner --transform=s,^\\./,, -cf- . | gzip -9 -n --rsyncable``, so
 members carry bare names (``.env.initrd-flash``, ``initrd-flash``, ``<image>.ext4``) in
 readdir order. A 1.6 GB file must not be read twice: every raw chunk is hashed, then fed to
-the inflater that tarfile reads from. Inflating stops as soon as every member we check has
-been seen; the rest of the file is only hashed. ``TEGRAFLASH_PACKAGE_FORMAT = "zip"``
+the inflater that tarfile reads from; member data is skipped by inflating and discarding
+(no copies), and the stream is inflated to its gzip trailer so a truncated or corrupt
+bundle is an error. ``TEGRAFLASH_PACKAGE_FORMAT = "zip"``
 bundles are hashed in one pass and read through their central directory (no inflating).
 """
 
@@ -47,7 +48,7 @@ class BundleScan:
     size: int
     env: dict[str, str] | None  # parsed .env.initrd-flash, None when absent
     members: list[str] = field(default_factory=list)  # the checked members that were found
-    complete: bool = False  # True when every member header was read (no early stop)
+    complete: bool = False  # True when the tar and its gzip trailer were read to the end
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,8 +90,10 @@ def parse_env(text: str) -> dict[str, str]:
 
 
 class _HashingInflater:
-    """A read()-able stream of the *decompressed* tar, fed from raw chunks that are hashed
-    as they are read. ``drain()`` hashes whatever raw bytes tarfile did not need."""
+    """A forward-only, seekable stream of the *decompressed* tar, fed from raw chunks that
+    are hashed as they are read. tarfile (mode ``r:``) skips member data with ``seek``,
+    which inflates and discards without copying. ``drain()`` hashes the raw bytes that
+    tarfile did not need."""
 
     def __init__(self, fh: IO[bytes], total: int, progress: Progress | None) -> None:
         self._fh = fh
@@ -99,8 +102,9 @@ class _HashingInflater:
         self._z = _zlib()
         self._d = self._z.decompressobj(31)  # 31: gzip header
         self._pending = b""  # compressed bytes not yet inflated (max_length bound)
-        self._buf = bytearray()
-        self._eof = False
+        self._cur = b""  # the current inflated piece
+        self._off = 0
+        self.pos = 0  # offset in the decompressed stream
         self.hash = hashlib.sha256()
         self.raw_read = 0
 
@@ -113,9 +117,9 @@ class _HashingInflater:
                 self._progress(self.raw_read, self._total)
         return chunk
 
-    def read(self, n: int = -1) -> bytes:
-        want = n if n >= 0 else 1 << 62
-        while len(self._buf) < want and not self._eof:
+    def _fill(self) -> bool:
+        """Inflate the next piece into ``_cur``; False at the end of the stream."""
+        while True:
             if not self._pending:
                 self._pending = self._raw()
                 if not self._pending:
@@ -124,23 +128,64 @@ class _HashingInflater:
                             "bundle is truncated (gzip stream ends early)",
                             hint="rebuild the image or copy the bundle again",
                         )
-                    self._eof = True
-                    break
+                    return False
+                if self._d.eof:
+                    if not self._pending.strip(b"\0"):
+                        self._pending = b""  # padding after the last member
+                        continue
+                    self._d = self._z.decompressobj(31)  # concatenated gzip members are legal gzip
             # Bound each step: a sparse rootfs inflates ~1000:1.
             out = self._d.decompress(self._pending, 4 * CHUNK)
             self._pending = self._d.unconsumed_tail
-            self._buf += out
             if self._d.eof:
                 rest = self._d.unused_data + self._pending
-                self._pending = b""
-                if rest.strip(b"\0"):  # concatenated gzip members are legal gzip
+                self._pending = rest if rest.strip(b"\0") else b""
+                if self._pending:
                     self._d = self._z.decompressobj(31)
-                    self._pending = rest
-                elif not out:
-                    self._eof = True
-        take = bytes(self._buf[:want])
-        del self._buf[:want]
-        return take
+            if out:
+                self._cur, self._off = out, 0
+                return True
+
+    def read(self, n: int = -1) -> bytes:
+        need = n if n >= 0 else 1 << 62
+        parts = []
+        while need > 0:
+            if self._off >= len(self._cur) and not self._fill():
+                break
+            take = self._cur[self._off : self._off + need]
+            self._off += len(take)
+            need -= len(take)
+            parts.append(take)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.pos += len(data)
+        return data
+
+    def seek(self, target: int, whence: int = 0) -> int:
+        if whence == 1:
+            target += self.pos
+        if whence not in (0, 1) or target < self.pos:
+            raise OSError("bundle stream is forward-only")
+        skip = target - self.pos
+        while skip > 0:
+            avail = len(self._cur) - self._off
+            if avail == 0:
+                if not self._fill():
+                    break
+                continue
+            step = min(avail, skip)
+            self._off += step
+            skip -= step
+            self.pos += step
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def finish(self) -> None:
+        """Inflate (and discard) the rest: raises if the gzip stream ends early."""
+        self._cur, self._off = b"", 0
+        while self._fill():
+            self.pos += len(self._cur)
 
     def drain(self) -> None:
         while self._raw():
@@ -155,13 +200,14 @@ def scan_bundle(path: Path, progress: Progress | None = None) -> BundleScan:
     with path.open("rb", buffering=0) as fh:
         stream = _HashingInflater(fh, size, progress)
         env_text: str | None = None
-        found: list[str] = []
+        seen: set[str] = set()  # every member name: ROOTFS_IMAGE may come before the env file
         complete = False
         wanted = set(REQUIRED_MEMBERS)
         try:
-            with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
                 for member in tar:
                     name = member.name.removeprefix("./")
+                    seen.add(name)
                     if name == ENV_MEMBER:
                         if not member.isfile() or member.size > ENV_MAX:
                             raise UserError(f"{path}: {ENV_MEMBER} is not a small regular file")
@@ -171,12 +217,10 @@ def scan_bundle(path: Path, progress: Progress | None = None) -> BundleScan:
                         rootfs = parse_env(env_text).get("ROOTFS_IMAGE")
                         if rootfs:
                             wanted.add(rootfs)
-                    if name in wanted:
-                        found.append(name)
-                    if env_text is not None and wanted.issubset(found):
-                        break  # everything we check is seen: stop inflating, keep hashing
-                else:
-                    complete = True
+                complete = True
+            # Inflate to the gzip trailer: its CRC and length prove the bundle is whole. (Stopping
+            # once the members we check are seen would pass a truncated bundle.)
+            stream.finish()
         except (tarfile.TarError, EOFError, _zlib().error) as exc:
             raise UserError(
                 f"{path}: not a readable tegraflash tar.gz bundle ({exc})",
@@ -184,7 +228,7 @@ def scan_bundle(path: Path, progress: Progress | None = None) -> BundleScan:
             ) from exc
         stream.drain()
     env = parse_env(env_text) if env_text is not None else None
-    return BundleScan(stream.hash.hexdigest(), size, env, found, complete)
+    return BundleScan(stream.hash.hexdigest(), size, env, sorted(wanted & seen), complete)
 
 
 def _scan_zip(path: Path, size: int, progress: Progress | None) -> BundleScan:
