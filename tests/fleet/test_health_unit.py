@@ -241,6 +241,17 @@ def test_perf_item_quotes_and_units() -> None:
     assert H.perf_item("a'b=c", 1.25, "C") == "'ab_c'=1.25;;;;"  # 'C' is not a Nagios UOM: dropped
     assert H.perf_item("t", 61.0, "%", 80, 90, 0, 100) == "'t'=61%;80;90;0;100"
     assert H.perf_item("x", None) == "'x'=U;;;;"
+    assert H.perf_item("free", 30.5, "%", 10, 5, 0, 100, low=True) == "'free'=30.5%;10:;5:;0;100"
+
+
+def test_lower_bound_thresholds_inferred_from_report() -> None:
+    checks = [{"name": "disk", "status": "OK", "perfdata": [
+        {"label": "free_pct", "value": 30.8, "uom": "%", "warn": 10.0, "crit": 5.0, "min": 0, "max": 100},
+        {"label": "temp", "value": 50, "uom": "", "warn": 85, "crit": 95, "min": None, "max": None},
+        {"label": "psi", "value": 1, "uom": "%", "warn": 20, "crit": None, "min": 0, "max": 100},
+    ]}]  # fmt: skip
+    perf = H.parse_report(report("OK", checks=checks), NODE, now=NOW, stale_after=300).checks[0].perfdata
+    assert [p.low for p in perf] == [True, False, False]
 
 
 def test_snapshot_roundtrip_and_atomic(tmp_path: Path) -> None:

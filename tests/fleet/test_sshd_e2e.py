@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import IN_CI, REPO
+from support import REPO
 from support_fleet import HEALTH, Sshd
+from support_guard import FakeBoard, orin_zones
 
 from alma.fleet import inspect as I
 
@@ -25,7 +26,7 @@ def alma(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
 
 def fleet_file(tmp: Path, sshd: Sshd, nodes: list[tuple[str, str, str]], extra: str = "") -> Path:
     """nodes: (name, role, health_command)."""
-    body = f'[ssh]\nconfig = "{sshd.client_config}"\nconnect_timeout = 3\n[health]\ntimeout = 10\n{extra}\n'
+    body = f'[ssh]\nconfig = "{sshd.client_config}"\nconnect_timeout = 3\n[health]\ntimeout = 20\n{extra}\n'
     for name, role, cmd in nodes:
         body += f'\n[[node]]\nname = "{name}"\nrole = "{role}"\nhealth_command = {json.dumps(cmd)}\n'
     p = tmp / "fleet.toml"
@@ -141,10 +142,103 @@ def test_desktop_rule_names_a_real_model_server(sshd: Sshd, tmp_path: Path) -> N
     assert node["status"] == "OK"
 
 
-def require_health() -> Path:
-    if not HEALTH.exists():
-        msg = f"{HEALTH} (the real on-board alma-health) is not in the tree yet"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return HEALTH
+# ---- the real on-board alma-health as several nodes, each on its own fake board tree ----
+
+
+def health_cmd(root: Path) -> str:
+    """What a board runs, pointed at a fake tree (tools/guard/alma-health, stdlib only)."""
+    return f"python3 {HEALTH} --root {root} --json"
+
+
+def board(root: Path, *, temp: float = 50.0) -> FakeBoard:
+    b = FakeBoard(root)
+    orin_zones(b, temp)
+    b.add_iface("eth1", multicast=0, rx_packets=0, carrier=1, speed=10000)
+    b.set_meminfo(total_kb=32_000_000, avail_kb=20_000_000)
+    b.set_psi(0.0, 0.0)
+    b.add_watchdog()
+    b.write_guard_state(shedding=False)
+    return b
+
+
+@pytest.fixture
+def boards(tmp_path: Path) -> dict[str, Path]:
+    ok = board(tmp_path / "ok")
+    warn = board(tmp_path / "warn")
+    warn.write_guard_state(shedding=True, reason="tj-thermal 91.2 C >= shed 85.0 C")
+    crit = board(tmp_path / "crit")
+    crit.set_meminfo(total_kb=32_000_000, avail_kb=600_000)  # 1.9 % available
+    return {"ok": ok.root, "warn": warn.root, "crit": crit.root}
+
+
+@pytest.mark.parametrize(
+    ("mix", "code", "status"),
+    [
+        (("ok",), 0, "OK"),
+        (("ok", "dead"), 3, "UNKNOWN"),
+        (("ok", "warn", "dead"), 1, "WARNING"),
+        (("ok", "warn", "crit", "dead"), 2, "CRITICAL"),
+    ],
+)
+def test_real_alma_health_over_real_sshd(
+    sshd: Sshd, boards: dict[str, Path], tmp_path: Path, mix: tuple[str, ...], code: int, status: str
+) -> None:
+    nodes = []
+    for i, kind in enumerate(mix):
+        if kind == "dead":
+            nodes.append(("dead-node", "board", "alma-health --json"))
+        else:
+            nodes.append((f"node-{kind}{i}", "board", health_cmd(boards[kind])))
+    f = fleet_file(tmp_path, sshd, nodes)
+    snap = tmp_path / "snap.json"
+    r = alma("fleet", "health", "--fleet", str(f), "--json", "--snapshot", str(snap))
+    assert r.returncode == code, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert data["status"] == status
+    by = {n["name"]: n for n in data["nodes"]}
+    for name, n in by.items():
+        want = {"ok": "OK", "warn": "WARNING", "crit": "CRITICAL", "dead": "UNKNOWN"}[
+            "dead" if name == "dead-node" else name[5:-1]
+        ]
+        assert n["status"] == want, n
+        if name != "dead-node":
+            assert {c["name"] for c in n["checks"]} >= {"storm", "memory", "gpu", "thermal", "links", "disk"}
+    if "crit" in mix:
+        crit = next(n for n in data["nodes"] if n["name"].startswith("node-crit"))
+        mem = next(c for c in crit["checks"] if c["name"] == "memory")
+        assert mem["status"] == "CRITICAL" and "MemAvailable" in mem["summary"]
+    assert json.loads(snap.read_text()) == data  # the panel's snapshot is what was printed
+
+
+def test_nagios_and_table_from_real_nodes(sshd: Sshd, boards: dict[str, Path], tmp_path: Path) -> None:
+    f = fleet_file(
+        tmp_path,
+        sshd,
+        [("node-a", "board", health_cmd(boards["ok"])), ("node-b", "cluster", health_cmd(boards["warn"]))],
+    )
+    r = alma("fleet", "health", "--fleet", str(f), "--nagios", "--no-save")
+    assert r.returncode == 1
+    (line,) = r.stdout.splitlines()
+    text, perf = line.split(" | ")
+    assert text.startswith("FLEET WARNING - 2 nodes: 0 critical, 1 warning, 0 unknown, 1 ok; node-b WARNING: thermal")
+    assert "'node-a_mem_available_pct'=62.5%;10:;5:;0;100" in perf.split()  # lower-bound thresholds as N: ranges
+    plain = alma("fleet", "health", "--fleet", str(f), "--no-save")
+    assert plain.returncode == 1
+    lines = plain.stdout.splitlines()
+    assert lines[0].split()[:5] == ["node", "role", "status", "storm", "memory"]
+    assert lines[-1].startswith("fleet: WARNING (exit 1)")
+
+
+def test_stale_report_from_the_real_tool_is_unknown(sshd: Sshd, boards: dict[str, Path], tmp_path: Path) -> None:
+    report = subprocess.run(
+        [sys.executable, str(HEALTH), "--root", str(boards["ok"]), "--json"], capture_output=True, text=True
+    )
+    assert report.returncode == 0, report.stdout + report.stderr
+    saved = tmp_path / "saved.json"
+    saved.write_text(report.stdout)
+    f = fleet_file(tmp_path, sshd, [("node-old", "board", f"cat {saved}")], extra="stale_after = 1")
+    time.sleep(2.2)
+    r = alma("fleet", "health", "--fleet", str(f), "--json", "--no-save")
+    assert r.returncode == 3
+    (n,) = json.loads(r.stdout)["nodes"]
+    assert n["status"] == "UNKNOWN" and n["summary"].startswith("stale report: taken at")

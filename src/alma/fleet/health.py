@@ -48,6 +48,9 @@ class Perf:
     crit: float | None = None
     min: float | None = None
     max: float | None = None
+    # Thresholds are lower bounds (alert when the value falls BELOW them, e.g. free %).
+    # The JSON contract carries no direction; warn > crit can only mean lower bounds.
+    low: bool = False
 
 
 @dataclass
@@ -157,6 +160,13 @@ def _float(v: Any) -> float | None:
     raise ValueError(f"not a number: {v!r}")
 
 
+def _is_low(p: dict[str, Any]) -> bool:
+    if isinstance(p.get("low"), bool):
+        return bool(p["low"])
+    warn, crit = _float(p.get("warn")), _float(p.get("crit"))
+    return warn is not None and crit is not None and warn > crit
+
+
 def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, duration_s: float = 0.0) -> NodeResult:
     """Turn a node's output into a NodeResult; any deviation from the contract is UNKNOWN."""
 
@@ -185,6 +195,7 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
                     crit=_float(p.get("crit")),
                     min=_float(p.get("min")),
                     max=_float(p.get("max")),
+                    low=_is_low(p),
                 )
                 for p in raw.get("perfdata") or []
             ]
@@ -304,12 +315,18 @@ def _num(v: float | None) -> str:
 
 
 def perf_item(label: str, value: float | None, uom: str = "", warn: float | None = None, crit: float | None = None,
-              lo: float | None = None, hi: float | None = None) -> str:  # fmt: skip
-    """``'label'=value[UOM];warn;crit;min;max`` (labels may not contain ' or =)."""
+              lo: float | None = None, hi: float | None = None, low: bool = False) -> str:  # fmt: skip
+    """``'label'=value[UOM];warn;crit;min;max`` (labels may not contain ' or =).
+
+    Lower-bound thresholds use the plugin guidelines' range form ``N:`` (alert below N).
+    """
     clean = label.replace("'", "").replace("=", "_")
     unit = uom if uom in NAGIOS_UOMS else ""
     val = "U" if value is None else _num(value)  # "U": value could not be determined
-    return f"'{clean}'={val}{unit if value is not None else ''};{_num(warn)};{_num(crit)};{_num(lo)};{_num(hi)}"
+    rng = ":" if low else ""
+    w = _num(warn) + rng if warn is not None else ""
+    c = _num(crit) + rng if crit is not None else ""
+    return f"'{clean}'={val}{unit if value is not None else ''};{w};{c};{_num(lo)};{_num(hi)}"
 
 
 def nagios_line(report: FleetReport) -> str:
@@ -329,7 +346,7 @@ def nagios_line(report: FleetReport) -> str:
         perf.append(perf_item(f"{n.name}_response", round(n.duration_s, 3), "s", lo=0))
         for c in n.checks:
             for p in c.perfdata:
-                perf.append(perf_item(f"{n.name}_{p.label}", p.value, p.uom, p.warn, p.crit, p.min, p.max))
+                perf.append(perf_item(f"{n.name}_{p.label}", p.value, p.uom, p.warn, p.crit, p.min, p.max, p.low))
     return f"{text} | {' '.join(perf)}"
 
 
