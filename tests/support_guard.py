@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -237,3 +238,19 @@ def wait_state(pid: int, want: set[str], timeout: float = 5.0) -> str:
         time.sleep(0.005)
         st = proc_state(pid)
     return st
+
+
+def spawn_worker(procs: list[subprocess.Popen[bytes]], counter: Path | None = None) -> subprocess.Popen[bytes]:
+    """A busy-ish worker that appends to ``counter`` every 10 ms (progress is observable)."""
+    code = (
+        "import sys, time\n"
+        "path = sys.argv[1] if len(sys.argv) > 1 else None\n"
+        "while True:\n"
+        "    if path:\n"
+        "        open(path, 'a').write('x')\n"
+        "    time.sleep(0.01)\n"
+    )
+    args = [sys.executable, "-c", code] + ([str(counter)] if counter else [])
+    p = subprocess.Popen(args)
+    procs.append(p)
+    return p

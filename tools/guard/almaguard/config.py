@@ -146,5 +146,8 @@ def load_guard_config(path: Path) -> GuardConfig:
             f"{path}: bad value: {exc}", hint="numbers for *_c and *_s keys, lists for include/exclude"
         ) from exc
     if cfg.interval_s <= 0 or cfg.holdoff_s < 0 or cfg.hysteresis_c <= 0:
-        raise GuardError(f"{path}: interval_s and hysteresis_c must be > 0, holdoff_s >= 0")
+        raise GuardError(
+            f"{path}: interval_s and hysteresis_c must be > 0, holdoff_s >= 0",
+            hint="e.g. interval_s = 1.0, hysteresis_c = 10.0, holdoff_s = 60.0",
+        )
     return cfg

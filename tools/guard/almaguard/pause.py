@@ -57,6 +57,15 @@ def _cgroup_pids(cg: Path) -> list[int]:
     return sorted(set(pids))
 
 
+def _write_existing(path: Path, data: bytes) -> None:
+    """Write a cgroupfs control file; never create it (its absence means no freezer here)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class PauseResult:
     method: str  # "freeze", "sigstop", "none"
@@ -108,8 +117,7 @@ class Pauser:
             self._save()
             return PauseResult("none", f"{self.cgroup} does not exist (no work running); will pause it if it appears")
         try:
-            with open(freeze, "w") as fh:
-                fh.write("1")
+            _write_existing(freeze, b"1")
             self.method = "freeze"
             self._save()
             return PauseResult("freeze", f"froze {self.cgroup}")
@@ -151,8 +159,7 @@ class Pauser:
         detail = "nothing was paused"
         if method == "freeze":
             try:
-                with open(self.cgroup / "cgroup.freeze", "w") as fh:
-                    fh.write("0")
+                _write_existing(self.cgroup / "cgroup.freeze", b"0")
                 detail = f"thawed {self.cgroup}"
             except OSError as exc:
                 detail = f"could not thaw {self.cgroup}: {exc}"
