@@ -12,7 +12,6 @@ import importlib
 import logging
 import os
 import sys
-from typing import Any
 
 import click
 
@@ -77,9 +76,12 @@ def _report(exc: AlmaError) -> None:
         click.echo(f"  try: {exc.hint}", err=True)
 
 
-def main(argv: list[str] | None = None) -> Any:
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script passes it to sys.exit)."""
     try:
-        return cli.main(args=argv, prog_name="alma", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="alma", standalone_mode=False)
+        # In non-standalone mode click returns ctx.exit(code)'s code, or the command's value.
+        return rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
@@ -102,4 +104,4 @@ def main(argv: list[str] | None = None) -> Any:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
