@@ -130,8 +130,11 @@ def check_storm(ctx: Context) -> Check:
             continue
         mc_s = _rate(cur, s_old, "multicast", ctx.now - short_ref["t"])
         rx_s = _rate(cur, s_old, "rx_packets", ctx.now - short_ref["t"])
-        mc_l = _rate(cur, l_old, "multicast", ctx.now - long_ref["t"]) if l_old else None
-        rx_l = _rate(cur, l_old, "rx_packets", ctx.now - long_ref["t"]) if l_old else None
+        # The long window is the background before the short one (up to long_s back), so a
+        # surge in the last interval does not raise its own baseline.
+        base_dt = short_ref["t"] - long_ref["t"]
+        mc_l = _rate(s_old, l_old, "multicast", base_dt) if l_old and base_dt > 0 else None
+        rx_l = _rate(s_old, l_old, "rx_packets", base_dt) if l_old and base_dt > 0 else None
         if mc_s is None:
             parts.append(f"{name} counters reset")
             continue
@@ -320,7 +323,10 @@ def check_thermal(ctx: Context) -> Check:
             age = ctx.now - parse_iso(str(state.get("updated")))
         except ValueError:
             age = float("inf")
-        if age > float(c["stale_s"]):
+        if age < -float(c["stale_s"]):
+            st = worst([st, UNKNOWN])
+            parts.append(f"guard state is {-age:.0f} s in the future: the clock jumped (RTC/NTP?)")
+        elif age > float(c["stale_s"]):
             st = worst([st, UNKNOWN])
             parts.append(f"guard state is stale ({age:.0f} s old > {c['stale_s']:.0f} s): the guard may be dead")
         elif state.get("shedding"):
@@ -328,7 +334,7 @@ def check_thermal(ctx: Context) -> Check:
             parts.append(f"guard SHEDDING since {state.get('since')}: {state.get('reason')}")
         else:
             parts.append("guard not shedding")
-        if state.get("unreadable") and age <= float(c["stale_s"]):
+        if state.get("unreadable") and abs(age) <= float(c["stale_s"]):
             st = worst([st, WARNING])
             parts.append(f"guard cannot read: {', '.join(state['unreadable'])}")
     return Check("thermal", st, "; ".join(parts), perf)

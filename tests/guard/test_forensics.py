@@ -1,0 +1,118 @@
+"""How the previous boot ended: the classifier on each kind of evidence, and the ring."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from almaguard.forensics import Forensics, PmcReason, classify, died_below, pmc_family
+from almaguard.paths import Paths
+from support_guard import FakeBoard
+
+
+def ring(last_c: float, shedding: bool = False, boot: str = "prev") -> dict[str, Any]:
+    return {
+        "schema": "alma.guard-ring/1",
+        "boot_id": boot,
+        "shed_c": 89.0,
+        "resume_c": 79.0,
+        "samples": [{"t": "2026-11-30T10:00:00Z", "max_c": last_c, "zone": "tj-thermal", "shedding": shedding}],
+    }
+
+
+MARKER = {"boot_id": "prev", "t": "2026-11-30T10:00:05Z"}
+
+
+def pmc(reason: str) -> PmcReason:
+    return PmcReason("/sys/devices/platform/bus@0/c360000.pmc/reset_reason", reason, "L0")
+
+
+@pytest.mark.parametrize(
+    ("reason", "family"),
+    [
+        ("SYS_RESET_N", "reset-pin"),
+        ("AOWDT", "watchdog"),
+        ("BPMPWDT", "watchdog"),
+        ("SENSOR", "thermal"),
+        ("FSI_THERM", "thermal"),
+        ("VREFRO_POWERBAD", "power"),
+        ("VMON", "power"),
+        ("MAINSWRST", "software"),
+        ("SC7", "resume"),
+        ("HSM", "other"),
+    ],
+)
+def test_tegra234_reset_sources_map_to_families(reason: str, family: str) -> None:
+    assert pmc_family(reason) == family
+
+
+@pytest.mark.parametrize(
+    ("the_ring", "marker", "the_pmc", "wd", "ended", "needle"),
+    [
+        (ring(50.0), MARKER, pmc("MAINSWRST"), None, "clean", "clean-shutdown marker written"),
+        (ring(50.0), MARKER, None, None, "clean", "no Tegra PMC reset_reason exposed"),
+        (ring(50.0), MARKER, pmc("BPMPWDT"), None, "watchdog", "reset_reason BPMPWDT"),
+        (ring(50.0), None, None, ("/sys/class/watchdog/watchdog0/bootstatus", 0x20), "watchdog", "WDIOF_CARDRESET"),
+        (ring(70.0), None, pmc("SENSOR"), None, "thermal", "thermal reset fired"),
+        (ring(85.0), None, None, None, "thermal", "at or above the resume threshold 79.0 C"),
+        (ring(60.0, shedding=True), None, None, None, "thermal", "shedding at the last record"),
+        (ring(50.0), None, pmc("SYS_RESET_N"), None, "power-loss", "cold start (SYS_RESET_N)"),
+        (ring(50.0), None, pmc("VMON"), None, "power-loss", "supply fault"),
+        (ring(50.0), None, pmc("MAINSWRST"), None, "unknown", "kernel panic or forced reboot"),
+        (ring(50.0), None, None, None, "unknown", "nothing else to tell"),
+        (None, None, None, None, "unknown", "no guard record of the previous boot"),
+        # a marker from an older boot does not make this one clean
+        (ring(50.0), {"boot_id": "older", "t": "x"}, None, None, "unknown", "no clean-shutdown marker"),
+    ],
+)
+def test_classify(
+    the_ring: dict[str, Any] | None,
+    marker: dict[str, Any] | None,
+    the_pmc: PmcReason | None,
+    wd: tuple[str, int] | None,
+    ended: str,
+    needle: str,
+) -> None:
+    end = classify(the_ring, marker, the_pmc, wd, now=1.78e9)
+    assert end.ended == ended
+    assert needle in " | ".join(end.evidence)
+
+
+def test_died_below_lists_only_thermal_ends_under_the_threshold() -> None:
+    a = classify(ring(85.0), None, None, None, 0)  # thermal at 85
+    b = classify(ring(95.0), None, None, None, 0)  # thermal at 95 (above shed: the guard tried)
+    c = classify(ring(50.0), None, pmc("SYS_RESET_N"), None, 0)  # power loss at 50
+    assert died_below([a, b, c], 89.0) == [a]
+
+
+def test_ring_is_kept_per_boot_and_history_is_appended_once(board: FakeBoard) -> None:
+    paths = Paths(board.root)
+    f = Forensics(paths, every_s=10.0)
+    assert f.start(89.0, 79.0, now=100.0) is not None  # first boot ever: "unknown", recorded
+    for i in range(50):
+        f.sample(100.0 + i, 60.0 + i * 0.1, "tj-thermal", shedding=False)
+    data = json.loads(board.p("/var/lib/alma-guard/ring.json").read_text())
+    assert 1 <= len(data["samples"]) <= 32 and data["boot_id"] == board.boot_id
+    assert data["samples"][-1]["max_c"] >= 64.0  # the interval maximum, not the last reading
+
+    # a restart within the same boot keeps the ring and classifies nothing
+    f2 = Forensics(paths)
+    assert f2.start(89.0, 79.0, now=200.0) is None
+    assert f2.ring["restarts"] == 1
+    f2.clean_stop(now=210.0)
+
+    board.set_boot_id("next-boot")
+    f3 = Forensics(paths)
+    end = f3.start(89.0, 79.0, now=300.0)
+    assert end is not None and end.ended == "clean"
+    assert [e.ended for e in f3.history()] == ["unknown", "clean"]
+    assert not board.p("/var/lib/alma-guard/clean-shutdown").exists()  # consumed
+
+
+def test_torn_ring_file_is_not_fatal(board: FakeBoard) -> None:
+    lib = board.p("/var/lib/alma-guard")
+    lib.mkdir(parents=True)
+    (lib / "ring.json").write_text('{"schema": "alma.guard-ring/1", "boot_id": "x", "sam')
+    end = Forensics(Paths(board.root)).start(89.0, 79.0, now=1.0)
+    assert end is not None and end.ended == "unknown"
