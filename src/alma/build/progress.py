@@ -27,8 +27,10 @@ single multiline regex found interesting.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing and dataclasses cost start-up time in `python -m alma.build.progress`
+    from typing import IO, Any
 
 _RUNNING = re.compile(r"NOTE: Running (setscene task|noexec task|task) (\d+) of (\d+) \((.*)\)$")
 _SSTATE = re.compile(
@@ -48,55 +50,64 @@ _PARSED = re.compile(r"Parsing of (\d+) \.bb files complete")
 _LOGFILE = "ERROR: Logfile of failure stored in: "
 _MAX_ERRORS_KEPT = 50
 
-# Lines scan_stream must hand to feed(): the same prefixes feed() dispatches on.
-INTERESTING = re.compile(
-    rb"^(?:NOTE: Running |NOTE: Tasks Summary|NOTE: Executing Tasks|Sstate summary|Summary: |ERROR: |"
-    rb"Execution was interrupted|Parsing of |  \S|    log: ).*$",
-    re.M,
+# Lines scan_stream hands to feed(): everything feed() dispatches on except the (many)
+# "NOTE: Running [setscene] task" lines, which scan_stream counts and samples per block.
+# Anchored on the newline so the regex engine's literal-prefix search skips through a block.
+RARE = re.compile(
+    rb"\n(?:NOTE: Tasks Summary|NOTE: Executing Tasks|Sstate summary|Summary: |ERROR: |"
+    rb"Execution was interrupted|Parsing of |  \S|    log: )[^\n]*"
 )
+_B_RUNNING = b"\nNOTE: Running "
+_B_SETSCENE = b"\nNOTE: Running setscene"
 
 
-@dataclass(slots=True)
 class TaskStarted:
-    kind: str  # "task", "noexec", "setscene"
-    number: int
-    total: int
-    tid: str  # bitbake's task id: "<recipe file>:do_<task>"
+    __slots__ = ("kind", "number", "tid", "total")
+
+    def __init__(self, kind: str, number: int, total: int, tid: str) -> None:
+        self.kind = kind  # "task", "noexec", "setscene"
+        self.number = number
+        self.total = total
+        self.tid = tid  # bitbake's task id: "<recipe file>:do_<task>"
 
 
-@dataclass(slots=True)
 class Phase:
-    name: str  # "parsed", "executing"
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # "parsed", "executing"
 
 
-@dataclass(slots=True)
 class Failure:
-    tid: str
-    log: str | None
+    __slots__ = ("log", "tid")
+
+    def __init__(self, tid: str, log: str | None) -> None:
+        self.tid = tid
+        self.log = log
 
 
-@dataclass
 class Stats:
     """Everything learned from the output so far; ``summary()`` is the end-of-build view."""
 
-    task_number: int = 0
-    task_total: int = 0
-    tasks_started: int = 0
-    setscene_number: int = 0
-    setscene_total: int = 0
-    setscene_started: int = 0
-    current: str = ""
-    recipes_parsed: int | None = None
-    sstate: dict[str, int] | None = None
-    attempted: int | None = None
-    reused: int | None = None
-    failed_count: int | None = None
-    failures: dict[str, str | None] = field(default_factory=dict)  # tid -> log path
-    task_errors: list[str] = field(default_factory=list)
-    error_messages: int | None = None
-    warning_messages: int | None = None
-    interrupted: bool = False
-    lines: int = 0
+    def __init__(self) -> None:
+        self.task_number = 0
+        self.task_total = 0
+        self.tasks_started = 0
+        self.setscene_number = 0
+        self.setscene_total = 0
+        self.setscene_started = 0
+        self.current = ""
+        self.recipes_parsed: int | None = None
+        self.sstate: dict[str, int] | None = None
+        self.attempted: int | None = None
+        self.reused: int | None = None
+        self.failed_count: int | None = None
+        self.failures: dict[str, str | None] = {}  # tid -> log path
+        self.task_errors: list[str] = []
+        self.error_messages: int | None = None
+        self.warning_messages: int | None = None
+        self.interrupted = False
+        self.lines = 0
 
     def summary(self) -> dict[str, Any]:
         run = None if self.attempted is None or self.reused is None else self.attempted - self.reused
@@ -242,34 +253,86 @@ class BitbakeParser:
         return Failure(stripped, st.failures[stripped])
 
 
-def scan_stream(src: IO[bytes], tee: IO[bytes] | None = None, block: int = 1 << 20) -> BitbakeParser:
+def scan_stream(src: IO[bytes], tee: IO[bytes] | None = None, block: int = 4 << 20) -> BitbakeParser:
     """Parse a whole stream (a pipe or a recorded log), copying it to ``tee`` unchanged.
 
-    Only the lines INTERESTING matches reach ``feed``, so the per-line Python cost is paid
-    for a few percent of the lines; the rest is a C-speed regex scan over each block.
+    Per block, the rare lines (summaries, errors, failures) go through ``feed`` in order;
+    the "Running (setscene) task" lines, a third of a build's output, are counted and only
+    the block's last of each kind is parsed, since progress is a snapshot. The result is
+    the same Stats as feeding every line, except ``lines`` (not counted here).
     """
     parser = BitbakeParser()
-    feed = parser.feed
-    rest = b""
-    total_lines = 0
+    partial = b""  # the unfinished last line of the previous block
     while True:
         chunk = src.read(block)
         if not chunk:
             break
         if tee is not None:
             tee.write(chunk)
-        cut = chunk.rfind(b"\n")
-        if cut < 0:
-            rest += chunk
+        first = chunk.find(b"\n")
+        if first < 0:
+            partial += chunk
             continue
-        data = rest + chunk[: cut + 1]
-        rest = chunk[cut + 1 :]
-        total_lines += data.count(b"\n")
-        for m in INTERESTING.finditer(data):
-            feed(m.group().decode("utf-8", "replace").rstrip("\r"))
-    if rest:
-        total_lines += 1
-        for m in INTERESTING.finditer(rest):
-            feed(m.group().decode("utf-8", "replace").rstrip("\r"))
-    parser.stats.lines = total_lines
+        # the line straddling the block boundary (small), then the block in place: no copies
+        joined = b"\n" + partial + chunk[: first + 1]
+        _scan_block(parser, joined, 0, len(joined))
+        last = chunk.rfind(b"\n")
+        _scan_block(parser, chunk, first, last + 1)
+        partial = chunk[last + 1 :]
+    if partial:
+        joined = b"\n" + partial + b"\n"
+        _scan_block(parser, joined, 0, len(joined))
     return parser
+
+
+def _scan_block(parser: BitbakeParser, data: bytes, start: int, end: int) -> None:
+    """Lines of ``data[start:end]``, which starts with a newline and ends after one."""
+    feed = parser.feed
+    st = parser.stats
+    for m in RARE.finditer(data, start, end):
+        feed(m.group()[1:].decode("utf-8", "replace").rstrip("\r"))
+    setscene = data.count(_B_SETSCENE, start, end)
+    running = data.count(_B_RUNNING, start, end)
+    if setscene:
+        at = data.rfind(_B_SETSCENE, start, end) + 1
+        feed(data[at : data.index(b"\n", at)].decode("utf-8", "replace").rstrip("\r"))
+        st.setscene_started += setscene - 1
+    tasks = running - setscene
+    if tasks:
+        at = data.rfind(_B_RUNNING, start, end)
+        while data.startswith(_B_SETSCENE, at):  # the last non-setscene one
+            at = data.rfind(_B_RUNNING, start, at)
+        at += 1
+        feed(data[at : data.index(b"\n", at)].decode("utf-8", "replace").rstrip("\r"))
+        st.tasks_started += tasks - 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m alma.build.progress [--per-line] [COPY]``: parse bitbake output on stdin,
+    copy it to COPY (like the build log), print the summary as JSON on stderr.
+
+    The default reads blocks (``scan_stream``); ``--per-line`` hands every line to ``feed``
+    as ``alma build`` does through the runner's line callback.
+    """
+    import json
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    per_line = "--per-line" in args
+    args = [a for a in args if a != "--per-line"]
+    src = sys.stdin.buffer
+    with open(args[0] if args else "/dev/null", "wb") as tee:
+        if per_line:
+            parser = BitbakeParser()
+            feed = parser.feed
+            for raw in src:
+                tee.write(raw)
+                feed(raw.decode("utf-8", "replace").rstrip("\r\n"))
+        else:
+            parser = scan_stream(src, tee)
+    print(json.dumps(parser.stats.summary()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
