@@ -16,6 +16,7 @@ alma_fabric_check[doc] = "Fail the rootfs when a networkd or NetworkManager conf
 python alma_fabric_check() {
     import importlib.util
     import os
+    import sys
     tools = d.getVar('ALMA_TOOLS_DIR')
     if not tools:
         bb.fatal("alma-fabric-check: ALMA_TOOLS_DIR is not set; conf/layer.conf of meta-alma sets it")
@@ -24,6 +25,7 @@ python alma_fabric_check() {
     if spec is None or spec.loader is None or not os.path.exists(path):
         bb.fatal("alma-fabric-check: cannot load %s" % path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(mod)
     extra = (d.getVar('ALMA_FABRIC_PORTS') or '').split()
     findings = mod.scan_rootfs(d.getVar('IMAGE_ROOTFS'), extra_ports=extra)

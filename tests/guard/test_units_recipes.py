@@ -1,0 +1,257 @@
+"""The baked-in parts: units verified and scored by the real systemd-analyze, the
+watchdog drop-in, the recipes (real oelint-adv; their do_install run against this tree)
+and the image class's check on a rootfs."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import require_tool
+from support_guard import GUARD_DIR, REPO, UNITS_DIR
+
+LAYER = REPO / "layers" / "meta-alma"
+RECIPES = {
+    name: next((LAYER / "recipes-alma" / name).glob(f"{name}_*.bb"))
+    for name in ("alma-guard", "alma-health", "alma-watchdog-config", "alma-fabric-network")
+}
+BBCLASS = LAYER / "classes" / "alma-fabric-check.bbclass"
+UNITS = ["alma-guard.service", "alma-health.service", "alma-health.timer", "alma-fabric-network.service"]
+EXPOSURE_TARGET = {"alma-guard.service": 4.0, "alma-health.service": 4.0, "alma-fabric-network.service": 4.0}
+
+
+@pytest.fixture
+def unit_copies(tmp_path: Path) -> Path:
+    """The units with ExecStart pointing at this checkout (verify checks the binary exists)."""
+    for unit in UNITS:
+        text = (UNITS_DIR / unit).read_text().replace("/usr/bin/", f"{GUARD_DIR}/")
+        (tmp_path / unit).write_text(text)
+    return tmp_path
+
+
+def test_systemd_analyze_verify_is_clean(unit_copies: Path) -> None:
+    tool = require_tool("systemd-analyze")
+    r = subprocess.run(
+        [tool, "verify", "--man=no", *UNITS], cwd=unit_copies, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stdout + r.stderr
+
+
+def test_systemd_analyze_verify_catches_a_broken_unit(unit_copies: Path) -> None:
+    tool = require_tool("systemd-analyze")
+    unit = unit_copies / "alma-guard.service"
+    unit.write_text(unit.read_text().replace("WatchdogSec=10s", "WatchdogSec=ten\nRestrat=always"))
+    r = subprocess.run(
+        [tool, "verify", "--man=no", "alma-guard.service"], cwd=unit_copies, capture_output=True, text=True
+    )
+    assert "Unknown key 'Restrat'" in r.stderr and "Failed to parse sec value" in r.stderr
+
+
+def exposure(tool: str, unit: Path) -> tuple[float, str]:
+    r = subprocess.run(
+        [tool, "security", "--offline=true", "--no-pager", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    out = r.stdout + r.stderr
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", out)
+    assert m, out
+    return float(m.group(1)), out
+
+
+@pytest.mark.parametrize("unit", sorted(EXPOSURE_TARGET))
+def test_systemd_analyze_security_exposure(unit_copies: Path, unit: str) -> None:
+    tool = require_tool("systemd-analyze")
+    level, out = exposure(tool, unit_copies / unit)
+    assert level <= EXPOSURE_TARGET[unit], out
+
+
+def test_security_score_really_depends_on_the_hardening(unit_copies: Path) -> None:
+    """The score is not a constant: strip the hardening and it gets worse."""
+    tool = require_tool("systemd-analyze")
+    unit = unit_copies / "alma-health.service"
+    hardened, _ = exposure(tool, unit)
+    hardening = ("Protect", "Private", "Restrict", "SystemCall", "Capability", "NoNewPrivileges", "DynamicUser")
+    text = "\n".join(line for line in unit.read_text().splitlines() if not line.startswith(hardening))
+    unit.write_text(text + "\n")
+    weaker, _ = exposure(tool, unit)
+    assert weaker >= 7.0 > hardened
+
+
+def unit_ini(name: str) -> configparser.ConfigParser:
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment,method-assign]
+    cp.read(UNITS_DIR / name)
+    return cp
+
+
+def test_guard_unit_is_notify_with_watchdog_and_only_cap_kill() -> None:
+    s = unit_ini("alma-guard.service")["Service"]
+    assert s["Type"] == "notify" and s["WatchdogSec"] == "10s" and s["Restart"] == "always"
+    assert s["CapabilityBoundingSet"] == "CAP_KILL"
+    assert s["ReadWritePaths"] == "/sys/fs/cgroup"  # the freezer, nothing else of the system
+    assert s["ProtectSystem"] == "strict" and s["NoNewPrivileges"] == "yes"
+
+
+def test_health_timer_is_enabled_at_install() -> None:
+    t = unit_ini("alma-health.timer")
+    assert t["Install"]["WantedBy"] == "timers.target"
+    assert t["Timer"]["OnUnitActiveSec"] == "1min"
+
+
+def test_watchdog_dropin_values_are_reasoned_and_valid() -> None:
+    tool = require_tool("systemd-analyze")
+    path = UNITS_DIR / "10-alma-watchdog.conf"
+    lines = path.read_text().splitlines()
+    cp = configparser.ConfigParser(interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment,method-assign]
+    cp.read(path)
+    values = dict(cp["Manager"])
+    assert set(values) == {"RuntimeWatchdogSec", "RebootWatchdogSec"}
+    for key, val in values.items():
+        i = next(n for n, line in enumerate(lines) if line.startswith(f"{key}="))
+        assert lines[i - 1].startswith("#"), f"{key} has no reasoning next to it"
+        r = subprocess.run([tool, "timespan", val], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    spans = {k: subprocess.run([tool, "timespan", v], capture_output=True, text=True).stdout for k, v in values.items()}
+    assert "30s" in spans["RuntimeWatchdogSec"] and "2min" in spans["RebootWatchdogSec"]
+
+
+def test_oelint_adv_has_zero_findings_on_the_guard_recipes() -> None:
+    oelint = shutil.which("oelint-adv", path=str(Path(sys.executable).parent)) or require_tool("oelint-adv")
+    files = [str(p) for p in RECIPES.values()] + [str(BBCLASS)]
+    r = subprocess.run(
+        [oelint, "--release", "scarthgap", "--mode", "all", "--suppress", "oelint.vars.homepageping", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    findings = [line for line in (r.stdout + r.stderr).splitlines() if re.search(r":\d+:(error|warning|info):", line)]
+    assert r.returncode == 0 and findings == [], "\n".join(findings)
+
+
+def _do_install(recipe: Path) -> str:
+    text = recipe.read_text()
+    m = re.search(r"^do_install\(\) \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
+    assert m, recipe
+    return m.group(1)
+
+
+def run_do_install(recipe: Path, dest: Path, masked: str = "") -> None:
+    """Run a recipe's do_install with bash, the way bitbake would with these variables."""
+    env_vars = {
+        "D": str(dest),
+        "S": str(GUARD_DIR),
+        "bindir": "/usr/bin",
+        "sysconfdir": "/etc",
+        "systemd_unitdir": "/usr/lib/systemd",
+        "systemd_system_unitdir": "/usr/lib/systemd/system",
+        "PYTHON_SITEPACKAGES_DIR": "/usr/lib/python3.12/site-packages",
+        "ALMA_MASKED_SERVICES": masked,
+    }
+    body = _do_install(recipe)
+    for key, val in env_vars.items():
+        body = body.replace("${" + key + "}", val)
+    assert "${" not in body.replace("$unit", ""), f"unexpanded variable in {recipe.name}: {body}"
+    subprocess.run(["bash", "-euc", body], check=True)
+
+
+def test_recipes_install_what_the_units_need(tmp_path: Path) -> None:
+    d = tmp_path / "image"
+    masked = re.search(r'ALMA_MASKED_SERVICES \?= "([^"]*)"', (LAYER / "conf/distro/alma.conf").read_text())
+    for recipe in RECIPES.values():
+        run_do_install(recipe, d, masked.group(1) if masked else "fwupd.service")
+    units = d / "usr/lib/systemd/system"
+    assert sorted(p.name for p in units.iterdir()) == sorted(UNITS)
+    assert (d / "usr/lib/systemd/system.conf.d/10-alma-watchdog.conf").is_file()
+    for unit in UNITS:  # every ExecStart= binary is installed
+        for line in (units / unit).read_text().splitlines():
+            if line.startswith("ExecStart="):
+                assert (d / line.split("=", 1)[1].split()[0].lstrip("/")).is_file()
+    assert (d / "usr/lib/python3.12/site-packages/almaguard/guard.py").is_file()
+    for conf in ("guard.toml", "health.toml", "fabric.toml"):
+        assert (d / "etc/alma" / conf).is_file()
+    mask_dir = d / "etc/systemd/system"
+    if masked and masked.group(1).split():
+        for svc in masked.group(1).split():
+            assert (mask_dir / svc).is_symlink() and str((mask_dir / svc).readlink()) == "/dev/null"
+    # the installed layout runs: scripts find the package in site-packages
+    r = subprocess.run(
+        [sys.executable, str(d / "usr/bin/alma-health"), "--version"],
+        env={"PYTHONPATH": str(d / "usr/lib/python3.12/site-packages"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stdout.startswith("alma-health 0.1.0")
+
+
+def test_recipes_fetch_from_the_single_source() -> None:
+    for recipe in RECIPES.values():
+        text = recipe.read_text()
+        assert 'SRC_URI = "file://guard"' in text and 'FILESPATH:prepend = "${ALMA_TOOLS_DIR}:"' in text
+    layer_conf = (LAYER / "conf/layer.conf").read_text()
+    assert "ALMA_TOOLS_DIR" in layer_conf
+    assert (GUARD_DIR / "LICENSE").is_file()
+    assert not list((LAYER / "recipes-alma").rglob("*.py"))  # no copied code in the layer
+
+
+class _Fatal(Exception):
+    pass
+
+
+class _BB:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.notes: list[str] = []
+
+    def fatal(self, msg: str) -> None:
+        raise _Fatal(msg)
+
+    def error(self, msg: str) -> None:
+        self.errors.append(msg)
+
+    def note(self, msg: str) -> None:
+        self.notes.append(msg)
+
+
+class _D:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def getVar(self, name: str) -> str | None:
+        return self.values.get(name)
+
+
+def run_class_check(rootfs: Path, ports: str = "") -> _BB:
+    """Execute the class's python function body with bitbake's d and bb stood in for."""
+    text = BBCLASS.read_text()
+    m = re.search(r"^python alma_fabric_check\(\) \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
+    assert m
+    body = "\n".join(line[4:] if line.startswith("    ") else line for line in m.group(1).splitlines())
+    bb = _BB()
+    d = _D({"ALMA_TOOLS_DIR": str(REPO / "tools"), "IMAGE_ROOTFS": str(rootfs), "ALMA_FABRIC_PORTS": ports})
+    exec(compile(body, str(BBCLASS), "exec"), {"d": d, "bb": bb})
+    return bb
+
+
+def test_image_class_fails_a_rootfs_that_bridges_a_fabric_port(tmp_path: Path) -> None:
+    nd = tmp_path / "usr/lib/systemd/network"
+    nd.mkdir(parents=True)
+    (nd / "10-uplink.network").write_text("[Match]\nName=eth0\n[Network]\nDHCP=yes\n")
+    bb = run_class_check(tmp_path, "enP5*")
+    assert bb.notes == ["alma-fabric-check: no fabric port is bridged"]
+    (nd / "br.netdev").write_text("[NetDev]\nName=br0\nKind=bridge\n")
+    (nd / "20-fabric.network").write_text("[Match]\nName=enP5p1s0\n[Network]\nBridge=br0\n")
+    with pytest.raises(_Fatal, match="1 network config"):
+        run_class_check(tmp_path, "enP5*")
+
+
+def test_image_class_is_wired_into_rootfs_postprocess() -> None:
+    text = BBCLASS.read_text()
+    assert 'ROOTFS_POSTPROCESS_COMMAND += "alma_fabric_check"' in text
+    image = LAYER / "recipes-core/images/alma-image.bb"
+    if image.exists():
+        assert "alma-fabric-check" in image.read_text()
