@@ -45,10 +45,13 @@ def boards(wait: bool, timeout: float | None, usb_instance: str | None, as_json:
     timed_out = False
     try:
         if wait:
-            if not as_json:
-                where = f" at {usb_instance}" if usb_instance else ""
-                click.echo(f"waiting for a Jetson in recovery mode{where} ...", err=True)
-            found = discovery.wait_for_boards(timeout, usb_instance=usb_instance)
+            where = f" at {usb_instance}" if usb_instance else ""
+            limit = f" (up to {timeout:g} s)" if timeout is not None else ""
+
+            def listening() -> None:
+                click.echo(f"waiting for a Jetson in recovery mode{where}{limit} ...", err=True)
+
+            found = discovery.wait_for_boards(timeout, usb_instance=usb_instance, listening=listening)
             timed_out = not found
         found_all = discovery.list_boards()
     except OSError as exc:

@@ -136,6 +136,7 @@ def extract_verified(
             f"cannot read bundle {bundle}: {exc.strerror}", hint="check the path (alma verify prints it)"
         ) from exc
     total = os.fstat(raw.fileno()).st_size
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))  # mode 0700
     members = 0
     try:

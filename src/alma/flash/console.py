@@ -13,6 +13,7 @@ and only lines after ``mark()`` count: the flashing initrd prints a kernel banne
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 import time
@@ -77,7 +78,12 @@ class ConsoleWatcher:
     def _read(self) -> None:
         while not self._stop.is_set():
             try:
-                data = self._ser.read(4096)
+                # One byte (or the 0.2 s timeout), then what is already buffered, so lines get
+                # the time they arrived. Not in_waiting: its ioctl fails on some ttys (umockdev).
+                data = self._ser.read(1)
+                if data:
+                    with contextlib.suppress(BlockingIOError):  # pyserial opens O_NONBLOCK
+                        data += os.read(self._ser.fileno(), 4096)
             except (serial.SerialException, OSError) as exc:
                 with self._cond:
                     self._error = f"console {self.port} unplugged ({exc})"
@@ -113,6 +119,9 @@ class ConsoleWatcher:
         """From now on, lines count as the new system's boot."""
         with self._cond:
             self._mark = time.monotonic()
+            if self._partial:  # a half line from before the mark is old news too
+                self._lines.append((self._mark - 1e-3, _clean(self._partial.decode("utf-8", "replace"))))
+                self._partial = b""
 
     def _after_mark(self) -> list[str]:
         lines = [ln for t, ln in self._lines if t >= self._mark]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import select
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -248,11 +248,13 @@ def wait_for_boards(
     *,
     usb_instance: str | None = None,
     context: pyudev.Context | None = None,
+    listening: Callable[[], None] | None = None,
 ) -> list[UsbBoard]:
     """Boards in recovery mode, waiting for a udev ``add`` event when there is none yet.
 
     Returns an empty list when ``timeout`` passes. The monitor starts before the first
-    enumeration so a board plugged in between the two is not missed.
+    enumeration so a board plugged in between the two is not missed; ``listening`` is
+    called once nothing is there yet and the monitor is waiting.
     """
     ctx = context or pyudev.Context()
     mon = _monitor(ctx)
@@ -265,6 +267,8 @@ def wait_for_boards(
         found = wanted(list_boards(ctx))
         if found:
             return found
+        if listening is not None:
+            listening()
         for dev in _events(mon, deadline):
             if dev.action not in ("add", "bind", "change"):
                 continue

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Protocol
 
 from alma import runner, settings
-from alma.errors import Interrupted, ToolError, ToolTimeout
+from alma.errors import Interrupted, ToolError, ToolTimeout, UserError
 from alma.flash import reasons
+from alma.flash.envfile import read_env
 from alma.records import Phase
 
 BANNER = re.compile(r"^== Step (?P<n>\d+): (?P<what>.+?) at (?P<when>\S+) ==\s*$")
@@ -145,15 +146,29 @@ class InitrdFlasher:
             result = "SUCCESS"
         reason = None
         if result != "SUCCESS":
-            if result == "FAILED" and exit_code not in (0, None) and status is None:
-                pass  # the reason comes from the log below
             reason = reasons.reason_from_log(
-                all_lines, usb_instance=usb_instance, timed_out_phase=timed_out, timeout_s=timeout_s
+                all_lines,
+                usb_instance=usb_instance,
+                timed_out_phase=timed_out,
+                timeout_s=timeout_s,
+                waiting_for=_waits_for(bundle_dir, timed_out),
             )
         last = phases[-1]
         last.finished = now_iso()
         last.result = {"SUCCESS": "ok", "TIMEOUT": "timeout"}.get(result, "failed")
         return FlashOutcome(result, reason, exit_code, status, phases, host_log, device_logs, transcript)
+
+
+def _waits_for(bundle_dir: Path, phase: str | None) -> str | None:
+    """The USB storage device initrd-flash waits for in ``phase`` (see initrd-flash.sh)."""
+    if phase in ("send-commands", "final-status"):
+        return "flashpkg"
+    if phase == "flash":
+        try:
+            return read_env(bundle_dir).rootfs_device or None
+        except UserError:
+            return None
+    return None
 
 
 def collect_logs(bundle_dir: Path) -> tuple[Path | None, Path | None]:

@@ -44,7 +44,7 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     ),
 ]
 
-_WAITING = re.compile(r"Waiting for USB storage device (?P<dev>\S+) from (?P<src>\S+?)\.*(?:\.\.\.|$)")
+_WAITING = re.compile(r"Waiting for USB storage device (?P<dev>\S+) from (?P<src>[^.\s]+)\.\.\.")
 _WAIT_JETSON = re.compile(r"Waiting for Jetson to appear")
 _FINAL = re.compile(r"^Final status: (?P<status>.+?)\s*$")
 
@@ -69,6 +69,7 @@ def reason_from_log(
     usb_instance: str = "?",
     timed_out_phase: str | None = None,
     timeout_s: float | None = None,
+    waiting_for: str | None = None,
 ) -> str:
     """One line: why this flash did not succeed."""
     text = [ln.rstrip() for ln in lines if ln.strip()]
@@ -79,16 +80,23 @@ def reason_from_log(
                 return _fmt(template, m, usb_instance)
     if timed_out_phase:
         within = f" within {timeout_s:.0f} s" if timeout_s is not None else ""
+        # initrd-flash prints "Waiting for USB storage device X from S..." and its dots without a
+        # newline, so the wait in progress is usually not a complete line: a complete one that
+        # ends in "[/dev/sdX]" was resolved. The phase says what it waits for.
+        dev = waiting_for
         for line in reversed(text):
             w = _WAITING.search(line)
-            if w:
-                return (
-                    f"storage device {w['dev']} never appeared (initrd-flash kept 'Waiting for USB storage device "
-                    f"{w['dev']}' past the {timed_out_phase} phase's limit{within}); check the board's console, "
-                    "disable desktop automount, " + DIRECT_PORT
-                )
-            if _WAIT_JETSON.search(line):
-                return f"the board never showed up in recovery mode at USB {usb_instance}{within}"
+            if w and "[" not in line[w.end() :]:
+                dev = w["dev"]
+                break
+        if dev:
+            return (
+                f"storage device {dev} never appeared (initrd-flash was still 'Waiting for USB storage device "
+                f"{dev}' at the {timed_out_phase} phase's limit{within}); check the board's console, "
+                "disable desktop automount, " + DIRECT_PORT
+            )
+        if any(_WAIT_JETSON.search(line) for line in text[-3:]) or timed_out_phase == "wait-board":
+            return f"the board never showed up in recovery mode at USB {usb_instance}{within}"
         return f"no progress in phase {timed_out_phase}{within}: stopped initrd-flash"
     status = final_status(text)
     if status is not None and status != "SUCCESS":

@@ -1,0 +1,341 @@
+"""`alma flash` end to end: the real CLI under umockdev (real libudev), a real tar.gz bundle
+whose initrd-flash replays the real script's output for each outcome, real flock, real
+ptys. Each outcome is asserted in the exit code and in the flash record."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support_flash import BOOT_LOG, FLASHING_INITRD, Station, sha256
+
+from alma.records import FlashRecord, load_all, status_label
+
+NANO = "jetson-orin-nano-devkit"
+AGX = "jetson-agx-orin-devkit"
+
+
+def _flash(station: Station, *args: str, device: str = "apx-7523-orin-nano-8gb", **env: str):  # type: ignore[no-untyped-def]
+    return station.alma("flash", "--yes", "--console", "none", *args, device=device, **env)
+
+
+def _only_record(station: Station) -> dict[str, object]:
+    recs = station.records_list()
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
+def _ready(station: Station, **kw: object) -> Path:
+    b = station.bundle(**kw)
+    station.manifest(b, str(kw.get("machine", NANO)))
+    return b
+
+
+def test_success_is_exit_0_and_a_flashed_record(station: Station) -> None:
+    b = _ready(station)
+    r = _flash(station)
+    assert r.returncode == 0, r.stderr
+    rec = _only_record(station)
+    assert rec["result"] == "SUCCESS" and rec["final_status"] == "SUCCESS" and rec["exit_code"] == 0
+    assert rec["bundle_sha256"] == sha256(b)
+    assert rec["machine"] == NANO
+    assert rec["board"]["usb_instance"] == "1-3" and rec["board"]["product"] == "7523"  # type: ignore[index]
+    assert [p["name"] for p in rec["phases"]] == [  # type: ignore[union-attr]
+        "prepare",
+        "wait-board",
+        "sign",
+        "rcm-boot",
+        "send-commands",
+        "flash",
+        "final-status",
+    ]
+    assert all(p["result"] == "ok" for p in rec["phases"])  # type: ignore[union-attr,index]
+    logs = rec["logs"]
+    host_log = station.records / logs["host_log"]  # type: ignore[index,operator]
+    assert host_log.name.startswith("log.initrd-flash.") and "Final status: SUCCESS" in host_log.read_text()
+    assert any("device-logs-" in p for p in logs["device_logs"])  # type: ignore[index,union-attr]
+    assert "== Step 4: Writing partitions on internal storage device at" in r.stderr
+    # the evidence moves the label: Prototype -> Flashed (no console, so not Booted)
+    assert status_label(sha256(b), load_all(station.records)) == "Flashed"
+    assert station.leftovers() == []
+
+
+def test_final_status_failed_with_exit_0_is_a_failure(station: Station) -> None:
+    b = _ready(station, outcomes={"*": "final-failed"})
+    r = _flash(station)
+    assert r.returncode == 3
+    rec = _only_record(station)
+    assert rec["result"] == "FAILED"
+    assert rec["exit_code"] == 0  # initrd-flash said 0...
+    assert rec["final_status"] == "FAILED"  # ...but the device said FAILED
+    assert "Final status: FAILED" in str(rec["reason"]) and "exited 0" in str(rec["reason"])
+    assert status_label(sha256(b), load_all(station.records)) == "Prototype"
+
+
+def test_hang_waiting_for_storage_times_out_and_kills_the_script(station: Station, tmp_path: Path) -> None:
+    _ready(station, outcomes={"*": "hang-storage"})
+    pidfile = tmp_path / "sim.pid"
+    t0 = time.monotonic()
+    r = _flash(station, "--phase-timeout", "flash=1.5", SIM_PIDFILE=str(pidfile))
+    took = time.monotonic() - t0
+    assert r.returncode == 4, r.stderr
+    rec = _only_record(station)
+    assert rec["result"] == "TIMEOUT"
+    assert "mmcblk0 never appeared" in str(rec["reason"])
+    assert rec["phases"][-1] == {**rec["phases"][-1], "name": "flash", "result": "timeout"}  # type: ignore[index]
+    assert took < 30
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the script's whole process group was stopped
+
+
+def test_usb_write_timeout_is_named(station: Station) -> None:
+    _ready(station, outcomes={"*": "usb-write-timeout"})
+    r = _flash(station)
+    assert r.returncode == 3
+    rec = _only_record(station)
+    assert rec["result"] == "FAILED" and rec["exit_code"] == 1 and rec["final_status"] is None
+    assert "might be timeout in USB write" in str(rec["reason"])
+    assert "no hub" in str(rec["reason"])
+    assert rec["phases"][-1]["name"] == "rcm-boot" and rec["phases"][-1]["result"] == "failed"  # type: ignore[index]
+
+
+def test_board_vanishing_mid_flash(station: Station) -> None:
+    _ready(station, outcomes={"*": "vanish"})
+    r = _flash(station)
+    assert r.returncode == 3
+    rec = _only_record(station)
+    assert rec["result"] == "FAILED"
+    assert "vanished from USB mid-flash" in str(rec["reason"]) and "/dev/sdb1" in str(rec["reason"])
+    assert rec["phases"][-1]["name"] == "flash"  # type: ignore[index]
+
+
+def test_unexpected_gadget(station: Station) -> None:
+    _ready(station, outcomes={"*": "unexpected-gadget"})
+    r = _flash(station)
+    assert r.returncode == 3
+    rec = _only_record(station)
+    assert rec["final_status"] == "FAILED"
+    assert "exported flashpkg when mmcblk0 was expected" in str(rec["reason"])
+
+
+# -- refusals: exit 2, a REFUSED record, the bundle untouched, nothing unpacked left ------
+
+
+def _refused(station: Station, bundle: Path, r, says: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert says in r.stderr
+    assert "try:" in r.stderr and "Traceback" not in r.stderr
+    rec = _only_record(station)
+    assert rec["result"] == "REFUSED" and says in str(rec["reason"])
+    assert station.leftovers() == []
+    return rec
+
+
+def test_agx_bundle_on_orin_nano_is_refused_naming_both(station: Station) -> None:
+    b = _ready(station, machine=AGX)
+    digest = sha256(b)
+    r = _flash(station, "--machine", AGX)
+    rec = _refused(station, b, r, "does not fit USB 1-3")
+    assert AGX in r.stderr and "Jetson AGX Orin" in r.stderr and "Jetson Orin Nano" in r.stderr
+    assert rec["phases"] == []  # refused from the manifest, before unpacking anything
+    assert sha256(b) == digest
+
+
+def test_wrong_machine_caught_from_the_bundle_itself(station: Station) -> None:
+    """The manifest has no env_machine: the bundle's own .env.initrd-flash decides."""
+    b = station.bundle(machine=AGX)
+    mpath = station.manifest(b, AGX)
+    data = json.loads(mpath.read_text())
+    del data["facts"]["env_machine"]
+    mpath.write_text(json.dumps(data))
+    r = _flash(station, "--machine", AGX)
+    rec = _refused(station, b, r, "does not fit USB 1-3")
+    assert [p["name"] for p in rec["phases"]] == ["prepare"]  # type: ignore[union-attr,index]
+    assert rec["bundle_sha256"] == sha256(b)
+
+
+def test_hash_mismatch_is_refused(station: Station) -> None:
+    b = station.bundle()
+    station.manifest(b, sha="ab" * 32)
+    digest = sha256(b)
+    r = _flash(station)
+    rec = _refused(station, b, r, "sha256 mismatch")
+    assert rec["bundle_sha256"] == digest  # the record names what was really on disk
+    assert sha256(b) == digest
+
+
+def test_size_differs_from_manifest_is_refused_before_reading(station: Station) -> None:
+    b = _ready(station)
+    with open(b, "ab") as fh:
+        fh.write(b"\0" * 10)
+    r = _flash(station)
+    _refused(station, b, r, "not the verified bundle")
+
+
+def test_path_traversal_bundle_is_refused(station: Station) -> None:
+    import io
+    import tarfile
+
+    b = station.base / "evil.tegraflash.tar.gz"
+    with tarfile.open(b, "w:gz") as tar:
+        for name, data in ((".env.initrd-flash", b'MACHINE="jetson-orin-nano-devkit"\n'), ("../../pwned", b"x")):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    digest = sha256(b)
+    r = _flash(station, str(b), "--sha256", digest)
+    _refused(station, b, r, "climbs out with '..'")
+    assert not (station.base.parent / "pwned").exists()
+    assert sha256(b) == digest
+
+
+def test_truncated_bundle_is_refused(station: Station) -> None:
+    b = station.bundle()
+    data = b.read_bytes()
+    b.write_bytes(data[: len(data) * 2 // 3])
+    digest = sha256(b)
+    r = _flash(station, str(b), "--sha256", digest)
+    _refused(station, b, r, "truncated or corrupt")
+    assert sha256(b) == digest
+
+
+def test_locked_board_is_refused(station: Station) -> None:
+    b = _ready(station)
+    station.locks.mkdir()
+    with open(station.locks / "alma-flash-1-3.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write("4242\n")
+        fh.flush()
+        r = _flash(station)
+    _refused(station, b, r, "already being flashed")
+    assert "pid 4242" in r.stderr
+
+
+def test_no_board_is_refused_with_what_to_do(station: Station) -> None:
+    b = _ready(station)
+    r = _flash(station, device="no-nvidia")
+    _refused(station, b, r, "no Jetson in recovery mode")
+    assert "alma boards --wait" in r.stderr
+
+
+def test_no_manifest_and_no_hash_is_refused(station: Station) -> None:
+    b = station.bundle()
+    r = _flash(station, str(b))
+    _refused(station, b, r, "sha256 cannot be checked")
+
+
+def test_refuses_without_yes_when_not_a_terminal(station: Station) -> None:
+    _ready(station)
+    r = station.alma("flash", "--console", "none", device="apx-7523-orin-nano-8gb")
+    assert r.returncode == 2 and "--yes" in r.stderr
+    assert station.records_list() == []  # nothing was attempted
+
+
+# -- several boards at once ------------------------------------------------------------
+
+
+def test_all_flashes_concurrently_one_failure_does_not_stop_the_others(station: Station) -> None:
+    """three-boards: 1-3 AGX (refused: Nano bundle), 1-4 Nano (fails), 1-8.4 Nano behind a hub (ok)."""
+    b = _ready(station, outcomes={"1-4": "final-failed", "*": "success"})
+    r = _flash(station, "--all", "--json", device="three-boards", SIM_DELAY="0.3")
+    assert r.returncode == 3, r.stderr  # a failure outranks a refusal in the exit code
+    out = json.loads(r.stdout)
+    assert out["exit_code"] == 3
+    by_board = {rec["board"]["usb_instance"]: rec for rec in out["records"]}
+    assert by_board["1-3"]["result"] == "REFUSED" and "does not fit" in by_board["1-3"]["reason"]
+    assert by_board["1-4"]["result"] == "FAILED" and by_board["1-4"]["final_status"] == "FAILED"
+    assert by_board["1-8.4"]["result"] == "SUCCESS"
+    assert len(station.records_list()) == 3
+    # one extraction for all boards
+    assert r.stderr.count("bundle verified: sha256") == 1
+    assert r.stderr.count("verifying + unpacking bundle: 100%") == 1
+    # each board ran in its own directory: separate host logs
+    logs = {k: v["logs"]["host_log"] for k, v in by_board.items() if v["result"] != "REFUSED"}
+    assert len(set(logs.values())) == 2
+    # concurrently: the two flashes overlapped in time
+    p4, p8 = by_board["1-4"]["phases"], by_board["1-8.4"]["phases"]
+    assert p4[1]["started"] <= p8[-1]["finished"] and p8[1]["started"] <= p4[-1]["finished"]
+    assert status_label(sha256(b), [FlashRecord.from_dict(x) for x in station.records_list()]) == "Flashed"
+
+
+def test_several_boards_without_all_or_board_is_refused(station: Station) -> None:
+    _ready(station)
+    r = _flash(station, device="three-boards")
+    assert r.returncode == 2 and "--board USB_INSTANCE, or --all" in r.stderr
+
+
+def test_board_option_picks_one(station: Station) -> None:
+    _ready(station)
+    r = _flash(station, "--board", "1-8.4", device="three-boards")
+    assert r.returncode == 0, r.stderr
+    assert _only_record(station)["board"]["usb_instance"] == "1-8.4"  # type: ignore[index]
+
+
+# -- boot confirmation on the console ----------------------------------------------------
+
+
+def _fake_board_console(signal: Path, boot_log: bytes | None) -> tuple[str, threading.Thread, list[int]]:
+    master, slave = os.openpty()
+    port = os.ttyname(slave)
+    fds = [master, slave]
+
+    def run() -> None:
+        os.write(master, FLASHING_INITRD)  # during the flash: the initrd's kernel
+        for _ in range(600):  # wait (bounded) for the flash to end: the simulator signals it
+            if signal.exists():
+                break
+            time.sleep(0.05)
+        if boot_log is not None:
+            time.sleep(0.2)
+            os.write(master, BOOT_LOG if boot_log == b"default" else boot_log)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return port, t, fds
+
+
+@pytest.mark.parametrize("log", [b"default", None], ids=["boots", "silent"])
+def test_console_confirms_the_boot(station: Station, tmp_path: Path, log: bytes | None) -> None:
+    b = _ready(station)
+    signal = tmp_path / "rebooting"
+    port, t, fds = _fake_board_console(signal, log)
+    try:
+        r = station.alma(
+            "flash",
+            "--yes",
+            "--console",
+            port,
+            "--boot-timeout",
+            "3" if log else "1",
+            device="apx-7523-orin-nano-8gb",
+            SIM_BOOT_SIGNAL=str(signal),
+        )
+    finally:
+        t.join(timeout=5)
+        for fd in fds:
+            os.close(fd)
+    rec = _only_record(station)
+    boot = rec["boot"]
+    assert boot["console"] == port  # type: ignore[index]
+    if log:
+        assert r.returncode == 0, r.stderr
+        assert boot["seen"] is True and boot["login_prompt"] == "alma-orin login:"  # type: ignore[index]
+        assert "(aarch64-oe-linux-gcc" in boot["kernel_banner"]  # type: ignore[index] # the new kernel, not the initrd's
+        assert rec["phases"][-1]["name"] == "boot" and rec["phases"][-1]["result"] == "ok"  # type: ignore[index]
+        assert status_label(sha256(b), load_all(station.records)) == "Booted"
+    else:
+        assert r.returncode == 5
+        assert boot["seen"] is False and "silence" in boot["reason"]  # type: ignore[index]
+        assert status_label(sha256(b), load_all(station.records)) == "Flashed"
+
+
+def test_help_documents_the_exit_codes(station: Station) -> None:
+    r = station.alma("flash", "--help", device=None)
+    for code in ("0 every board flashed", "2 refused", "3 a flash failed", "4 a phase timed out", "5 flashed but"):
+        assert code in " ".join(r.stdout.split())

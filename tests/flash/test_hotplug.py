@@ -1,0 +1,58 @@
+"""Hotplug through umockdev's testbed (PyGObject) under umockdev-wrapper: `alma boards --wait`
+wakes on the udev add event of a recovery-mode board, ignores other devices, and times out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import require_tool
+
+DRIVER = Path(__file__).resolve().parent / "hotplug_driver.py"
+
+
+def _scenario(name: str) -> dict[str, object]:
+    wrapper = require_tool("umockdev-wrapper")
+    try:
+        import gi
+
+        gi.require_version("UMockdev", "1.0")
+    except (ImportError, ValueError) as exc:  # pragma: no cover - CI installs gir1.2-umockdev-1.0
+        pytest.fail(f"UMockdev GI bindings missing ({exc}): .ci/run installs gir1.2-umockdev-1.0 and PyGObject")
+    r = subprocess.run(
+        [wrapper, sys.executable, str(DRIVER), name], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_add_event_wakes_the_wait_and_a_gadget_does_not() -> None:
+    out = _scenario("add-wakes-wait")
+    (board,) = out["found"]  # type: ignore[misc]
+    assert board["product"] == "7523" and board["state"] == "recovery"
+    # the flashpkg gadget appeared 0.3 s in and did not end the wait; the board did, at once
+    assert out["waited_s"] >= 0.55  # type: ignore[operator]
+    assert out["latency_s"] < 1.0  # type: ignore[operator]
+
+
+def test_wait_times_out_with_nothing_found() -> None:
+    out = _scenario("timeout")
+    assert out["found"] == []
+    assert 0.45 <= out["waited_s"] < 3  # type: ignore[operator]
+
+
+def test_removed_board_leaves_the_listing() -> None:
+    out = _scenario("remove")
+    assert out["before"] == ["1-3"]
+    assert out["after"] == []
+    assert out["found"] == []
+
+
+def test_cli_wait_returns_when_the_board_is_plugged_in() -> None:
+    out = _scenario("cli-wait")
+    assert out["rc"] == 0
+    assert out["out"]["recovery"] == 1  # type: ignore[index]
+    assert out["out"]["boards"][0]["usb_instance"] == "1-3"  # type: ignore[index]
