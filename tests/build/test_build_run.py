@@ -68,7 +68,7 @@ def test_failed_compile_exits_with_bitbakes_code_and_lists_the_task_log(project,
     assert f"busybox_1.36.1:do_compile  log: {log}" in out
     assert "tasks: 45 attempted, 25 run, 20 reused" in out
     assert "bitbake reported 2 ERROR message(s)" in out
-    assert "bitbake exited with code 1" in err
+    assert "kas/bitbake exited with code 1" in err
     assert "try: read the failed tasks' logs" in err
     full = (project / "build" / MACHINE / "alma-build-latest.log").read_text()
     assert "| libbb/appletlib.c:42:10: fatal error" in full  # bitbake's raw output is kept
@@ -144,7 +144,7 @@ def test_check_reports_a_parse_error_with_bitbakes_exit_code(project, alma, monk
     code, out, err = alma("build", "--check")
     assert code == 1
     assert "check failed" in out
-    assert "bitbake exited with code 1" in err
+    assert "kas/bitbake exited with code 1" in err
 
 
 def test_features_are_appended_in_order(project, fakes, alma):
@@ -216,3 +216,13 @@ def test_build_dir_option_moves_everything(project, fakes, alma, tmp_path):
     assert kas["env"]["KAS_WORK_DIR"] == str(big)
     assert (big / MACHINE / "alma-build-latest.log").exists()
     assert os.path.islink(big / MACHINE / "alma-build-latest.log")
+
+
+def test_kas_failing_before_bitbake_shows_its_last_words(project, fakes, alma, monkeypatch):
+    # a config file vanishes between alma's checks and kas's: kas refuses it with exit 2
+    monkeypatch.setenv("FAKE_KAS_DROP", "1")
+    code, out, err = alma("build")
+    assert code == 2
+    assert "build failed" in out
+    assert "last output:" in out and "Configuration file not found: kas/features/vanished.yml" in out
+    assert "kas/bitbake exited with code 2" in err

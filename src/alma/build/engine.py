@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from alma.errors import Interrupted, PreflightError
 from alma.records import write_atomic
 
 LATEST = "alma-build-latest.log"
+TAIL_LINES = 15
 
 
 class Display(Protocol):
@@ -38,6 +40,7 @@ class Outcome:
     duration_s: float
     stats: Stats
     log_path: Path
+    tail: list[str] = field(default_factory=list)  # the last output lines, shown when nothing else explains a failure
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +120,10 @@ def summary_lines(out: Outcome) -> list[str]:
             lines.append(f"    {short_task(tid)}  log: {log or '(none)'}")
     if st.error_messages:
         lines.append(f"  bitbake reported {st.error_messages} ERROR message(s)")
+    if out.status == "failed" and not st.failures and out.tail:
+        # kas failed before bitbake ran (checkout, config), or bitbake failed while parsing
+        lines.append("  last output:")
+        lines += [f"    {ln}" for ln in out.tail if ln.strip()]
     lines.append(f"  full log: {out.log_path}")
     return lines
 
@@ -165,7 +172,11 @@ def execute(
     on_event = display.event
     stats = parser.stats
 
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    keep = tail.append
+
     def on_line(line: str) -> None:
+        keep(line)
         ev = feed(line)
         if ev is not None:
             on_event(ev, stats)
@@ -187,7 +198,7 @@ def execute(
         status, stats.interrupted = "interrupted", True
     finally:
         display.close()
-    out = Outcome(plan, status, code, time.monotonic() - t0, stats, log_path)
+    out = Outcome(plan, status, code, time.monotonic() - t0, stats, log_path, list(tail))
     with log_path.open("a", encoding="utf-8") as fh:
         if status == "interrupted" and code is None:
             fh.write("# alma: interrupted (Ctrl-C); bitbake was sent SIGINT and stopped\n")

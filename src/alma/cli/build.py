@@ -138,7 +138,7 @@ def build(
         )
     if out.status == "failed":
         raise ToolError(
-            f"{plan.mode} failed: bitbake exited with code {out.returncode}",
+            f"{plan.mode} failed: kas/bitbake exited with code {out.returncode}",
             returncode=out.returncode,
             log_path=str(out.log_path),
             hint=f"read the failed tasks' logs listed above; full output: {out.log_path}",
