@@ -245,11 +245,17 @@ def test_perf_item_quotes_and_units() -> None:
 
 
 def test_lower_bound_thresholds_inferred_from_report() -> None:
-    checks = [{"name": "disk", "status": "OK", "perfdata": [
-        {"label": "free_pct", "value": 30.8, "uom": "%", "warn": 10.0, "crit": 5.0, "min": 0, "max": 100},
-        {"label": "temp", "value": 50, "uom": "", "warn": 85, "crit": 95, "min": None, "max": None},
-        {"label": "psi", "value": 1, "uom": "%", "warn": 20, "crit": None, "min": 0, "max": 100},
-    ]}]  # fmt: skip
+    checks = [
+        {
+            "name": "disk",
+            "status": "OK",
+            "perfdata": [
+                {"label": "free_pct", "value": 30.8, "uom": "%", "warn": 10.0, "crit": 5.0, "min": 0, "max": 100},
+                {"label": "temp", "value": 50, "uom": "", "warn": 85, "crit": 95, "min": None, "max": None},
+                {"label": "psi", "value": 1, "uom": "%", "warn": 20, "crit": None, "min": 0, "max": 100},
+            ],
+        }
+    ]
     perf = H.parse_report(report("OK", checks=checks), NODE, now=NOW, stale_after=300).checks[0].perfdata
     assert [p.low for p in perf] == [True, False, False]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -242,3 +243,26 @@ def test_stale_report_from_the_real_tool_is_unknown(sshd: Sshd, boards: dict[str
     assert r.returncode == 3
     (n,) = json.loads(r.stdout)["nodes"]
     assert n["status"] == "UNKNOWN" and n["summary"].startswith("stale report: taken at")
+
+
+def test_control_persist_reuses_one_connection(sshd: Sshd, boards: dict[str, Path], tmp_path: Path) -> None:
+    cm = Path("/tmp") / f"alma-cm-{os.getpid()}"  # short: a unix socket path has ~100 bytes
+    f = fleet_file(tmp_path, sshd, [("node-a", "board", health_cmd(boards["ok"]))])
+    f.write_text(f.read_text().replace("[health]", f'control_persist = 20\ncontrol_dir = "{cm}"\n[health]'))
+    try:
+        for _ in range(2):
+            r = alma("fleet", "health", "--fleet", str(f), "--json", "--no-save")
+            assert r.returncode == 0, r.stdout + r.stderr
+        (sock,) = list(cm.iterdir())
+        check = subprocess.run(
+            ["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={sock}", "-O", "check", "node-a"],
+            capture_output=True,
+            text=True,
+        )
+        assert check.returncode == 0 and "Master running" in check.stderr
+    finally:
+        subprocess.run(
+            ["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={cm}/%C", "-O", "exit", "node-a"],
+            capture_output=True,
+        )
+        shutil.rmtree(cm, ignore_errors=True)

@@ -97,6 +97,10 @@ class SshConfig:
     strict_host_key_checking: str = "yes"
     connect_timeout: int = 5
     known_hosts: Path | None = None
+    # >0: reuse one connection per node (ControlMaster), kept this many seconds after use,
+    # as Ansible does; 0 (default): a fresh connection per call, nothing left running.
+    control_persist: int = 0
+    control_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -236,8 +240,20 @@ def _parse_ssh(raw: Any, src: _Source, base: Path) -> SshConfig:
     ct = raw.get("connect_timeout", 5)
     if isinstance(ct, bool) or not isinstance(ct, int) or ct <= 0:
         raise src.error(None, "[ssh] connect_timeout must be a positive integer (seconds)")
+    cp = raw.get("control_persist", 0)
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 0:
+        raise src.error(None, "[ssh] control_persist must be seconds (0 = off)")
+    unknown = sorted(set(raw) - {"config", "strict_host_key_checking", "connect_timeout", "known_hosts",
+                                 "control_persist", "control_dir"})  # fmt: skip
+    if unknown:
+        raise src.error(None, f"[ssh] unknown key(s): {', '.join(unknown)}")
     return SshConfig(
-        config=path("config"), strict_host_key_checking=policy, connect_timeout=ct, known_hosts=path("known_hosts")
+        config=path("config"),
+        strict_host_key_checking=policy,
+        connect_timeout=ct,
+        known_hosts=path("known_hosts"),
+        control_persist=cp,
+        control_dir=path("control_dir"),
     )
 
 

@@ -8,9 +8,11 @@ a shared ``Deadline`` lets Ctrl-C stop every call in flight at once.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from alma import runner, settings
 from alma.errors import ToolError, ToolNotFound, ToolTimeout
@@ -50,6 +52,16 @@ class RemoteResult:
         return f"exit {self.returncode}" + (f": {tail[-1]}" if tail else "")
 
 
+def control_dir(cfg: SshConfig) -> Path:
+    """Where ControlMaster sockets live (private: anyone who can open them uses the link)."""
+    if cfg.control_dir is not None:
+        d = cfg.control_dir
+    else:
+        d = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alma" / "ssh"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
 def ssh_argv(node: Node, command: str, cfg: SshConfig) -> list[str]:
     """The full argv; the remote command is ONE argument after ``--`` and the destination."""
     argv = [settings.tool("ssh")]
@@ -64,6 +76,13 @@ def ssh_argv(node: Node, command: str, cfg: SshConfig) -> list[str]:
     ]  # fmt: skip
     if cfg.known_hosts is not None:
         argv += ["-o", f"UserKnownHostsFile={cfg.known_hosts}"]
+    if cfg.control_persist > 0:
+        # %C (a hash of host, port, user) keeps the socket path short and unique.
+        argv += [
+            "-o", "ControlMaster=auto",
+            "-o", f"ControlPath={control_dir(cfg)}/%C",
+            "-o", f"ControlPersist={cfg.control_persist}",
+        ]  # fmt: skip
     argv += ["--", node.ssh, command]
     return argv
 

@@ -1,0 +1,45 @@
+"""CLI surface: exit codes documented in --help, option conflicts are usage errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alma.cli.main import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (
+            ["fleet", "health", "--help"],
+            ["0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN", "OK < UNKNOWN < WARNING < CRITICAL"],
+        ),
+        (["fleet", "inspect", "--help"], ["Exit codes: 0 snapshot taken", "3 at least one node could not be reached"]),
+        (["panel", "--help"], ["Exit codes: 0 page written", "leak an IP address"]),
+    ],
+)
+def test_help_documents_exit_codes(argv: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        main(argv)  # click prints help and returns (standalone_mode=False)
+    except SystemExit as exc:
+        assert exc.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for n in needles:
+        assert n in out
+
+
+def test_json_and_nagios_exclusive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "fleet.toml"
+    f.write_text('[[node]]\nname = "n1"\nrole = "board"\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "health", "--fleet", str(f), "--json", "--nagios"])
+    assert exc.value.code == 2
+    assert "exclusive" in capsys.readouterr().err
+
+
+def test_inspect_needs_a_node(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "inspect"])
+    assert exc.value.code == 2

@@ -1,0 +1,43 @@
+"""The ssh command line: never prompts, bounded, destination as written, command last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alma.fleet.inventory import Node, SshConfig, parse_fleet
+from alma.fleet.ssh import ssh_argv
+
+
+def test_argv_never_prompts_and_keeps_destination(tmp_path: Path) -> None:
+    cfg = SshConfig(config=tmp_path / "cfg", strict_host_key_checking="yes", connect_timeout=4)
+    argv = ssh_argv(Node("orin-01", "op@orin-01.lab", "board"), "alma-health --json", cfg)
+    assert argv[0] == "ssh"
+    assert argv[1:3] == ["-F", str(tmp_path / "cfg")]
+    opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    assert {"BatchMode=yes", "ConnectTimeout=4", "StrictHostKeyChecking=yes"} <= set(opts)
+    assert "-T" in argv
+    # the destination goes to ssh untouched (so ~/.ssh/config applies) after "--", and the
+    # remote command is one argument: nothing is parsed by a local shell
+    assert argv[-3:] == ["--", "op@orin-01.lab", "alma-health --json"]
+    assert not any(o.startswith("Control") for o in opts)
+
+
+def test_no_config_no_F() -> None:
+    argv = ssh_argv(Node("n", "n", "board"), "true", SshConfig())
+    assert "-F" not in argv and "StrictHostKeyChecking=yes" in argv
+
+
+def test_control_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fl = parse_fleet('[ssh]\ncontrol_persist = 30\n[[node]]\nname = "n1"\nrole = "board"\n', tmp_path / "f.toml")
+    argv = ssh_argv(fl.nodes[0], "true", fl.ssh)
+    d = tmp_path / "cache" / "alma" / "ssh"
+    assert f"ControlPath={d}/%C" in argv and "ControlPersist=30" in argv and "ControlMaster=auto" in argv
+    assert d.stat().st_mode & 0o777 == 0o700  # sockets are credentials: private directory
+
+
+def test_ssh_tool_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALMA_TOOL_SSH", "/opt/openssh/bin/ssh")
+    assert ssh_argv(Node("n", "n", "board"), "true", SshConfig())[0] == "/opt/openssh/bin/ssh"
