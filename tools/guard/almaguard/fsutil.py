@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,9 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0
     abrupt reset; the /run state file (tmpfs) does not need it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # A unique sibling name opened O_EXCL (tempfile would cost ~8 ms of imports per run).
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import fabric as fabric_mod
 from . import kmsg, thermal
 from .config import load_guard_config, load_toml_layers
 from .errors import GuardError
@@ -243,7 +241,7 @@ def check_gpu(ctx: Context) -> Check:
     cur = ctx.state.get("kmsg") or {}
     cursor = cur.get("seq") if cur.get("boot_id") == boot else None
     try:
-        records, new_cursor = kmsg.since(src, cursor)
+        records, new_cursor = kmsg.since(src, cursor, ("nvgpu", "NVRM"))
     except FileNotFoundError:
         return Check("gpu", UNKNOWN, f"no kernel log at {src}")
     except PermissionError:
@@ -349,6 +347,8 @@ def _expected_links(ctx: Context) -> tuple[dict[str, int | None], str]:
     source = []
     fpath = ctx.paths(str(c["fabric"])) if str(c["fabric"]).startswith("/") else Path(str(c["fabric"]))
     if fpath.is_file():
+        from . import fabric as fabric_mod  # ipaddress etc. only when there is a fabric
+
         fab = fabric_mod.load(fpath)
         node = fabric_mod.node_name(ctx.paths("/etc/hostname"))
         expected.update(fab.expected_speeds(node))
@@ -508,4 +508,9 @@ def report(checks: list[Check], node: str, now: float) -> dict[str, Any]:
 
 
 def hostname(paths: Paths) -> str:
-    return (read_text(paths("/etc/hostname")) or socket.gethostname()).split(".")[0]
+    name = read_text(paths("/etc/hostname"))
+    if not name:
+        import socket  # only when /etc/hostname is missing
+
+        name = socket.gethostname()
+    return name.split(".")[0]

@@ -36,8 +36,22 @@ def parse_line(line: str) -> Record | None:
         return None
 
 
-def read_records(path: Path) -> Iterator[Record]:
-    """Every record available now; PermissionError propagates (needs CAP_SYSLOG or root)."""
+def _fast(line: str, needles: tuple[str, ...]) -> Record | None:
+    """Parse only the sequence number unless the text holds a needle (the common case)."""
+    if not needles or any(n in line for n in needles):
+        return parse_line(line)
+    head, sep, _text = line.partition(";")
+    parts = head.split(",", 3)
+    if not sep or len(parts) < 3 or not parts[1].isdigit():
+        return None
+    return Record(seq=int(parts[1]), ts_usec=0, prio=0, text="")
+
+
+def read_records(path: Path, needles: tuple[str, ...] = ()) -> Iterator[Record]:
+    """Every record available now; PermissionError propagates (needs CAP_SYSLOG or root).
+
+    Records without any of ``needles`` come back with empty text (only the sequence number
+    is parsed); no needles: every record in full."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         import stat
@@ -54,7 +68,7 @@ def read_records(path: Path) -> Iterator[Record]:
                     raise
                 if not chunk:
                     return
-                rec = parse_line(chunk.decode("utf-8", "replace").split("\n", 1)[0])
+                rec = _fast(chunk.decode("utf-8", "replace").split("\n", 1)[0], needles)
                 if rec:
                     yield rec
         else:
@@ -62,20 +76,24 @@ def read_records(path: Path) -> Iterator[Record]:
                 for line in fh:
                     if line.startswith(" "):
                         continue  # dictionary continuation line
-                    rec = parse_line(line)
+                    rec = _fast(line, needles)
                     if rec:
                         yield rec
     finally:
         os.close(fd)
 
 
-def since(path: Path, cursor_seq: int | None) -> tuple[list[Record], int | None]:
-    """Records newer than ``cursor_seq`` (all when None) and the new cursor."""
+def since(path: Path, cursor_seq: int | None, needles: tuple[str, ...] = ()) -> tuple[list[Record], int | None]:
+    """Records newer than ``cursor_seq`` (all when None) and the new cursor.
+
+    With ``needles``, only records containing one of them are returned (the cursor still
+    covers every record): a full ring buffer is ~5000 records and most are not wanted.
+    """
     out: list[Record] = []
     last = cursor_seq
-    for rec in read_records(path):
+    for rec in read_records(path, needles):
         if last is None or rec.seq > last:
             last = rec.seq
-        if cursor_seq is None or rec.seq > cursor_seq:
+        if (cursor_seq is None or rec.seq > cursor_seq) and rec.text:
             out.append(rec)
     return out, last
