@@ -41,7 +41,14 @@ def test_events_and_stats_of_a_failed_run():
     p = BitbakeParser()
     events = [e for e in map(p.feed, FAILED_RUN) if e is not None]
     kinds = [type(e).__name__ for e in events]
-    assert kinds == ["Phase", "Phase", "TaskStarted", "TaskStarted", "TaskStarted", "Failure", "Failure"]
+    assert kinds == [
+        "Phase",
+        "Phase",
+        "TaskStarted",
+        "TaskStarted",
+        "TaskStarted",
+        "Failure",
+    ]  # once, not again in the summary
     assert isinstance(events[0], Phase) and events[0].name == "parsed"
     ss = events[2]
     assert isinstance(ss, TaskStarted) and (ss.kind, ss.number, ss.total) == ("setscene", 12, 645)
@@ -118,3 +125,11 @@ def test_module_runs_as_a_filter(tmp_path):
     assert res.returncode == 0
     assert copy.read_bytes() == data
     assert b'"tasks_attempted": 45' in res.stderr
+
+
+def test_failure_only_in_the_summary_list_is_still_announced():
+    # e.g. the ERROR lines went to a part of the output we did not see
+    p = BitbakeParser()
+    evs = [p.feed(x) for x in ("Summary: 1 task failed:", f"  {BB}:do_compile", f"    log: {LOG}")]
+    assert isinstance(evs[1], Failure) and evs[1].tid == f"{BB}:do_compile"
+    assert p.stats.failures == {f"{BB}:do_compile": LOG}

@@ -249,8 +249,10 @@ class BitbakeParser:
                 st.failures[self._last_failed] = stripped[len("log: ") :]
             return None
         self._last_failed = stripped
-        st.failures.setdefault(stripped, None)
-        return Failure(stripped, st.failures[stripped])
+        if stripped in st.failures:
+            return None  # already announced by "ERROR: Task (...) failed"
+        st.failures[stripped] = None
+        return Failure(stripped, None)
 
 
 def scan_stream(src: IO[bytes], tee: IO[bytes] | None = None, block: int = 4 << 20) -> BitbakeParser:
