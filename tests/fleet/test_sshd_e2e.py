@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -266,3 +267,22 @@ def test_control_persist_reuses_one_connection(sshd: Sshd, boards: dict[str, Pat
             capture_output=True,
         )
         shutil.rmtree(cm, ignore_errors=True)
+
+
+def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> None:
+    f = fleet_file(tmp_path, sshd, [("node-h1", "board", "sleep 40"), ("node-h2", "board", "sleep 40")])
+    proc = subprocess.Popen(
+        [*ALMA, "fleet", "health", "--fleet", str(f), "--no-save"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)  # both ssh calls are connected and waiting
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err
+    assert time.monotonic() - t0 < 12  # not the 20 s per-node timeout, not the 40 s sleep
+    assert out == ""  # no half table
