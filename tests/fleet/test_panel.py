@@ -177,6 +177,14 @@ def test_internal_name_in_a_check_name_is_refused(fleet: Fleet) -> None:
         P.render(fleet, snap, now=NOW)
 
 
+def test_host_named_like_a_page_word_can_still_publish(tmp_path: Path) -> None:
+    fl = parse_fleet(FLEET.replace('name = "cockpit"', 'name = "desktop"'), tmp_path / "f.toml")
+    snap = snapshot(NOW)
+    snap["nodes"][3]["name"] = "desktop"
+    html = P.render(fl, snap, now=NOW)
+    assert "Desk" in html  # the page's own word "desktop" (role column) is not a leak
+
+
 def test_autoescape(tmp_path: Path) -> None:
     fl = parse_fleet(FLEET.replace('alias = "Desk"', 'alias = "<script>alert(1)</script>"'), tmp_path / "f.toml")
     html = P.render(fl, snapshot(NOW), now=NOW)

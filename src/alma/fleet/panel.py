@@ -30,7 +30,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from alma.errors import ConfigError, UserError
 from alma.fleet.desktop import CHECK_NAME as DESKTOP_CHECK
 from alma.fleet.health import KNOWN_CHECKS, iso, parse_time, utc_now
-from alma.fleet.inventory import Fleet
+from alma.fleet.inventory import ROLES, Fleet
 from alma.fleet.severity import Severity, worst
 from alma.records import write_atomic
 
@@ -89,7 +89,22 @@ def private_names(fleet: Fleet, snapshot: dict[str, Any]) -> set[str]:
     public = {n.alias for n in fleet.nodes if n.alias}
     public |= {w for t in public_text for w in re.findall(r"[\w.-]+", t)}
     # Very short tokens ("a", "pi") would match inside ordinary words; 3+ characters only.
-    return {x for x in names if len(x) >= 3 and x not in public}
+    # The page's own fixed words ("status", "desktop", "node"...) are no secret even when a
+    # host happens to be called that: without this, a desktop named "desktop" could never
+    # publish a page.
+    vocab = _page_vocabulary()
+    return {x for x in names if len(x) >= 3 and x not in public and x.lower() not in vocab}
+
+
+def _page_vocabulary() -> set[str]:
+    env = _env()
+    assert env.loader is not None
+    words: set[str] = {r.lower() for r in ROLES} | {c.lower() for c in KNOWN_CHECKS} | {DESKTOP_CHECK}
+    words |= {s.name.lower() for s in Severity}
+    for name in ("panel.html.j2", "panel.css", "panel.js.j2"):
+        src, _, _ = env.loader.get_source(env, name)
+        words |= {w.lower() for w in re.findall(r"[A-Za-z][\w.-]*", src)}
+    return words
 
 
 def leaks(html: str, forbidden: set[str]) -> list[str]:
