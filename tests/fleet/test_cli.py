@@ -43,3 +43,19 @@ def test_inspect_needs_a_node(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["fleet", "inspect"])
     assert exc.value.code == 2
+
+
+def test_missing_ssh_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "fleet.toml"
+    f.write_text('[[node]]\nname = "n1"\nrole = "board"\n[[node]]\nname = "n2"\nrole = "board"\n')
+    monkeypatch.setenv("ALMA_TOOL_SSH", "ssh-not-installed-here")
+    snap = tmp_path / "snap.json"
+    for argv in (["fleet", "health", "--snapshot", str(snap)], ["fleet", "inspect", "n1"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--fleet", str(f)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and "try: install the OpenSSH client" in err
+    assert not snap.exists()

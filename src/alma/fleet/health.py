@@ -24,7 +24,7 @@ from alma.errors import ConfigError, Interrupted
 from alma.fleet import desktop
 from alma.fleet.inventory import Fleet, Node
 from alma.fleet.severity import Severity, worst
-from alma.fleet.ssh import RemoteResult, run_remote
+from alma.fleet.ssh import RemoteResult, require_ssh, run_remote
 from alma.records import write_atomic
 
 REPORT_SCHEMA = "alma.health/1"
@@ -261,6 +261,8 @@ def run_fleet_health(
     remote: Callable[..., RemoteResult] = run_remote,
 ) -> FleetReport:
     """Query every node in parallel, each call bounded by ``timeout`` (fleet default)."""
+    if remote is run_remote:
+        require_ssh()
     per_node = timeout if timeout is not None else fleet.timeout
     targets = list(nodes or fleet.nodes)
     cancel = runner.Deadline(None, phase="fleet health")

@@ -21,7 +21,7 @@ from alma.fleet import parsers as P
 from alma.fleet.desktop import GPU_APPS_COMMAND
 from alma.fleet.health import iso, utc_now
 from alma.fleet.inventory import Fleet, Node
-from alma.fleet.ssh import RemoteResult, run_remote
+from alma.fleet.ssh import RemoteResult, require_ssh, run_remote
 
 SCHEMA = "alma.fleet-inspect/1"
 DATE = "date -u +%Y-%m-%dT%H:%M:%SZ"
@@ -95,6 +95,8 @@ def collect(
     on_done: Callable[[str, str], None] | None = None,
 ) -> tuple[str, list[NodeInspection]]:
     """Run every allowed command on every node (in parallel) and interpret the answers."""
+    if remote is run_remote:
+        require_ssh()
     per_call = timeout if timeout is not None else fleet.timeout
     cancel = runner.Deadline(None, phase="fleet inspect")
     started = iso(clock())

@@ -52,6 +52,14 @@ class RemoteResult:
         return f"exit {self.returncode}" + (f": {tail[-1]}" if tail else "")
 
 
+def require_ssh() -> str:
+    """Fail once, up front, with an install hint, rather than once per node."""
+    try:
+        return runner.resolve(settings.tool("ssh"))
+    except ToolNotFound as exc:
+        raise ToolNotFound(exc.message, hint="install the OpenSSH client (Debian: openssh-client)") from None
+
+
 def control_dir(cfg: SshConfig) -> Path:
     """Where ControlMaster sockets live (private: anyone who can open them uses the link)."""
     if cfg.control_dir is not None:
