@@ -160,6 +160,9 @@ def board(root: Path, *, temp: float = 50.0) -> FakeBoard:
     b.set_psi(0.0, 0.0)
     b.add_watchdog()
     b.write_guard_state(shedding=False)
+    # The disk check reads the real filesystem under the tree: do not let the host's
+    # free space decide a node's colour.
+    b.write_config("health.toml", "[disk]\nwarn_pct = 0.0\ncrit_pct = 0.0\n")
     return b
 
 
