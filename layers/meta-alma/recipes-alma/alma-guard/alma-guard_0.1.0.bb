@@ -36,7 +36,9 @@ do_install() {
 PACKAGES =+ "${PN}-lib"
 FILES:${PN}-lib += "${PYTHON_SITEPACKAGES_DIR}/almaguard"
 CONFFILES:${PN} = "${sysconfdir}/alma/guard.toml"
-RDEPENDS:${PN}-lib = "python3-core python3-json python3-logging"
+# Stdlib pieces OE splits out of python3-core: calendar (datetime), socket (io), json,
+# logging, tomllib.
+RDEPENDS:${PN}-lib = "python3-core python3-datetime python3-io python3-json python3-logging python3-tomllib"
 RDEPENDS:${PN} = "${PN}-lib"
 
 # On-board only: no native or nativesdk variant.
