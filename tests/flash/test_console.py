@@ -3,13 +3,13 @@ writing to the master (ttyTCU0 boot log, garbage, silence, unplug)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-
 from support_flash import BOOT_LOG, FLASHING_INITRD
 
 from alma.flash.console import ConsoleWatcher
@@ -39,10 +39,8 @@ class FakeBoard:
     def close(self) -> None:
         for fd in (self.master, self.slave):
             if fd >= 0:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
 
 
 @pytest.fixture

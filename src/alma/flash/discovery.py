@@ -274,7 +274,7 @@ def wait_for_boards(
                 continue
             board = describe(dev)
             if board is not None and wanted([board]):
-                return wanted(list_boards(ctx)) or [board]
+                return [board]  # the caller lists again if it wants the whole bus
         return []
     finally:
         with contextlib.suppress(Exception):

@@ -47,6 +47,8 @@ def install(rules_dir: Path | None = None, group: str = GROUP) -> Path:
             f"cannot write {path}: permission denied",
             hint="sudo alma setup udev   (or: alma setup udev --print | sudo tee " + str(path) + ")",
         ) from exc
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}", hint="check --rules-dir") from exc
     return path
 
 

@@ -1,0 +1,221 @@
+"""The small parts: reasons from real initrd-flash transcripts, the .env parser, the
+bundle/board match, the flock, and the udev rules `alma setup udev` writes."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support_flash import Station
+
+from alma.errors import UserError
+from alma.flash import reasons, udev_rules
+from alma.flash.envfile import parse_env
+from alma.flash.lock import BoardLock
+from alma.flash.match import check_fits
+from alma.flash.pids import MODULES
+
+# A real transcript (OE4T/tegra-demo-distro issue 306, scarthgap, Orin Nano devkit).
+STUCK = """Starting at 2024-08-19T13:53:04-07:00
+Machine:       jetson-orin-nano-devkit
+Rootfs device: mmcblk0p1
+Found Jetson device in recovery mode at USB 1-8.4
+== Step 1: Signing binaries at 2024-08-19T13:53:05-07:00 ==
+== Step 2: Boot Jetson via RCM at 2024-08-19T13:53:18-07:00 ==
+Found Jetson device in recovery mode at USB 1-8.4
+== Step 3: Sending flash sequence commands at 2024-08-19T13:53:22-07:00 ==
+Waiting for USB storage device flashpkg from 1137aeb0.......[/dev/sda]
+Device size in blocks: 262144
+Unmounted /dev/sda.
+== Step 4: Writing partitions on internal storage device at 2024-08-19T13:53:45-07:00 ==
+""".splitlines()
+
+# tegrarcm_v2's failure in the host log (OE4T/meta-tegra issue 1824).
+USB_WRITE = """[   0.1171 ] Sending bct_br
+[   0.1213 ] ERROR: might be timeout in USB write.
+Error: Return value 3
+Command tegrarcm_v2 --instance 1-6 --new_session --chip 0x23 0 --uid --download bct_br br_bct_BR.bct
+ERR: RCM boot failed at 2025-01-29T22:07:40+01:00""".splitlines()
+
+
+def test_reason_for_a_storage_wait_that_never_ended() -> None:
+    why = reasons.reason_from_log(STUCK, timed_out_phase="flash", timeout_s=3600, waiting_for="mmcblk0")
+    assert why.startswith("storage device mmcblk0 never appeared")
+    assert "3600 s" in why and "automount" in why
+    # the resolved flashpkg wait of step 3 is not mistaken for the pending one
+    assert "flashpkg" not in why.split("(")[0]
+
+
+def test_reason_for_an_unresolved_complete_waiting_line() -> None:
+    lines = [*STUCK, "Waiting for USB storage device nvme0n1 from 1137aeb0........"]
+    why = reasons.reason_from_log(lines, timed_out_phase="flash")
+    assert why.startswith("storage device nvme0n1 never appeared")
+
+
+def test_reason_usb_write_timeout_wins() -> None:
+    why = reasons.reason_from_log(USB_WRITE, usb_instance="1-6")
+    assert "might be timeout in USB write" in why and "no hub" in why
+
+
+def test_reason_final_status_failed() -> None:
+    lines = ["== Step 5: Waiting for final status from device at x ==", "Final status: FAILED", "Host-side log: y"]
+    assert reasons.final_status(lines) == "FAILED"
+    why = reasons.reason_from_log(lines)
+    assert "Final status: FAILED" in why and "exited 0" in why
+
+
+def test_reason_no_board() -> None:
+    why = reasons.reason_from_log(["ERR: No Jetson device in recovery mode found at USB 1-8.4"], usb_instance="1-8.4")
+    assert why.startswith("no Jetson in recovery mode at USB 1-8.4")
+
+
+def test_reason_falls_back_to_the_first_err_line() -> None:
+    assert reasons.reason_from_log(["blah", "ERR: chip_info.bin_bak missing after dumping boardinfo"]) == (
+        "ERR: chip_info.bin_bak missing after dumping boardinfo"
+    )
+
+
+ENV = """FLASH_HELPER=tegra-flash-helper.sh
+BOOTDEV="nvme0n1p1"
+ROOTFS_DEVICE="nvme0n1"
+CHIPID="0x23"
+MACHINE="p3768-0000-p3767-0000"
+DEFAULTS[BOARDID]="3767"
+DEFAULTS[FAB]="300"
+ODMDATA="gbe-uphy-config-8,hsstp-lane-map-3"
+ROOTFS_IMAGE="alma-image.ext4"
+DATAFILE=""
+EXTERNAL_ROOTFS_DRIVE=1
+"""
+
+
+def test_env_is_parsed_not_executed() -> None:
+    env = parse_env(ENV + 'EVIL="$(touch /tmp/alma-pwned)"\n')
+    assert env.machine == "p3768-0000-p3767-0000"
+    assert env.chipid == "0x23" and env.rootfs_device == "nvme0n1" and env.bootdev == "nvme0n1p1"
+    assert env.defaults == {"BOARDID": "3767", "FAB": "300"}
+    assert env.payload_files() == ["alma-image.ext4"]
+    assert env.get("EVIL") == "$(touch /tmp/alma-pwned)"
+    assert not Path("/tmp/alma-pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("MACHINE=\n", "no MACHINE"), ("echo hi\n", "not a KEY=value"), ('MACHINE="unterminated\n', "quotation")],
+)
+def test_bad_env_is_a_clear_error(text: str, says: str) -> None:
+    with pytest.raises(UserError) as ei:
+        parse_env(text)
+    assert says in ei.value.message
+
+
+def test_every_orin_machine_fits_its_module_and_no_other() -> None:
+    for pid, module in MODULES.items():
+        for machine in module.machines:
+            check_fits(machine, "0x23", "0955", pid, "1-1")
+            for other_pid, other in MODULES.items():
+                if other_pid != pid and other.flashable and machine not in other.machines:
+                    with pytest.raises(UserError):
+                        check_fits(machine, "0x23", "0955", other_pid, "1-1")
+
+
+def test_mismatch_names_bundle_and_board() -> None:
+    with pytest.raises(UserError) as ei:
+        check_fits("jetson-agx-orin-devkit", "0x23", "0955", "7523", "1-8.4")
+    msg = ei.value.message
+    assert "jetson-agx-orin-devkit" in msg and "Jetson AGX Orin" in msg and "Jetson Orin Nano" in msg and "1-8.4" in msg
+
+
+def test_wrong_chip_and_old_boards_and_unknown_machines() -> None:
+    with pytest.raises(UserError, match="chip 0x19"):
+        check_fits("jetson-orin-nano-devkit", "0x19", "0955", "7523", "1-3")
+    with pytest.raises(UserError, match="supports Orin only"):
+        check_fits("jetson-orin-nano-devkit", "0x23", "0955", "7f21", "1-3")
+    with pytest.raises(UserError, match="unknown MACHINE"):
+        check_fits("my-custom-carrier", "0x23", "0955", "7523", "1-3")
+
+
+def test_lock_refuses_a_second_flasher_and_frees_on_exit(tmp_path: Path) -> None:
+    with BoardLock("1-8.4", tmp_path):
+        with pytest.raises(UserError) as ei:
+            BoardLock("1-8.4", tmp_path).acquire()
+        assert f"pid {os.getpid()}" in ei.value.message
+        BoardLock("1-3", tmp_path).acquire()  # another board is independent
+    BoardLock("1-8.4", tmp_path).acquire()  # released
+
+
+def test_lock_held_by_another_process(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from alma.flash.lock import BoardLock; "
+            f"BoardLock('1-3', Path({str(tmp_path)!r})).acquire(); print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"pid {holder.pid}"):
+            BoardLock("1-3", tmp_path).acquire()
+    finally:
+        holder.communicate("")
+    BoardLock("1-3", tmp_path).acquire()  # the flock died with its process: no stale lock
+    fd = os.open(tmp_path / "alma-flash-1-3.lock", os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
+
+# udev rules: one line per rule, KEY{attr}OP"value" pairs separated by ", "
+_PAIR = re.compile(r'^[A-Z_]+(\{[A-Za-z_]+\})?(==|!=|=|\+=|:=)"[^"]*"$')
+
+
+def test_rules_cover_every_recovery_pid_and_the_gadget() -> None:
+    text = udev_rules.render()
+    rules = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    for ln in rules:
+        for pair in ln.split(", "):
+            assert _PAIR.match(pair), (pair, ln)
+        assert 'GROUP="plugdev"' in ln and 'MODE="0660"' in ln
+    for pid in MODULES:
+        assert any(f'ATTR{{idProduct}}=="{pid}"' in ln and 'ATTR{idVendor}=="0955"' in ln for ln in rules), pid
+    assert any('ATTR{idVendor}=="1d6b"' in ln and 'ATTR{idProduct}=="0104"' in ln for ln in rules)
+    assert any('ENV{UDISKS_AUTO}="0"' in ln for ln in rules)
+
+
+def test_setup_udev_writes_atomically_where_told(station: Station, tmp_path: Path) -> None:
+    rules_dir = tmp_path / "rules.d"
+    r = station.alma("setup", "udev", "--rules-dir", str(rules_dir), device=None)
+    assert r.returncode == 0, r.stderr
+    path = rules_dir / udev_rules.RULES_NAME
+    assert path.read_text() == udev_rules.render()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in rules_dir.iterdir()] == [udev_rules.RULES_NAME]  # no temp files left
+    assert "udevadm control --reload && sudo udevadm trigger" in r.stdout
+    printed = station.alma("setup", "udev", "--print", device=None)
+    assert printed.stdout == udev_rules.render()
+
+
+def test_setup_udev_unwritable_dir_is_exit_2_with_sudo_hint(station: Station, tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        # root ignores permissions: a path under a regular file cannot be created either
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        r = station.alma("setup", "udev", "--rules-dir", str(blocker / "rules.d"), device=None)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "Not a directory" in r.stderr
+        return
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    r = station.alma("setup", "udev", "--rules-dir", str(ro), device=None)
+    assert r.returncode == 2 and "sudo alma setup udev" in r.stderr
