@@ -133,6 +133,7 @@ class Agent:
         self.hot_until: float | None = None  # heat hold-off: no work before this time
         self.coord_down_since: float | None = None
         self.coord_error = ""
+        self._coord_retry_at = 0.0
         self.pending: tuple[Lease, Outcome] | None = None  # a result the coordinator has not taken yet
         self.line = "starting"
         self.stats = {"done": 0, "failed": 0, "yields": 0, "pauses": 0, "lost": 0}
@@ -202,7 +203,8 @@ class Agent:
 
     def _step_idle(self, cond: Conditions) -> str:
         reason = self.blocking_reason(cond)
-        if self.coord_down_since is not None and reason.startswith("coordinator"):
+        if self.coord_down_since is not None and reason.startswith("coordinator") and cond.now >= self._coord_retry_at:
+            self._coord_retry_at = cond.now + 2.0  # don't hammer a coordinator that is down
             try:
                 self.backend.ping()
                 self.backend.open(self.cfg.node)
@@ -317,7 +319,13 @@ class Agent:
             self.proc.cont()
             self.log(f"job {job_id} resumed after {ago(now - (self.paused_since or now))}")
             self.paused_since = None
-        return f"running job {job_id} for {ago(now - self.started_at)}"
+        line = f"running job {job_id} for {ago(now - self.started_at)}"
+        if self.coord_down_since is not None:
+            line += (
+                f" (coordinator unreachable since {iso(self.coord_down_since)}; the lease holds until "
+                f"{iso(self.lease_valid_until)})"
+            )
+        return line
 
     def _heartbeat(self, now: float) -> None:
         assert self.lease is not None and self.proc is not None

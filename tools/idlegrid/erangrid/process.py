@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -45,9 +46,19 @@ class JobProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, sig)
 
-    def stop(self) -> None:
+    def stop(self, confirm: float = 0.1) -> bool:
+        """SIGSTOP the whole group and wait (briefly) until the kernel shows the leader
+        stopped: the signal is delivered asynchronously, and "stopped" must mean stopped."""
         self._signal(signal.SIGSTOP)
         self.stopped = True
+        deadline = time.monotonic() + confirm
+        while True:
+            state = proc_state(self.pid)
+            if state in ("T", "t", "Z", "X", ""):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
 
     def cont(self) -> None:
         self._signal(signal.SIGCONT)
