@@ -339,3 +339,58 @@ def test_help_documents_the_exit_codes(station: Station) -> None:
     r = station.alma("flash", "--help", device=None)
     for code in ("0 every board flashed", "2 refused", "3 a flash failed", "4 a phase timed out", "5 flashed but"):
         assert code in " ".join(r.stdout.split())
+
+
+def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from support import require_tool
+    from support_flash import DEVICES
+
+    _ready(station, outcomes={"*": "hang-storage"})
+    pidfile = tmp_path / "sims.pid"
+    cmd = [
+        require_tool("umockdev-run"),
+        "--device",
+        str(DEVICES / "three-boards.umockdev"),
+        "--",
+        sys.executable,
+        "-m",
+        "alma",
+        "flash",
+        "--yes",
+        "--all",
+        "--console",
+        "none",
+        "--machine",
+        NANO,
+    ]
+    # a new session stands in for the terminal: Ctrl-C signals the whole foreground group
+    proc = subprocess.Popen(
+        cmd,
+        env=station.env(SIM_PIDFILE=str(pidfile)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for _ in range(300):  # both Orin Nanos reach the endless storage wait
+            if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    results = sorted((r["board"]["usb_instance"], r["result"]) for r in station.records_list())  # type: ignore[index]
+    assert results == [("1-3", "REFUSED"), ("1-4", "INTERRUPTED"), ("1-8.4", "INTERRUPTED")]
+    for pid in map(int, pidfile.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert station.leftovers() == []

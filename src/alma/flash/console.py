@@ -183,11 +183,12 @@ def _iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def find_console(board_sys_path: str | None, context: Any = None) -> str | None:
+def find_console(board_sys_path: str | None, context: Any = None, *, only_one_ok: bool = True) -> str | None:
     """The USB serial port that most likely is this board's debug UART, or None.
 
     Prefers a USB serial device on the same hub as the board (one station slot: board and
-    its UART adapter side by side); otherwise the only USB serial device on the host.
+    its UART adapter side by side); otherwise, when ``only_one_ok`` (a single board is being
+    flashed), the only USB serial device on the host.
     """
     import pyudev
 
@@ -205,4 +206,4 @@ def find_console(board_sys_path: str | None, context: Any = None) -> str | None:
         near = [node for node, usb_path in ttys if str(Path(usb_path).parent) == hub]
         if len(near) == 1:
             return near[0]
-    return ttys[0][0] if len(ttys) == 1 else None
+    return ttys[0][0] if only_one_ok and len(ttys) == 1 else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -71,9 +72,31 @@ class FlashEvent:
 
 
 class Flasher(Protocol):
-    """What ``alma flash`` needs from a flash method (initrd-flash today)."""
+    """What ``alma flash`` needs from a flash method (initrd-flash today). Setting ``cancel``
+    stops a flash running in another thread (Ctrl-C during ``--all``)."""
+
+    cancel: threading.Event
 
     def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome: ...
+
+
+class _CancellableDeadline(runner.Deadline):
+    """A phase deadline that also expires at once when ``cancel`` is set: the runner then
+    stops the tool's process group, from whichever thread runs it (KeyboardInterrupt only
+    reaches the main thread)."""
+
+    def __init__(self, seconds: float | None, phase: str, cancel: threading.Event) -> None:
+        super().__init__(seconds, phase)
+        self.cancel = cancel
+
+    def remaining(self) -> float | None:
+        return 0.0 if self.cancel.is_set() else super().remaining()  # the runner polls every 0.2 s
+
+    def expired(self) -> bool:
+        if self.cancel.is_set():
+            return True
+        rem = super().remaining()
+        return rem is not None and rem <= 0
 
 
 class InitrdFlasher:
@@ -87,6 +110,7 @@ class InitrdFlasher:
         self.timeouts = {**DEFAULT_TIMEOUTS, **(timeouts or {})}
         self.extra_args = extra_args
         self.env = env
+        self.cancel = threading.Event()
 
     def command(self, bundle_dir: Path, usb_instance: str) -> list[str]:
         configured = settings.tool("initrd-flash")
@@ -96,7 +120,7 @@ class InitrdFlasher:
 
     def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome:
         phases: list[Phase] = [Phase("wait-board", now_iso())]
-        deadline = runner.Deadline(self.timeouts["wait-board"], "wait-board")
+        deadline = _CancellableDeadline(self.timeouts["wait-board"], "wait-board", self.cancel)
         lines: list[str] = []
 
         def on_line(line: str) -> None:
@@ -128,6 +152,9 @@ class InitrdFlasher:
             )
             exit_code = res.returncode
         except ToolTimeout:
+            if self.cancel.is_set():
+                phases[-1].finished, phases[-1].result = now_iso(), "failed"
+                raise Interrupted("initrd-flash: interrupted; stopped it") from None
             timed_out, timeout_s = deadline.phase, deadline.seconds
             result = "TIMEOUT"
         except Interrupted:

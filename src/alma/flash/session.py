@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,7 +252,7 @@ class FlashSession:
         phases: list[Phase] | None = None,
     ) -> FlashRecord:
         return FlashRecord(
-            board=board.record_board() if board else {"usb_instance": self.opts.board},
+            board=board.record_board() if board else ({"usb_instance": self.opts.board} if self.opts.board else {}),
             bundle_sha256=sha256 or (choice.expected_sha256 if choice else ""),
             bundle_path=str(choice.path if choice else (self.opts.bundle or "")),
             machine=machine or (choice.machine if choice else None) or self.opts.machine or "unknown",
@@ -348,6 +348,13 @@ class FlashSession:
                     choice.expected_sha256,
                     progress=lambda done, total: self._emit("prepare", {"done": done, "total": total}),
                 )
+            except KeyboardInterrupt:
+                prep_phase.finished, prep_phase.result = now_iso(), "failed"
+                for b in boards:
+                    rec = self._record(b, choice, started, "INTERRUPTED", reason="interrupted while unpacking")
+                    rec.phases = [prep_phase]
+                    self._save(BoardRun(b, rec))
+                raise Interrupted("interrupted while unpacking the bundle; nothing was flashed") from None
             except UserError as exc:
                 prep_phase.finished, prep_phase.result = now_iso(), "failed"
                 sha = _actual_sha(exc.message)
@@ -379,9 +386,27 @@ class FlashSession:
             if len(ok) == 1:
                 runs.append(self._flash_one(ok[0], prepared, choice, started, prep_phase, work))
             else:
-                with ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash") as pool:
-                    futures = [pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work) for b in ok]
-                    runs += [f.result() for f in futures]
+                pool = ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash")
+                futures = [pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work) for b in ok]
+                try:
+                    wait(futures)
+                except KeyboardInterrupt:
+                    # Ctrl-C reaches only this thread: tell every flasher to stop its tool
+                    self.flasher.cancel.set()
+                    wait(futures)
+                finally:
+                    pool.shutdown(wait=True)
+                interrupted = False
+                for f in futures:
+                    exc = f.exception()
+                    if isinstance(exc, Interrupted):
+                        interrupted = True
+                    elif exc is not None:
+                        raise exc
+                    else:
+                        runs.append(f.result())
+                if interrupted:
+                    raise Interrupted("interrupted: every initrd-flash was stopped (see the flash records)")
             if bundles.shared_payload_state(prepared) != before:
                 self._emit("warning", {"message": "a shared payload changed during the flash (hard-linked copy)"})
             return runs
@@ -406,7 +431,7 @@ class FlashSession:
         watcher: ConsoleWatcher | None = None
         port = self.opts.console
         if port == "auto":
-            port = find_console(board.sys_path or None, self.ctx)
+            port = find_console(board.sys_path or None, self.ctx, only_one_ok=not self.opts.all_boards)
             if port is None:
                 self._emit(
                     "warning", {"message": f"{board.usb_instance}: no USB serial console found; boot not watched"}
