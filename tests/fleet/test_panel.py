@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import REPO, require_tool
 
 from alma.fleet import panel as P
@@ -387,3 +389,15 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=10)
     assert proc.returncode == 0
+
+
+@given(
+    ip=st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
+    before=st.sampled_from(["", "node at ", "(", "x "]),
+    after=st.sampled_from(["", " is down", ")", ".", ", next"]),
+)
+@settings(max_examples=200, deadline=None)
+def test_any_ip_in_published_text_is_refused(ip: str, before: str, after: str) -> None:
+    fl = parse_fleet(FLEET.replace("ALMA-OS lab status", f"{before}{ip}{after}"), Path("/nonexistent/fleet.toml"))
+    with pytest.raises(P.LeakError):
+        P.render(fl, snapshot(NOW), now=NOW)

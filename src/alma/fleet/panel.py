@@ -36,7 +36,9 @@ from alma.records import write_atomic
 
 PAGE = "index.html"
 _CHECK_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
-_IPV4_CAND = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.])")
+# A sentence may end right after an address ("down at 10.0.0.1."): only a digit, or a dot
+# followed by a digit, continues a number.
+_IPV4_CAND = re.compile(r"(?<!\d)(?<!\d\.)\d{1,3}(?:\.\d{1,3}){3}(?!\d|\.\d)")
 _IPV6_CAND = re.compile(r"(?<![0-9A-Za-z:])[0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*(?![0-9A-Za-z:])")
 CSS_CLASS = {
     Severity.OK: "st-ok",
@@ -60,7 +62,7 @@ def find_ips(text: str) -> list[str]:
         except ValueError:
             pass
     for m in _IPV6_CAND.finditer(text):
-        cand = m.group(0)
+        cand = m.group(0).rstrip(".")
         try:
             ipaddress.IPv6Address(cand)
             found.append(cand)
