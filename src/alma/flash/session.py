@@ -398,11 +398,11 @@ class FlashSession:
                     pool.shutdown(wait=True)
                 interrupted = False
                 for f in futures:
-                    exc = f.exception()
-                    if isinstance(exc, Interrupted):
+                    failure = f.exception()
+                    if isinstance(failure, Interrupted):
                         interrupted = True
-                    elif exc is not None:
-                        raise exc
+                    elif failure is not None:
+                        raise failure
                     else:
                         runs.append(f.result())
                 if interrupted:
