@@ -213,29 +213,36 @@ class _Display:
             self.live = None
 
 
+def _short(module: str) -> str:
+    """'Jetson Orin Nano 8GB / devkit (P3767-0003/-0005)' -> 'Orin Nano 8GB / devkit'."""
+    return module.removeprefix("Jetson ").split(" (")[0]
+
+
 def _summary(runs: list[BoardRun]) -> None:
     rows = []
     for r in runs:
         rec = r.record
-        boot = "-" if rec.boot is None else ("booted" if rec.boot.seen else f"not seen ({rec.boot.reason})")
+        boot = "-" if rec.boot is None else ("booted" if rec.boot.seen else f"not seen: {rec.boot.reason}")
         rows.append(
             (
                 str(rec.board.get("usb_instance") or "-"),
-                str(rec.board.get("module") or "-"),
+                _short(str(rec.board.get("module") or "-")),
                 rec.result,
                 rec.final_status or "-",
                 boot,
                 rec.reason or "",
-                str(r.path or ""),
             )
         )
+    where = sorted({str(r.path.parent) for r in runs if r.path is not None})
     if is_tty():
         from rich.table import Table
 
-        table = Table("board", "module", "result", "final status", "boot", "reason", "record")
+        table = Table("board", "module", "result", "final status", "boot", "reason")
         for row in rows:
             table.add_row(*row)
         console().print(table)
-        return
-    for row in rows:
-        click.echo("\t".join(row))
+    else:
+        for row in rows:
+            click.echo("\t".join(row))
+    for d in where:
+        click.echo(f"flash records: {d}", err=True)
