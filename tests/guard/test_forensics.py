@@ -116,3 +116,15 @@ def test_torn_ring_file_is_not_fatal(board: FakeBoard) -> None:
     (lib / "ring.json").write_text('{"schema": "alma.guard-ring/1", "boot_id": "x", "sam')
     end = Forensics(Paths(board.root)).start(89.0, 79.0, now=1.0)
     assert end is not None and end.ended == "unknown"
+
+
+def test_unwritable_state_dir_does_not_stop_the_guard(board: FakeBoard, caplog: pytest.LogCaptureFixture) -> None:
+    board.p("/var/lib").mkdir(parents=True, exist_ok=True)
+    board.p("/var/lib/alma-guard").write_text("a file where the directory should be")
+    f = Forensics(Paths(board.root), every_s=0.0)
+    with caplog.at_level("ERROR"):
+        f.start(89.0, 79.0, now=1.0)
+        for i in range(5):
+            f.sample(2.0 + i, 50.0, "tj-thermal", False)
+        f.clean_stop(now=10.0)
+    assert caplog.text.count("reset forensics are off") == 1  # said once, not every poll

@@ -317,6 +317,12 @@ def test_slice_paths_follow_systemd_nesting(tmp_path: Path) -> None:
     assert slice_path(tmp_path, "a-b-c.slice") == tmp_path / "a.slice/a-b.slice/a-b-c.slice"
     assert slice_path(tmp_path, "work.slice") == tmp_path / "work.slice"
     assert slice_path(tmp_path, "/custom/group") == tmp_path / "custom/group"
+    # a hybrid v1/v2 system keeps the v2 hierarchy under unified/
+    (tmp_path / "unified").mkdir()
+    (tmp_path / "unified" / "cgroup.controllers").write_text("cpu io memory pids\n")
+    assert slice_path(tmp_path, "alma-work.slice") == tmp_path / "unified/alma.slice/alma-work.slice"
+    (tmp_path / "cgroup.controllers").write_text("cpu io memory pids\n")  # unified at the top wins
+    assert slice_path(tmp_path, "alma-work.slice") == tmp_path / "alma.slice/alma-work.slice"
 
 
 def test_pauser_with_no_slice_yet_pauses_it_when_it_appears(

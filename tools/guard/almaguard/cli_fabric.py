@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import __version__, netcheck
+from . import __version__, logsetup, netcheck
 from .errors import GuardError
 from .fabric import NETWORK_PREFIX, load, node_name
 from .fsutil import write_atomic
@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             print(f"  try: {exc.hint}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        logsetup.silence_stdout()
+        return 0
     except OSError as exc:
         print(f"alma-fabric: error: {exc}", file=sys.stderr)
         return 2

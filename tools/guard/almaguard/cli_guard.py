@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -83,16 +84,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        logsetup.silence_stdout()
+        return 0
 
 
 def _run(cfg: GuardConfig, paths: Paths, polls: int | None) -> int:
     try:
         paths.guard_run.mkdir(parents=True, exist_ok=True)
-        paths.guard_lib.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise GuardError(
             f"cannot create {exc.filename}: {exc.strerror}", hint="run as root, or under the alma-guard.service unit"
         ) from exc
+    try:
+        paths.guard_lib.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # Guarding matters more than forensics: carry on, Forensics logs each failed write.
+        logging.getLogger("alma-guard").error("cannot create %s: %s", exc.filename, exc.strerror)
     guard = Guard(cfg, paths, notifier=Notifier(), forensics=Forensics(paths, cfg.ring_every_s))
     return guard.run(max_polls=polls)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         return CODES[UNKNOWN]
     except KeyboardInterrupt:
         return 130
-    if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        print(status_line(checks))
+    try:
+        if args.json:
+            print(json.dumps(rep, indent=1))
+        else:
+            print(status_line(checks))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`alma-health | head -1`): the verdict still stands.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return int(rep["code"])

@@ -18,12 +18,14 @@ drivers/soc/tegra/pmc.c exposes ``reset_reason``/``reset_level`` on the PMC devi
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from .fsutil import iso, read_json, read_text, write_json
 from .paths import Paths
 
+log = logging.getLogger("alma-guard")
 RING_SCHEMA = "alma.guard-ring/1"
 HISTORY_SCHEMA = "alma.guard-resets/1"
 RING_SIZE = 32
@@ -194,6 +196,7 @@ class Forensics:
         self.ring: dict[str, Any] = {}
         self._interval_max: tuple[float, str] | None = None
         self._last_flush = float("-inf")
+        self._write_failed = False
 
     # -- start of a guard run ----------------------------------------------------------
     def start(self, shed_c: float | None, resume_c: float | None, now: float) -> Ending | None:
@@ -216,7 +219,7 @@ class Forensics:
             }
         self.ring["shed_c"] = shed_c
         self.ring["resume_c"] = resume_c
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             self.marker_file.unlink()  # a marker only ever speaks for the stop that wrote it
         self.flush(now)
         return ending
@@ -228,10 +231,11 @@ class Forensics:
     def _append_history(self, ending: Ending) -> None:
         hist = self.history()
         hist.append(ending)
-        write_json(
-            self.history_file,
-            {"schema": HISTORY_SCHEMA, "boots": [e.to_json() for e in hist[-HISTORY_SIZE:]]},
-        )
+        data = {"schema": HISTORY_SCHEMA, "boots": [e.to_json() for e in hist[-HISTORY_SIZE:]]}
+        try:
+            write_json(self.history_file, data)
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.history_file, exc.strerror)
 
     def history(self) -> list[Ending]:
         data = read_json(self.history_file)
@@ -257,12 +261,23 @@ class Forensics:
 
     def flush(self, now: float) -> None:
         self._last_flush = now
-        write_json(self.ring_file, self.ring, durable=True)
+        try:
+            write_json(self.ring_file, self.ring, durable=True)
+        except OSError as exc:
+            # A full or read-only /var must not stop the guard from guarding: say it once.
+            if not self._write_failed:
+                log.error("cannot write %s: %s (reset forensics are off)", self.ring_file, exc.strerror)
+            self._write_failed = True
+        else:
+            self._write_failed = False
 
     def clean_stop(self, now: float) -> None:
         """The guard is being stopped in order: flush the ring, then write the marker."""
         self.sample(now, None, None, False, force=True)
-        write_json(self.marker_file, {"boot_id": self.boot_id, "t": iso(now)}, durable=True)
+        try:
+            write_json(self.marker_file, {"boot_id": self.boot_id, "t": iso(now)}, durable=True)
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.marker_file, exc.strerror)
 
 
 def pending_ending(paths: Paths, now: float) -> Ending | None:

@@ -17,6 +17,14 @@ from pathlib import Path
 from .fsutil import read_json, read_text, write_json
 
 
+def cgroup2_root(cgroup_root: Path) -> Path:
+    """Where the cgroup v2 hierarchy is: ``/sys/fs/cgroup`` (unified, systemd's default),
+    or ``/sys/fs/cgroup/unified`` on a hybrid v1/v2 system."""
+    if not (cgroup_root / "cgroup.controllers").exists() and (cgroup_root / "unified" / "cgroup.controllers").exists():
+        return cgroup_root / "unified"
+    return cgroup_root
+
+
 def slice_path(cgroup_root: Path, unit: str) -> Path:
     """The cgroup directory systemd uses for a slice.
 
@@ -24,6 +32,7 @@ def slice_path(cgroup_root: Path, unit: str) -> Path:
     ``/sys/fs/cgroup/alma.slice/alma-work.slice``. A value with a slash is taken as a
     cgroup path relative to the root instead.
     """
+    cgroup_root = cgroup2_root(cgroup_root)
     if "/" in unit:
         return cgroup_root / unit.strip("/")
     if not unit.endswith(".slice"):
