@@ -128,3 +128,22 @@ def test_unwritable_state_dir_does_not_stop_the_guard(board: FakeBoard, caplog: 
             f.sample(2.0 + i, 50.0, "tj-thermal", False)
         f.clean_stop(now=10.0)
     assert caplog.text.count("reset forensics are off") == 1  # said once, not every poll
+
+
+def test_guard_start_warns_about_a_death_below_the_threshold(
+    board: FakeBoard, caplog: pytest.LogCaptureFixture
+) -> None:
+    from almaguard.config import GuardConfig
+    from almaguard.guard import Guard
+    from support_guard import orin_zones
+
+    orin_zones(board, 40.0)
+    lib = board.p("/var/lib/alma-guard")
+    lib.mkdir(parents=True)
+    (lib / "ring.json").write_text(json.dumps(ring(84.5, boot="previous-boot")))
+    paths = Paths(board.root)
+    guard = Guard(GuardConfig(), paths, forensics=Forensics(paths))
+    with caplog.at_level("WARNING"):
+        assert guard.run(max_polls=1) == 0
+    assert "previous boot previous-boot ended: thermal" in caplog.text
+    assert "the board reset at 84.5 C (tj-thermal, boot previous), below the shed threshold 89.0 C" in caplog.text

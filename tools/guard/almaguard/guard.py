@@ -25,7 +25,7 @@ from typing import Any
 
 from . import thermal
 from .config import GuardConfig, Thresholds
-from .forensics import Forensics
+from .forensics import Forensics, died_below
 from .fsutil import iso, write_json
 from .notify import Notifier
 from .paths import Paths
@@ -207,6 +207,16 @@ class Guard:
                 ending = self.forensics.start(self.min_shed_c, self.min_resume_c, self.wall())
             if ending is not None:
                 log.warning("previous boot %s ended: %s (%s)", ending.boot_id, ending.ended, "; ".join(ending.evidence))
+            if self.forensics is not None and self.min_shed_c is not None:
+                for e in died_below(self.forensics.history(), self.min_shed_c):
+                    log.warning(
+                        "the board reset at %.1f C (%s, boot %s), below the shed threshold %.1f C that was supposed "
+                        "to protect it: set measured_reset_c in /etc/alma/guard.d/50-board.toml",
+                        e.last_max_c,
+                        e.last_zone,
+                        e.boot_id[:8],
+                        self.min_shed_c,
+                    )
             summary = ", ".join(f"{n} shed {t.shed_c:.1f}/resume {t.resume_c:.1f}" for n, t in self.thresholds.items())
             log.info("guarding %s: %s", self.cgroup, summary or "NO ZONES FOUND (fail closed)")
             self.step(now)
