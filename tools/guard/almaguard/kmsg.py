@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,12 +74,23 @@ def read_records(path: Path, needles: tuple[str, ...] = ()) -> Iterator[Record]:
                     yield rec
         else:
             with os.fdopen(os.dup(fd), "r", encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if line.startswith(" "):
-                        continue  # dictionary continuation line
-                    rec = _fast(line, needles)
-                    if rec:
-                        yield rec
+                lines = fh.read().splitlines()
+            # Dictionary continuation lines start with a space; find the newest record for
+            # the cursor, then parse only the lines that can matter (C-speed filtering).
+            last = next((ln for ln in reversed(lines) if ln and not ln.startswith(" ")), None)
+            if needles:
+                pat = re.compile("|".join(map(re.escape, needles)))
+                wanted = [ln for ln in lines if pat.search(ln) and not ln.startswith(" ")]
+            else:
+                wanted = [ln for ln in lines if ln and not ln.startswith(" ")]
+            for line in wanted:
+                rec = parse_line(line)
+                if rec:
+                    yield rec
+            if last is not None and (not wanted or wanted[-1] is not last):
+                rec = _fast(last, ())
+                if rec:
+                    yield Record(rec.seq, rec.ts_usec, rec.prio, "")  # only moves the cursor
     finally:
         os.close(fd)
 
