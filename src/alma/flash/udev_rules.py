@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from alma import runner, settings
-from alma.errors import UserError
+from alma.errors import ToolError, UserError
 from alma.flash.pids import GADGET_PRODUCT, GADGET_VENDOR, MODULES, NVIDIA_VENDOR
 from alma.records import write_atomic
 
@@ -55,5 +55,12 @@ def install(rules_dir: Path | None = None, group: str = GROUP) -> Path:
 def reload_udev() -> None:
     """``udevadm control --reload`` then ``udevadm trigger`` through the runner."""
     udevadm = settings.tool("udevadm")
-    runner.run([udevadm, "control", "--reload"], timeout=30)
-    runner.run([udevadm, "trigger", "--subsystem-match=usb", "--action=add"], timeout=60)
+    try:
+        runner.run([udevadm, "control", "--reload"], timeout=30)
+        runner.run([udevadm, "trigger", "--subsystem-match=usb", "--action=add"], timeout=60)
+    except ToolError as exc:
+        raise ToolError(
+            f"{exc.message} (the rules file is written; only the reload failed)",
+            returncode=exc.returncode,
+            hint="is systemd-udevd running? then: sudo udevadm control --reload && sudo udevadm trigger",
+        ) from exc
