@@ -219,3 +219,75 @@ def test_setup_udev_unwritable_dir_is_exit_2_with_sudo_hint(station: Station, tm
     ro.mkdir(mode=0o555)
     r = station.alma("setup", "udev", "--rules-dir", str(ro), device=None)
     assert r.returncode == 2 and "sudo alma setup udev" in r.stderr
+
+
+# -- which bundle, which hash ------------------------------------------------------------
+
+
+def _opts(station: Station, **kw: object):  # type: ignore[no-untyped-def]
+    from alma.flash.session import FlashOptions
+
+    return FlashOptions(root=station.root, **kw)  # type: ignore[arg-type]
+
+
+def test_bundle_comes_from_the_only_manifest(station: Station) -> None:
+    from support_flash import sha256
+
+    from alma.flash.session import resolve_bundle
+
+    b = station.bundle()
+    station.manifest(b)
+    choice = resolve_bundle(_opts(station))
+    assert choice.path == b and choice.expected_sha256 == sha256(b) and choice.machine == "jetson-orin-nano-devkit"
+
+
+def test_several_manifests_need_machine_or_a_bundle_path(station: Station) -> None:
+    from alma.flash.session import resolve_bundle
+
+    nano = station.bundle("n")
+    agx = station.bundle("a", machine="jetson-agx-orin-devkit")
+    station.manifest(nano)
+    station.manifest(agx, "jetson-agx-orin-devkit")
+    with pytest.raises(UserError, match="several facts manifests fit"):
+        resolve_bundle(_opts(station))
+    assert resolve_bundle(_opts(station, machine="jetson-agx-orin-devkit")).path == agx
+    # an explicit bundle finds its manifest by path
+    assert resolve_bundle(_opts(station, bundle=nano)).machine == "jetson-orin-nano-devkit"
+
+
+def test_relative_bundle_path_is_relative_to_the_repo(station: Station) -> None:
+    import json as _json
+
+    from alma.flash.session import resolve_bundle
+
+    b = station.bundle()
+    m = station.manifest(b)
+    data = _json.loads(m.read_text())
+    rel = os.path.relpath(b, station.root)
+    data["facts"]["bundle_path"]["value"] = rel
+    m.write_text(_json.dumps(data))
+    assert resolve_bundle(_opts(station)).path.resolve() == b.resolve()
+
+
+def test_sha256_option_must_agree_with_the_manifest(station: Station) -> None:
+    from alma.flash.session import resolve_bundle
+
+    b = station.bundle()
+    station.manifest(b)
+    with pytest.raises(UserError, match="contradicts the facts manifest"):
+        resolve_bundle(_opts(station, sha256="00" * 32))
+
+
+def test_manifest_without_bundle_hash_is_refused(station: Station) -> None:
+    import json as _json
+
+    from alma.flash.session import resolve_bundle
+
+    b = station.bundle()
+    m = station.manifest(b)
+    data = _json.loads(m.read_text())
+    data["facts"]["bundle_sha256"]["value"] = None
+    m.write_text(_json.dumps(data))
+    with pytest.raises(UserError) as ei:
+        resolve_bundle(_opts(station))
+    assert "bundle_sha256 is empty" in ei.value.message and "alma verify" in str(ei.value.hint)
