@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -140,6 +141,47 @@ def scenario_poll_loop() -> dict[str, object]:
     while not discovery.recovery_boards():
         time.sleep(1.0)
     return {"latency_s": time.monotonic() - stamps["added"]}
+
+
+def scenario_flash_vanish() -> dict[str, object]:
+    """The board is unplugged during step 4; initrd-flash waits forever for its storage.
+    The record must say the board vanished (udev saw it go), not only that storage never came."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: support_flash
+    from support_flash import Station, sha256
+
+    from alma.flash.session import FlashOptions, FlashSession
+
+    tb = UMockdev.Testbed.new()
+    host_only(tb)
+    syspath = _add(tb, _blocks("apx-7523-orin-nano-8gb")[2])
+    unplug = os.environ.get("UNPLUG", "1") == "1"
+    st = Station(Path(tempfile.mkdtemp(prefix="vanish-")))
+    b = st.bundle(outcomes={"*": "hang-storage"})
+    opts = FlashOptions(
+        bundle=b,
+        sha256=sha256(b),
+        board="1-3",
+        console=None,
+        timeouts={"flash": 4.0},
+        work_dir=st.work,
+        records_dir=st.records,
+        lock_dir=st.locks,
+        root=st.root,
+    )
+
+    def on_event(kind: str, data: dict[str, object]) -> None:
+        ev = data.get("event")
+        if unplug and kind == "line" and getattr(ev, "banner", False) and getattr(ev, "phase", "") == "flash":
+            threading.Thread(target=lambda: (time.sleep(0.3), _remove(tb, syspath)), daemon=True).start()
+
+    try:
+        runs = FlashSession(opts, on_event=on_event).run()
+    finally:
+        shutil.rmtree(st.base, ignore_errors=True)
+    rec = runs[0].record
+    return {"result": rec.result, "reason": rec.reason, "phases": [p.name for p in rec.phases]}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ wakes on the udev add event of a recovery-mode board, ignores other devices, and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from support import require_tool
 DRIVER = Path(__file__).resolve().parent / "hotplug_driver.py"
 
 
-def _scenario(name: str) -> dict[str, object]:
+def _scenario(name: str, **env: str) -> dict[str, object]:
     wrapper = require_tool("umockdev-wrapper")
     try:
         import gi
@@ -23,7 +24,12 @@ def _scenario(name: str) -> dict[str, object]:
     except (ImportError, ValueError) as exc:  # pragma: no cover - CI installs gir1.2-umockdev-1.0
         pytest.fail(f"UMockdev GI bindings missing ({exc}): .ci/run installs gir1.2-umockdev-1.0 and PyGObject")
     r = subprocess.run(
-        [wrapper, sys.executable, str(DRIVER), name], capture_output=True, text=True, timeout=60, check=False
+        [wrapper, sys.executable, str(DRIVER), name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **env},
     )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -56,3 +62,14 @@ def test_cli_wait_returns_when_the_board_is_plugged_in() -> None:
     assert out["rc"] == 0
     assert out["out"]["recovery"] == 1  # type: ignore[index]
     assert out["out"]["boards"][0]["usb_instance"] == "1-3"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("unplug", [True, False], ids=["unplugged", "stays"])
+def test_board_vanishing_during_the_flash_is_named_from_udev(unplug: bool) -> None:
+    """initrd-flash only ever says 'Waiting for USB storage device'; udev says why."""
+    out = _scenario("flash-vanish", UNPLUG="1" if unplug else "0")
+    assert out["result"] == "TIMEOUT"
+    assert out["phases"][-1] == "flash"  # type: ignore[index]
+    reason = str(out["reason"])
+    assert "storage device mmcblk0 never appeared" in reason
+    assert ("vanished from USB 1-3" in reason) is unplug

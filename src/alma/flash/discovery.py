@@ -279,3 +279,47 @@ def wait_for_boards(
     finally:
         with contextlib.suppress(Exception):
             mon.stop()
+
+
+class PresenceWatch:
+    """Follows udev add/remove events at one USB port during a flash.
+
+    A board re-enumerates several times while flashing (APX -> flashpkg gadget -> exported
+    disk -> rebooted), always at the same port; only a removal that nothing replaced says
+    the board vanished (cable, power, a hub resetting).
+    """
+
+    def __init__(self, usb_instance: str, context: pyudev.Context | None = None) -> None:
+        self.usb_instance = usb_instance
+        self._ctx = context or pyudev.Context()
+        self._observer: pyudev.MonitorObserver | None = None
+        self.gone_since: float | None = None  # monotonic time of the last unreplaced removal
+        self.events: list[tuple[float, str]] = []
+
+    def _on_event(self, dev: pyudev.Device) -> None:
+        if dev.sys_name != self.usb_instance:
+            return
+        now = time.monotonic()
+        self.events.append((now, dev.action or "?"))
+        if dev.action == "remove":
+            self.gone_since = now
+        elif dev.action in ("add", "bind"):
+            self.gone_since = None
+
+    def start(self) -> PresenceWatch:
+        try:
+            mon = _monitor(self._ctx)
+            self._observer = pyudev.MonitorObserver(mon, callback=self._on_event, name=f"presence {self.usb_instance}")
+            self._observer.start()
+        except OSError:  # no udev netlink here: the log alone will have to tell
+            self._observer = None
+        return self
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.send_stop()
+            self._observer = None
+
+    def gone_for(self) -> float | None:
+        """Seconds the board has been gone from its port, or None if it is (back) there."""
+        return None if self.gone_since is None else time.monotonic() - self.gone_since

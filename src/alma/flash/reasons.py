@@ -80,6 +80,7 @@ def reason_from_log(
                 return _fmt(template, m, usb_instance)
     if timed_out_phase:
         within = f" within {timeout_s:.0f} s" if timeout_s is not None else ""
+        limit = f" ({timeout_s:.0f} s)" if timeout_s is not None else ""
         # initrd-flash prints "Waiting for USB storage device X from S..." and its dots without a
         # newline, so the wait in progress is usually not a complete line: a complete one that
         # ends in "[/dev/sdX]" was resolved. The phase says what it waits for.
@@ -92,7 +93,7 @@ def reason_from_log(
         if dev:
             return (
                 f"storage device {dev} never appeared (initrd-flash was still 'Waiting for USB storage device "
-                f"{dev}' at the {timed_out_phase} phase's limit{within}); check the board's console, "
+                f"{dev}' at the {timed_out_phase} phase's limit{limit}); check the board's console, "
                 "disable desktop automount, " + DIRECT_PORT
             )
         if any(_WAIT_JETSON.search(line) for line in text[-3:]) or timed_out_phase == "wait-board":

@@ -39,6 +39,8 @@ EXIT_TIMEOUT = 4
 EXIT_NOT_BOOTED = 5
 EXIT_INTERRUPTED = 130
 # --all: the worst outcome decides, in this order.
+# A board re-enumerates within a second or two between flash stages; gone longer = vanished.
+VANISHED_AFTER_S = 2.0
 _SEVERITY = [EXIT_INTERRUPTED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_NOT_BOOTED, EXIT_OK]
 
 
@@ -447,6 +449,7 @@ class FlashSession:
 
         rec = self._record(board, choice, started, "FAILED", sha256=prepared.sha256, machine=prepared.env.machine)
         rec.phases = [prep_phase]
+        presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
             try:
                 outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
@@ -458,8 +461,16 @@ class FlashSession:
                 )
                 self._save(BoardRun(board, rec))
                 raise
+            presence.stop()
             rec.result = outcome.result
             rec.reason = outcome.reason
+            gone = presence.gone_for()
+            if outcome.result != "SUCCESS" and gone is not None and gone >= VANISHED_AFTER_S:
+                # udev saw the board leave its port and nothing come back: that is the cause
+                rec.reason = (
+                    f"the board vanished from USB {board.usb_instance} {gone:.0f} s before the end and did not "
+                    f"come back (check the cable and the board's power); initrd-flash: {outcome.reason}"
+                )
             rec.exit_code = outcome.exit_code
             rec.final_status = outcome.final_status
             rec.phases += outcome.phases
@@ -484,6 +495,7 @@ class FlashSession:
                 rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
             return self._save(run)
         finally:
+            presence.stop()
             if watcher is not None:
                 watcher.stop()
 
