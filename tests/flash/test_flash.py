@@ -195,6 +195,32 @@ def test_path_traversal_bundle_is_refused(station: Station) -> None:
     assert sha256(b) == digest
 
 
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [("symlink", "outside the destination"), ("device", "is a device or fifo")],
+)
+def test_symlink_escape_and_device_file_bundles_are_refused(station: Station, kind: str, says: str) -> None:
+    import io
+    import tarfile
+
+    b = station.base / f"{kind}.tegraflash.tar.gz"
+    with tarfile.open(b, "w:gz") as tar:
+        env = b'MACHINE="jetson-orin-nano-devkit"\nCHIPID="0x23"\n'
+        ti = tarfile.TarInfo("./.env.initrd-flash")
+        ti.size = len(env)
+        tar.addfile(ti, io.BytesIO(env))
+        bad = tarfile.TarInfo("./initrd-flash")
+        if kind == "symlink":
+            bad.type, bad.linkname = tarfile.SYMTYPE, "../../../../usr/bin/true"
+        else:
+            bad.type, bad.devmajor, bad.devminor = tarfile.BLKTYPE, 259, 0
+        tar.addfile(bad)
+    digest = sha256(b)
+    r = _flash(station, str(b), "--sha256", digest)
+    _refused(station, b, r, says)
+    assert sha256(b) == digest
+
+
 def test_truncated_bundle_is_refused(station: Station) -> None:
     b = station.bundle()
     data = b.read_bytes()
