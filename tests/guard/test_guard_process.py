@@ -11,8 +11,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from almaguard.config import GuardConfig
@@ -68,6 +69,18 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
     s.close()
 
 
+def wait_json(path: Path, ok: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
+    """The file's JSON once ``ok`` holds (the guard signals first, then writes its state)."""
+    deadline = time.monotonic() + timeout
+    data: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        data = json.loads(path.read_text())
+        if ok(data):
+            return data
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never satisfied the condition: {data}")
+
+
 def start_guard(board: FakeBoard, notify: NotifySocket | None) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
     if notify:
@@ -120,8 +133,8 @@ def test_real_guard_notifies_pauses_resumes_and_stops_cleanly(
         board.set_temp("soc1-thermal", 95.0)
         assert wait_state(w.pid, {"T"}, 10) == "T"
         assert "shedding: soc1-thermal 95.0 C >= shed 89.0 C" in notify.wait_for("STATUS=shedding")
-        state = json.loads(board.p("/run/alma-guard/state.json").read_text())
-        assert state["shedding"] is True and "soc1-thermal" in state["reason"]
+        state = wait_json(board.p("/run/alma-guard/state.json"), lambda s: s["shedding"])
+        assert "soc1-thermal" in state["reason"]
 
         board.set_temp("soc1-thermal", 50.0)
         assert wait_state(w.pid, {"R", "S"}, 10) in {"R", "S"}

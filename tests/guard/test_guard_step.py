@@ -340,3 +340,27 @@ def test_pauser_with_no_slice_yet_pauses_it_when_it_appears(
     pauser.resume()
     assert wait_state(w.pid, RUNNING) in RUNNING
     assert not board.p("/run/alma-guard/paused.json").exists()
+
+
+def test_a_process_stopped_by_someone_else_is_left_stopped(
+    board: FakeBoard, children: list[subprocess.Popen[bytes]]
+) -> None:
+    import os
+    import signal
+
+    orin_zones(board, 95.0)
+    ours, theirs = spawn_worker(children), spawn_worker(children)
+    os.kill(theirs.pid, signal.SIGSTOP)  # e.g. its owner pressed Ctrl-Z
+    assert wait_state(theirs.pid, STOPPED) == "T"
+    board.set_slice_pids([ours.pid, theirs.pid])
+    clock = Clock()
+    guard = make_guard(board, clock, holdoff_s=1.0)
+    guard.step(clock.t)
+    assert wait_state(ours.pid, STOPPED) == "T"
+    board.set_all_temps(50.0)
+    for _ in range(3):
+        clock.t += 1.0
+        guard.step(clock.t)
+    assert wait_state(ours.pid, RUNNING) in RUNNING
+    time.sleep(0.05)
+    assert proc_state(theirs.pid) == "T"  # the guard continues only what it stopped

@@ -108,6 +108,10 @@ def test_bad_config_is_unknown_with_a_hint(board: FakeBoard) -> None:
     assert r.returncode == 3
     assert "unknown key(s) in [storm]: mcast_wrn" in r.stdout and "try:" in r.stdout
     assert "Traceback" not in r.stderr
+    rj = run_cli(board, "--json")
+    assert rj.returncode == 3
+    err = json.loads(rj.stdout)
+    assert err["status"] == "UNKNOWN" and err["code"] == 3 and "mcast_wrn" in err["error"]
     r = run_cli(board, "--bogus")
     assert r.returncode == 3
 

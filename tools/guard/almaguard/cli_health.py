@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import GuardError
+from .fsutil import iso
 from .health import CHECK_NAMES, Context, hostname, load_health_config, report, run_checks
 from .nagios import CODES, UNKNOWN, status_line
 from .paths import from_root
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except GuardError as exc:
         msg = exc.message + (f" (try: {exc.hint})" if exc.hint else "")
         if args.json:
-            print(json.dumps({"schema": "alma.health/1", "status": UNKNOWN, "code": 3, "error": msg, "checks": []}))
+            err = {"schema": "alma.health/1", "node": None, "time": iso(), "status": UNKNOWN, "code": 3}
+            print(json.dumps({**err, "error": msg, "checks": []}))
         else:
             print(f"ALMA-HEALTH UNKNOWN - {msg}")
         return CODES[UNKNOWN]

@@ -21,6 +21,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import thermal
@@ -72,7 +73,8 @@ class Guard:
         self.wall = wall
         self.notifier = notifier or Notifier(env={})
         self.cgroup = slice_path(paths.cgroup, cfg.slice)
-        self.pauser = pauser or Pauser(self.cgroup, paths.guard_run / "paused.json", paths.proc)
+        # Signals go to real processes whatever --root says, so their states come from the real /proc.
+        self.pauser = pauser or Pauser(self.cgroup, paths.guard_run / "paused.json", Path("/proc"))
         self.forensics = forensics
         self.zones: list[thermal.Zone] = []
         self.thresholds: dict[str, Thresholds] = {}

@@ -141,6 +141,8 @@ class Pauser:
         for pid in _cgroup_pids(self.cgroup):
             if pid == me or pid in self.stopped:
                 continue
+            if proc_state(self.proc, pid) in ("T", "t"):
+                continue  # stopped by someone else (a debugger, its owner): not ours to continue later
             try:
                 os.kill(pid, signal.SIGSTOP)
                 self.stopped.add(pid)
