@@ -44,7 +44,13 @@ class RecordingPauser:
         return None
 
 
-temps = st.lists(st.floats(min_value=60.0, max_value=100.0, allow_nan=False).map(lambda t: round(t, 1)), max_size=80)
+# Readings anywhere, with the edges of both thresholds (and long cool or hot runs) likely.
+reading = st.one_of(
+    st.floats(min_value=60.0, max_value=100.0, allow_nan=False).map(lambda t: round(t, 1)),
+    st.sampled_from([70.0, 78.9, 79.0, 79.1, 84.0, 88.9, 89.0, 89.1, 95.0]),
+)
+temps = st.lists(st.lists(reading, min_size=1, max_size=1).map(lambda r: r * 4) | st.lists(reading, max_size=3),
+                 min_size=5, max_size=30).map(lambda runs: [t for run in runs for t in run])  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)
