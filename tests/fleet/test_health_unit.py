@@ -270,3 +270,8 @@ def test_snapshot_roundtrip_and_atomic(tmp_path: Path) -> None:
     p.write_text("{not json")
     with pytest.raises(Exception, match="cannot read snapshot"):
         H.load_snapshot(p)
+
+
+def test_desktop_rule_not_fooled_by_login_shell_noise() -> None:
+    sev, summary = desktop.evaluate(0, "", None, 0, rec("ps_with_login-shell-noise.txt"), None)
+    assert sev is Severity.CRITICAL and "ollama (pid 1901)" in summary

@@ -136,3 +136,18 @@ def test_failures_are_named_with_why(fleet: Fleet) -> None:
     failed = {x["command"] for x in orin.failed_commands}
     assert {I.EARLYOOM, I.RDMA, I.GPU_APPS_COMMAND, I.FREE} <= failed
     assert "memory" not in orin.verified and "budget" not in orin.verified
+
+
+def test_login_shell_noise_is_reported_not_parsed(fleet: Fleet) -> None:
+    noise = "rm: cannot remove '/root/.pyenv/shims/tmp.ssLLcJW1hv': No such file or directory"
+    answers = {k: (rc, [noise, *lines]) for k, (rc, lines) in ORIN_ANSWERS.items()}
+    started, (orin,) = I.collect(
+        fleet, [fleet.nodes[0]], remote=fake_remote({"orin-01": answers}, []), clock=lambda: NOW
+    )
+    assert orin.verified["memory"]["available_bytes"] == 56175583232
+    assert [a["iface"] for a in orin.verified["addresses"]] == ["lo", "eth0", "enP8p1s0"]
+    assert orin.node_clock == "2026-11-30T16:00:01Z"
+    assert {x["command"] for x in orin.ignored_output} >= {I.IP_BRIEF, I.PORTS, I.SWAPON, I.GPU_APPS_COMMAND}
+    assert all(x["lines"] == [noise] for x in orin.ignored_output)
+    md = I.to_markdown(started, [orin])
+    assert "### Ignored output" in md and "tmp.ssLLcJW1hv" in md

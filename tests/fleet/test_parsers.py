@@ -66,10 +66,34 @@ def test_compute_apps_none_and_comma_in_name() -> None:
     assert (a.pid, a.name, a.used_bytes) == (77, "/opt/my, app/run", 12 * 1024**2)
 
 
-@pytest.mark.parametrize("bad", ["x, python, 1 MiB", "12, python, lots", "12 python"])
+@pytest.mark.parametrize("bad", ["12, python, lots", "12, python", "12 , x, 3 PiB"])
 def test_compute_apps_bad_rows(bad: str) -> None:
+    # a row (starts with a pid) that does not parse: the format changed, say so
     with pytest.raises(P.ParseError):
         P.parse_compute_apps(bad)
+
+
+NOISE = "rm: cannot remove '/root/.pyenv/shims/tmp.ssLLcJW1hv': No such file or directory"
+
+
+def test_login_shell_noise_is_set_aside_not_parsed() -> None:
+    noise: list[str] = []
+    procs = P.parse_ps(rec("ps_with_login-shell-noise.txt"), noise)
+    assert [p.pid for p in procs] == [1, 2, 1901, 2555]
+    assert noise == [NOISE]
+    for parse, good in [
+        (P.parse_compute_apps, rec("nvidia-smi_compute-apps_orin.txt")),
+        (P.parse_ip_brief, rec("ip-br-4_address.txt")),
+        (P.parse_rdma_links, rec("rdma_link_show_mlx5.txt")),
+        (P.parse_port_attrs, rec("sysfs_ports_grep.txt")),
+        (P.parse_swapon, rec("swapon_zram.txt")),
+    ]:
+        noise = []
+        assert parse(NOISE + "\n" + good, noise) == parse(good), parse.__name__
+        assert noise == [NOISE], parse.__name__
+    noise = []
+    assert P.parse_is_active(NOISE + "\nactive\n", 0, noise) == "active" and noise == [NOISE]
+    assert P.parse_free(NOISE + "\n" + rec("free-b_procps-ng-4.0.2_debian12.txt")).available == 24844812288
 
 
 def test_missing_command_detection_bash_and_dash() -> None:
@@ -86,7 +110,12 @@ def test_rdma_links() -> None:
     ]
     assert P.parse_rdma_links("") == []
     with pytest.raises(P.ParseError):
-        P.parse_rdma_links(rec("rdma_no-netlink.txt"))
+        P.parse_rdma_links("link mlx5_0 state ACTIVE")
+
+
+def test_ip_brief_rejects_a_changed_row_format() -> None:
+    with pytest.raises(P.ParseError):
+        P.parse_ip_brief("eth0  UP  fe80::1/64\n")
 
 
 def test_ip_brief() -> None:
@@ -104,8 +133,8 @@ def test_sysfs_ports_with_invalid_argument_lines() -> None:
         "carrier: Invalid argument",
         "speed: Invalid argument",
     ]
-    with pytest.raises(P.ParseError):
-        P.parse_port_attrs("something else\n")
+    noise: list[str] = []
+    assert P.parse_port_attrs("something else\n", noise) == {} and noise == ["something else"]
 
 
 def test_is_active() -> None:

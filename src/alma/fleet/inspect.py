@@ -9,6 +9,7 @@ Memory capacity is ``available`` from ``free -b``; GPU allocations are never add
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from alma.fleet.inventory import Fleet, Node
 from alma.fleet.ssh import RemoteResult, require_ssh, run_remote
 
 SCHEMA = "alma.fleet-inspect/1"
+_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 DATE = "date -u +%Y-%m-%dT%H:%M:%SZ"
 FREE = "free -b"
 EARLYOOM = "systemctl is-active earlyoom"
@@ -50,6 +52,8 @@ class NodeInspection:
     not_checked: list[dict[str, str]] = field(default_factory=list)
     failed_commands: list[dict[str, str]] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
+    # Lines that were not in the command's format (login-shell rc noise, stray stderr).
+    ignored_output: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def reachable(self) -> bool:
@@ -74,6 +78,7 @@ class NodeInspection:
             "not_checked": self.not_checked,
             "failed_commands": self.failed_commands,
             "commands": self.commands,
+            "ignored_output": self.ignored_output,
         }
 
 
@@ -159,20 +164,27 @@ def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeI
             return None
         return res
 
-    def parsed(item: str, cmd: str, fn: Callable[[RemoteResult], Any]) -> Any:
+    def parsed(item: str, cmd: str, fn: Callable[[str, list[str]], Any]) -> Any:
+        noise: list[str] = []
         try:
-            return fn(get(cmd))
+            value = fn(get(cmd).text, noise)
+            if noise:
+                out.ignored_output.append({"command": cmd, "lines": noise})
+            return value
         except P.ParseError as exc:
             out.skip(item, f"could not parse `{cmd}` output: {exc}")
             out.failed_commands.append({"command": cmd, "why": f"unparsable output: {exc}"})
             return None
 
     if (r := usable("node clock", DATE)) is not None:
-        out.node_clock = r.text.strip().splitlines()[-1] if r.text.strip() else None
+        stamps = [ln.strip() for ln in r.lines if _ISO.match(ln.strip())]
+        out.node_clock = stamps[-1] if stamps else None
+        if out.node_clock is None:
+            out.skip("node clock", f"`{DATE}` printed no UTC time")
 
     mem = None
     if usable("memory", FREE) is not None:
-        mem = parsed("memory", FREE, lambda r: P.parse_free(r.text))
+        mem = parsed("memory", FREE, lambda t, _n: P.parse_free(t))
     if mem is not None:
         out.verified["memory"] = {
             "total_bytes": mem.total,
@@ -192,12 +204,12 @@ def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeI
         out.skip("budget", "memory not verified")
 
     if usable("swap devices", SWAPON) is not None:
-        devs = parsed("swap devices", SWAPON, lambda r: P.parse_swapon(r.text))
+        devs = parsed("swap devices", SWAPON, P.parse_swapon)
         if devs is not None:
             out.verified.setdefault("swap", {})["devices"] = [d.__dict__ for d in devs]
 
     if usable("GPU compute processes", GPU_APPS_COMMAND) is not None:
-        apps = parsed("GPU compute processes", GPU_APPS_COMMAND, lambda r: P.parse_compute_apps(r.text))
+        apps = parsed("GPU compute processes", GPU_APPS_COMMAND, P.parse_compute_apps)
         if apps is not None:
             out.verified["gpu_processes"] = [
                 {"pid": a.pid, "name": a.name, "used_bytes": a.used_bytes, "reported_as": a.used_raw} for a in apps
@@ -205,17 +217,18 @@ def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeI
 
     # `systemctl is-active` exits 3 for inactive/failed: a valid answer, not a failure.
     if usable("earlyoom", EARLYOOM, allow_rc=(0, 3)) is not None:
-        state = parsed("earlyoom", EARLYOOM, lambda r: P.parse_is_active(r.text, r.returncode))
+        rc = get(EARLYOOM).returncode
+        state = parsed("earlyoom", EARLYOOM, lambda t, n: P.parse_is_active(t, rc, n))
         if state is not None:
             out.verified["earlyoom"] = state
 
     if usable("IPv4 addresses", IP_BRIEF) is not None:
-        addrs = parsed("IPv4 addresses", IP_BRIEF, lambda r: P.parse_ip_brief(r.text))
+        addrs = parsed("IPv4 addresses", IP_BRIEF, P.parse_ip_brief)
         if addrs is not None:
             out.verified["addresses"] = [a.__dict__ for a in addrs]
 
     if usable("RDMA links", RDMA) is not None:
-        links = parsed("RDMA links", RDMA, lambda r: P.parse_rdma_links(r.text))
+        links = parsed("RDMA links", RDMA, P.parse_rdma_links)
         if links is not None:
             out.verified["rdma_links"] = [rl.__dict__ for rl in links]
 
@@ -234,8 +247,11 @@ def _fabric(node: Node, out: NodeInspection, res: RemoteResult) -> None:
     if res.returncode not in (0, 2):
         out.skip("fabric ports", f"`{PORTS}` failed: {out.failed(res)}")
         return
+    noise: list[str] = []
     try:
-        ports = P.parse_port_attrs(res.text)
+        ports = P.parse_port_attrs(res.text, noise)
+        if noise:
+            out.ignored_output.append({"command": PORTS, "lines": noise})
     except P.ParseError as exc:
         out.skip("fabric ports", f"could not parse sysfs output: {exc}")
         return
@@ -347,6 +363,16 @@ def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
         if n.failed_commands:
             lines += ["### Failed commands", ""]
             lines += [f"- `{x['command']}`: {_cell(x['why'])}" for x in n.failed_commands]
+            lines.append("")
+        if n.ignored_output:
+            lines += [
+                "### Ignored output",
+                "",
+                "Lines not in the command's format (e.g. the login shell's rc files):",
+                "",
+            ]
+            for x in n.ignored_output:
+                lines += [f"- `{x['command']}`: " + "; ".join(f"`{_cell(ln)}`" for ln in x["lines"][:5])]
             lines.append("")
     lines += ["## Commands sent (read-only allow-list)", ""] + [f"- `{c}`" for c in ALLOWED_COMMANDS] + [""]
     return "\n".join(lines)

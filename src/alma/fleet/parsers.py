@@ -1,8 +1,12 @@
 """Parsers for the output of the read-only commands ``alma fleet inspect`` runs.
 
 Each parser takes the command's text exactly as the tool prints it (tests feed recorded
-real output) and returns plain data; a parser raises ``ParseError`` when the text is not
-what the tool prints, so a report says "could not parse" instead of guessing.
+real output) and returns plain data. ssh hands us the remote stderr in the same stream, and
+a login shell's rc files print there too (a `pyenv init` racing with a parallel login says
+"No such file or directory" in the middle of `ps` output): lines that are not in the tool's
+row format are therefore set aside into ``noise`` (reported, never parsed as data), while a
+line that IS a row but does not parse raises ``ParseError`` (the tool's format changed:
+say "could not parse" instead of guessing).
 """
 
 from __future__ import annotations
@@ -88,7 +92,15 @@ _MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)$")
 _MEM_UNIT = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 
 
-def parse_compute_apps(text: str) -> list[GpuProcess]:
+_APP_ROW = re.compile(r"^\d+\s*,")
+
+
+def _keep(noise: list[str] | None, line: str) -> None:
+    if noise is not None and line.strip():
+        noise.append(line.strip())
+
+
+def parse_compute_apps(text: str, noise: list[str] | None = None) -> list[GpuProcess]:
     """``nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader``.
 
     Rows look like ``4242, /usr/bin/python3, 1536 MiB``; on unified-memory boards the
@@ -99,6 +111,9 @@ def parse_compute_apps(text: str) -> list[GpuProcess]:
     for line in text.splitlines():
         line = line.strip()
         if not line or line.lower().startswith("no running"):
+            continue
+        if not _APP_ROW.match(line):
+            _keep(noise, line)
             continue
         fields = [f.strip() for f in line.split(",")]
         if len(fields) < 3:
@@ -117,13 +132,17 @@ def parse_compute_apps(text: str) -> list[GpuProcess]:
     return out
 
 
-def parse_is_active(text: str, returncode: int | None) -> str:
+def parse_is_active(text: str, returncode: int | None, noise: list[str] | None = None) -> str:
     """``systemctl is-active UNIT``: one word (active, inactive, failed, activating, ...)."""
-    words = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     states = {"active", "inactive", "failed", "activating", "deactivating", "reloading", "unknown", "maintenance"}
-    if words and words[0] in states:
-        return words[0]
-    raise ParseError(words[0] if words else f"systemctl exited {returncode} without a state")
+    for ln in lines:
+        if ln in states:
+            for other in lines:
+                if other != ln:
+                    _keep(noise, other)
+            return ln
+    raise ParseError(lines[0] if lines else f"systemctl exited {returncode} without a state")
 
 
 @dataclass
@@ -133,15 +152,20 @@ class Address:
     addresses: list[str]
 
 
-def parse_ip_brief(text: str) -> list[Address]:
+# Operational states as iproute2 prints them (ip/ipaddress.c oper_states).
+_OPER = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
+
+
+def parse_ip_brief(text: str, noise: list[str] | None = None) -> list[Address]:
     """``ip -br -4 address``: ``<ifname>[@peer] <STATE> <addr/len>...`` per line."""
     out = []
     for line in text.splitlines():
         parts = line.split()
-        if not parts:
+        if len(parts) < 2 or parts[1] not in _OPER:
+            _keep(noise, line)
             continue
-        if len(parts) < 2:
-            raise ParseError(f"ip -br: unexpected line {line!r}")
+        if not all(re.match(r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$", a) for a in parts[2:]):
+            raise ParseError(f"ip -br -4: not IPv4 prefixes in {line!r}")
         out.append(Address(iface=parts[0].split("@", 1)[0], state=parts[1], addresses=parts[2:]))
     return out
 
@@ -154,15 +178,16 @@ class RdmaLink:
     netdev: str | None
 
 
-def parse_rdma_links(text: str) -> list[RdmaLink]:
+def parse_rdma_links(text: str, noise: list[str] | None = None) -> list[RdmaLink]:
     """``rdma link show``: ``link mlx5_0/1 state ACTIVE physical_state LINK_UP netdev enp1s0f0``."""
     out = []
     for line in text.splitlines():
         parts = line.split()
-        if not parts:
+        if not parts or parts[0] != "link":
+            _keep(noise, line)
             continue
-        if parts[0] != "link" or len(parts) < 2:
-            raise ParseError(f"rdma: unexpected line {line!r}")
+        if len(parts) < 2 or "/" not in parts[1]:
+            raise ParseError(f"rdma: unexpected link line {line!r}")
         kv = dict(zip(parts[2::2], parts[3::2], strict=False))
         out.append(
             RdmaLink(
@@ -185,7 +210,7 @@ _SYSFS_LINE = re.compile(r"^/sys/class/net/(?P<if>[^/]+)/(?P<attr>carrier|speed|
 _SYSFS_ERR = re.compile(r"^grep: /sys/class/net/(?P<if>[^/]+)/(?P<attr>carrier|speed|operstate): (?P<why>.+)$")
 
 
-def parse_port_attrs(text: str) -> dict[str, Port]:
+def parse_port_attrs(text: str, noise: list[str] | None = None) -> dict[str, Port]:
     """``grep -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate``.
 
     Reading ``carrier`` or ``speed`` of a down interface fails with "Invalid argument";
@@ -218,7 +243,7 @@ def parse_port_attrs(text: str) -> dict[str, Port]:
             continue
         if line.startswith("grep: /sys/class/net/*"):
             continue  # no interface at all: the glob stayed literal
-        raise ParseError(f"sysfs: unexpected line {line!r}")
+        _keep(noise, line)
     return ports
 
 
@@ -233,16 +258,15 @@ class Process:
         return first.rsplit("/", 1)[-1]
 
 
-def parse_ps(text: str) -> list[Process]:
+def parse_ps(text: str, noise: list[str] | None = None) -> list[Process]:
     """``ps -eo pid=,args=``: pid then the full command line."""
     out = []
     for line in text.splitlines():
         line = line.strip()
-        if not line:
-            continue
         pid_s, _, args = line.partition(" ")
         if not pid_s.isdigit():
-            raise ParseError(f"ps: unexpected line {line!r}")
+            _keep(noise, line)
+            continue
         out.append(Process(int(pid_s), args.strip()))
     return out
 
@@ -256,15 +280,17 @@ class SwapDevice:
     prio: int | None
 
 
-def parse_swapon(text: str) -> list[SwapDevice]:
+_SWAP_ROW = re.compile(r"^\S+\s+(partition|file|\S+)\s+\S+\s+\S+(\s+\S+)?$")
+
+
+def parse_swapon(text: str, noise: list[str] | None = None) -> list[SwapDevice]:
     """``swapon --show --bytes --noheadings --raw``: NAME TYPE SIZE USED PRIO (empty: no swap)."""
     out = []
     for line in text.splitlines():
         parts = line.split()
-        if not parts:
+        if not parts or not line.startswith("/") or not _SWAP_ROW.match(line.strip()):
+            _keep(noise, line)
             continue
-        if len(parts) < 4:
-            raise ParseError(f"swapon: unexpected line {line!r}")
         try:
             prio = int(parts[4]) if len(parts) > 4 else None
             # --raw escapes blanks in names as \x20
