@@ -332,3 +332,20 @@ def test_cgroup_freeze_path_pauses_and_thaws_real_work(
         guard.step(t[0])
     assert not _frozen(child_cgroup)
     assert _grows(counter)
+
+
+def test_long_poll_period_still_feeds_the_systemd_watchdog(board: FakeBoard, notify: NotifySocket) -> None:
+    orin_zones(board, 50.0)
+    board.write_config("guard.toml", "[guard]\ninterval_s = 30.0\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    env.update(NOTIFY_SOCKET=str(notify.path), WATCHDOG_USEC="600000")  # WatchdogSec=0.6s
+    guard = subprocess.Popen(
+        [sys.executable, str(ALMA_GUARD), "--root", str(board.root), "run"], env=env, stderr=subprocess.PIPE
+    )
+    try:
+        notify.wait_for("READY=1")
+        msgs = notify.drain(time.monotonic() + 1.5)
+        assert sum(m.count("WATCHDOG=1") for m in msgs) >= 4  # every 0.2 s although a poll is 30 s
+    finally:
+        guard.send_signal(signal.SIGTERM)
+        assert guard.wait(timeout=10) == 0

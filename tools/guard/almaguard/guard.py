@@ -225,9 +225,14 @@ class Guard:
             self.notifier.ready(("shedding: " if self.status.shedding else "normal: ") + self.status.reason)
             polls = 1
             next_at = now + self.cfg.interval_s
+            # A poll period longer than half of WatchdogSec would get the guard killed: pet
+            # systemd between polls then (a hung poll still starves it, as it should).
+            pet_every = self.notifier.watchdog_s / 3 if self.notifier.watchdog_s else None
             while not stop and (max_polls is None or polls < max_polls):
                 timeout = max(0.0, next_at - clock())
                 if timeout:
+                    if pet_every is not None and timeout > pet_every:
+                        timeout = pet_every
                     select.select([rfd], [], [], timeout)
                     try:
                         while os.read(rfd, 64):
@@ -236,6 +241,9 @@ class Guard:
                         pass
                 if stop:
                     break
+                if clock() < next_at:
+                    self.notifier.keepalive()
+                    continue
                 now = clock()
                 self.step(now)
                 polls += 1
