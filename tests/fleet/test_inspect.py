@@ -39,7 +39,7 @@ ORIN_ANSWERS = {
     I.SWAPON: (0, rec("swapon_zram.txt")),
     I.IP_BRIEF: (0, rec("ip-br-4_address.txt")),
     I.RDMA: (127, rec("sh_rdma_not-found_dash.txt")),
-    I.PORTS: (2, rec("sysfs_ports_grep.txt")),
+    I.PORTS: (2, rec("sysfs_ports_grep-s.txt")),
 }
 
 

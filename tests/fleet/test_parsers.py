@@ -137,6 +137,23 @@ def test_sysfs_ports_with_invalid_argument_lines() -> None:
     assert P.parse_port_attrs("something else\n", noise) == {} and noise == ["something else"]
 
 
+def test_sysfs_ports_grep_s() -> None:
+    ports = P.parse_port_attrs(rec("sysfs_ports_grep-s.txt"))
+    assert (ports["eth0"].carrier, ports["eth0"].speed) == (True, 1000)
+    assert (ports["eth1"].carrier, ports["eth1"].operstate) == (False, "down")
+    # a down interface: listed by operstate, carrier unreadable (no line), not missing
+    assert ports["ifb0"].carrier is None and ports["ifb0"].operstate == "down"
+
+
+def test_interleaved_stream_is_why_inspect_uses_grep_s() -> None:
+    """The merged-stream corruption recorded with plain `grep -H`: lo's carrier line is
+    spliced into an error message and lost; the parser must not invent it."""
+    noise: list[str] = []
+    ports = P.parse_port_attrs(rec("ssh_merged_grep_interleaved.txt"), noise)
+    assert ports["lo"].carrier is None  # honestly unknown, not guessed
+    assert any("ifb0/carrier/sys/class/net/lo/carrier:1" in n for n in noise)
+
+
 def test_is_active() -> None:
     assert P.parse_is_active("active\n", 0) == "active"
     assert P.parse_is_active("inactive\n", 3) == "inactive"

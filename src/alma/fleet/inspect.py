@@ -32,7 +32,11 @@ EARLYOOM = "systemctl is-active earlyoom"
 SWAPON = "swapon --show --bytes --noheadings --raw"
 IP_BRIEF = "ip -br -4 address"
 RDMA = "rdma link show"
-PORTS = "grep -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate"
+# -s: reading carrier/speed of a down link fails with EINVAL; grep would report that on
+# stderr in several small writes, which ssh interleaves byte-wise with stdout in our one
+# stream (seen: "grep: /sys/class/net/ifb0/carrier/sys/class/net/lo/carrier:1"). Without the
+# message, an interface listed by its operstate but lacking a carrier line is "unreadable".
+PORTS = "grep -s -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate"
 
 # The ONLY commands inspect may send. Each only reads; none takes an argument from input.
 ALLOWED_COMMANDS: tuple[str, ...] = (DATE, FREE, GPU_APPS_COMMAND, EARLYOOM, SWAPON, IP_BRIEF, RDMA, PORTS)

@@ -211,10 +211,11 @@ _SYSFS_ERR = re.compile(r"^grep: /sys/class/net/(?P<if>[^/]+)/(?P<attr>carrier|s
 
 
 def parse_port_attrs(text: str, noise: list[str] | None = None) -> dict[str, Port]:
-    """``grep -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate``.
+    """``grep -s -H . /sys/class/net/*/carrier /sys/class/net/*/speed /sys/class/net/*/operstate``.
 
-    Reading ``carrier`` or ``speed`` of a down interface fails with "Invalid argument";
-    that is recorded per port, not treated as a missing port.
+    Reading ``carrier`` or ``speed`` of a down interface fails with "Invalid argument": with
+    ``-s`` the line is simply absent (carrier stays None = unreadable); without ``-s`` the
+    message is recorded per port. Either way it is not a missing port.
     """
     ports: dict[str, Port] = {}
     for line in text.splitlines():
