@@ -92,6 +92,7 @@ class FakeMachine:
             "enabled": True,
             "node": "node-a",
             "poll": 0.05,
+            "slow_poll": 0.0,  # read every signal on every step: tests step back to back
             "idle_after": 1.0,
             "vacate_after": 30.0,
             "grace": 2.0,

@@ -21,6 +21,23 @@ from erangrid.nats_queue import NatsQueue
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _close_every_queue(monkeypatch):
+    """Every client thread ends with its test, pass or fail (a stray reconnect loop would
+    outlive the test and race the next one)."""
+    made: list[NatsQueue] = []
+    real_init = NatsQueue.__init__
+
+    def tracking_init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(NatsQueue, "__init__", tracking_init)
+    yield
+    for q in made:
+        q.close()
+
+
 def _nats_grid(grid, server, **over):
     g = grid(**over)
     g.data["queue"] = {"backend": "nats", "url": server.url, "stream": "TEST"}

@@ -133,6 +133,7 @@ class GridMachine(RuleBasedStateMachine):
                 "enabled": True,
                 "node": "sm",
                 "poll": POLL,
+                "slow_poll": POLL,
                 "idle_after": 1.0,
                 "vacate_after": 1.0,
                 "grace": 0.4,
@@ -168,7 +169,13 @@ class GridMachine(RuleBasedStateMachine):
             backoff=0.0,
         )
         backend.accepted = self.accepted
-        agent = Agent(self.cfg, backend, clock=self.world.clock, spawn=lambda *a: FakeProc(self.world, *a))
+        agent = Agent(
+            self.cfg,
+            backend,
+            clock=self.world.clock,
+            monotonic=self.world.clock,
+            spawn=lambda *a: FakeProc(self.world, *a),
+        )
         agent.start()
         return agent
 

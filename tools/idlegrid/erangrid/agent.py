@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from .config import Config
 from .errors import CoordinatorUnreachable, GridError
 from .jobs import Backend, Lease, Outcome, pack_checkpoint, unpack_checkpoint
 from .process import JobProcess
+
+STATUS_REFRESH = 2.0  # seconds; `eran-grid status` trusts a status file younger than 5 of these
 
 
 @dataclass(frozen=True)
@@ -80,25 +83,45 @@ class Sensors:
         self.cpu = presence.CpuLoad(cfg.machine.proc, cfg.cpu_window, monotonic)
         self.cpu_busy_at: float | None = None
         self.cpu_share: float | None = None
+        self._monotonic = monotonic
+        self._slow_next = float("-inf")
+        self._ttys_next = float("-inf")
+        self._vts: list[str] = []
+        self._heat = thermal.Heat(False, "")
+        self._on_ac = True
+        self._sessions = presence.Activity(None, "")
 
     def read(self, job_pgid: int | None = None) -> Conditions:
+        """Owner presence every poll (the 0.2 s promise); power, heat and CPU load, which move
+        on a scale of seconds, every ``slow_poll``: this keeps an idle agent near zero CPU."""
         cfg, m = self.cfg, self.cfg.machine
         now = self.clock()
-        heat = thermal.zone_heat(thermal.read_zones(m.thermal), cfg.max_temp_c, cfg.zone_max_c)
-        if not heat.hot:
-            heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
-        tty = presence.tty_activity(presence.terminals(m.dev, m.dev_pts, cfg.include_serial_ttys))
-        sess = presence.session_activity(m.sessions, now)
-        self.cpu_share = self.cpu.sample(job_pgid)
-        if self.cpu_share is not None and self.cpu_share > cfg.cpu_busy:
-            self.cpu_busy_at = now
+        mono = self._monotonic()
+        if mono >= self._slow_next:
+            self._slow_next = mono + cfg.slow_poll * 0.999
+            heat = thermal.zone_heat(thermal.read_zones(m.thermal), cfg.max_temp_c, cfg.zone_max_c)
+            if not heat.hot:
+                heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
+            self._heat = heat
+            self._on_ac = power.on_ac(m.power_supply)
+            # A login makes a pts (seen every poll); the session files add graphical seats.
+            self._sessions = presence.session_activity(m.sessions, now)
+            if cfg.cpu_busy < 1.0:
+                self.cpu_share = self.cpu.sample(job_pgid)
+                if self.cpu_share is not None and self.cpu_share > cfg.cpu_busy:
+                    self.cpu_busy_at = now
+        if mono >= self._ttys_next:  # consoles come and go rarely; /dev/pts is rescanned every poll
+            self._ttys_next = mono + 5.0
+            self._vts = presence.consoles(m.dev, cfg.include_serial_ttys)
+        tty = presence.tty_activity(presence.pseudo_terminals(m.dev_pts) + self._vts)
+        sess = self._sessions
         cpu = presence.Activity(self.cpu_busy_at, f"cpu {100 * (self.cpu_share or 0):.0f} %")
         latest = max(
             (a for a in (tty, sess, cpu) if a.at is not None),
             key=lambda a: a.at or 0.0,
             default=presence.Activity(None, ""),
         )
-        return Conditions(power.on_ac(m.power_supply), heat, latest, now)
+        return Conditions(self._on_ac, self._heat, latest, now)
 
 
 class Agent:
@@ -117,6 +140,9 @@ class Agent:
         self.cfg = cfg
         self.backend = backend
         self.fd_dir = fd_dir
+        self._monotonic = monotonic
+        self._fds_next = float("-inf")
+        self._claim_next = float("-inf")
         self.clock = clock
         self.sensors = sensors or Sensors(cfg, clock, monotonic)
         self.spawn = spawn
@@ -137,7 +163,9 @@ class Agent:
         self.pending: tuple[Lease, Outcome] | None = None  # a result the coordinator has not taken yet
         self.line = "starting"
         self.stats = {"done": 0, "failed": 0, "yields": 0, "pauses": 0, "lost": 0}
-        self._status_written = 0.0
+        self._status_written = float("-inf")
+        self._status_key = ""
+        self._status_line = ""
         self._extra_majors = frozenset[int]()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -172,7 +200,10 @@ class Agent:
 
     # -- one poll ---------------------------------------------------------------------------
     def step(self) -> str:
-        privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
+        mono = self._monotonic()
+        if mono >= self._fds_next:
+            self._fds_next = mono + self.cfg.slow_poll * 0.999
+            privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
         cond = self.sensors.read(self.proc.pgid if self.proc is not None and self.proc.poll() is None else None)
         now = cond.now
         if cond.heat.hot:
@@ -216,12 +247,16 @@ class Agent:
             return reason
         if self.pending is not None:
             return f"holding the result of job {self.pending[0].job.id}: coordinator has not taken it yet"
+        mono = self._monotonic()
+        if mono < self._claim_next:  # the queue was empty a moment ago: ask again every slow_poll
+            return self.line if self.line.startswith("idle") else "idle: queue empty"
         try:
             lease = self.backend.claim(self.cfg.node)
         except CoordinatorUnreachable as exc:
             self._coord_down(exc)
             return self.blocking_reason(cond)
         self._coord_up()
+        self._claim_next = mono + self.cfg.slow_poll * 0.999 if lease is None else float("-inf")
         if lease is None:
             return f"idle {ago(cond.idle_for())}: queue empty" if cond.activity.at else "idle: queue empty"
         self._start(lease, cond.now)
@@ -439,15 +474,22 @@ class Agent:
         }
 
     def _write_status(self, now: float) -> None:
-        path = self.cfg.status_path
-        if now - self._status_written < 1.0 and getattr(self, "_last_line", None) == self.line:
+        """Atomically, when the state changes (digits aside: "idle 41 s" → "idle 42 s" is no
+        change) and every STATUS_REFRESH seconds so readers can tell a live agent from a dead one."""
+        if now - self._status_written < STATUS_REFRESH and self.line == self._status_line:
+            return
+        self._status_line = self.line
+        key = re.sub(r"[\d.:TZ-]+", "#", self.line)
+        if now - self._status_written < STATUS_REFRESH and key == self._status_key:
             return
         self._status_written = now
-        self._last_line = self.line
+        self._status_key = key
+        path = self.cfg.status_path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
             tmp.write_text(json.dumps(self.status()) + "\n")
+            os.chmod(tmp, 0o644)  # `eran-grid status` runs as any user
             os.replace(tmp, path)
         except OSError:
             pass  # status is a courtesy; never stop work (or safety) over it

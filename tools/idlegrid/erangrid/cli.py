@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, power, presence, privacy, thermal
-from .agent import Agent, Conditions, blocking_reason, iso
+from .agent import STATUS_REFRESH, Agent, Conditions, blocking_reason, iso
 from .config import DEFAULT_CONFIG, Config, from_mapping, load
 from .errors import CoordinatorUnreachable, GridError, UserError
 from .jobs import Backend, validate_command
@@ -127,7 +127,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = None
         with contextlib.suppress(OSError, ValueError):
             status = json.loads(cfg.status_path.read_text())
-        fresh = status is not None and time.time() - float(status.get("updated", 0)) <= max(5.0, 10 * cfg.poll)
+        fresh = status is not None and time.time() - float(status.get("updated", 0)) <= 5 * STATUS_REFRESH
         if fresh and status is not None:
             line, working = str(status["line"]), bool(status.get("working"))
             info["agent"] = status

@@ -68,6 +68,7 @@ class Config:
     enabled: bool = False
     node: str = field(default_factory=socket.gethostname)
     poll: float = 0.2  # seconds between polls; the owner's return is acted on within one
+    slow_poll: float = 1.0  # power, heat, guard state, CPU load and our own fds: every this often
     idle_after: float = 180.0  # owner idle this long before a job is claimed or resumed
     vacate_after: float = 600.0  # a job paused this long is checkpointed, stopped and requeued
     grace: float = 30.0  # SIGTERM → SIGKILL
@@ -98,6 +99,7 @@ class Config:
 
 _FLOATS = (
     "poll",
+    "slow_poll",
     "idle_after",
     "vacate_after",
     "grace",

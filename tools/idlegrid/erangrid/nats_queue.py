@@ -423,9 +423,12 @@ class NatsQueue:
         return self._run(go())
 
     def close(self) -> None:
+        if self._loop.is_closed():
+            return
+
         async def go() -> None:
             if self._nc is not None and not self._nc.is_closed:
-                await self._nc.drain()
+                await self._nc.close()
 
         try:
             self._run(go(), timeout=5)

@@ -3,32 +3,36 @@ supply means AC; else a discharging battery means battery; else (nothing known) 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
-def _read(path: Path) -> str | None:
+def _read(path: str) -> str | None:
     try:
-        return path.read_text().strip()
+        with open(path) as fh:
+            return fh.read().strip()
     except OSError:
         return None
 
 
 def on_ac(power_supply: Path = Path("/sys/class/power_supply")) -> bool:
+    base = str(power_supply)
     try:
-        supplies = sorted(power_supply.iterdir())
+        supplies = sorted(os.listdir(base))
     except OSError:
         return True  # no power-supply class at all: a mains-only board
     discharging = False
-    for dev in supplies:
-        # Peripheral batteries (a wireless mouse's) say scope=Device: not the machine's power.
-        if _read(dev / "scope") == "Device":
+    for name in supplies:
+        dev = f"{base}/{name}"
+        # Peripheral supplies (a wireless mouse's battery) say scope=Device: not the machine's.
+        if _read(f"{dev}/scope") == "Device":
             continue
-        kind = _read(dev / "type")
+        kind = _read(f"{dev}/type")
         if kind is None:
             continue
         if kind != "Battery":
-            if _read(dev / "online") == "1":
+            if _read(f"{dev}/online") == "1":
                 return True
-        elif _read(dev / "status") == "Discharging":
+        elif _read(f"{dev}/status") == "Discharging":
             discharging = True
     return not discharging

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import time
@@ -31,29 +30,40 @@ class Activity:
     what: str  # e.g. "pts/3", "session 5", "cpu 63 %"
 
 
-def terminals(dev: Path, dev_pts: Path, include_serial: bool) -> list[Path]:
-    paths: list[Path] = []
-    with contextlib.suppress(OSError):
-        paths += [dev_pts / n for n in os.listdir(dev_pts) if n.isdigit()]
+def pseudo_terminals(dev_pts: Path) -> list[str]:
+    pts = str(dev_pts)
     try:
-        for name in os.listdir(dev):
-            if _VT.match(name) or (include_serial and _SERIAL.match(name)):
-                paths.append(dev / name)
+        return [f"{pts}/{n}" for n in os.listdir(pts) if n.isdigit()]
     except OSError:
-        pass
-    return paths
+        return []
 
 
-def tty_activity(paths: list[Path]) -> Activity:
-    best = Activity(None, "")
+def consoles(dev: Path, include_serial: bool) -> list[str]:
+    d = str(dev)
+    try:
+        return [f"{d}/{n}" for n in os.listdir(d) if _VT.match(n) or (include_serial and _SERIAL.match(n))]
+    except OSError:
+        return []
+
+
+def terminals(dev: Path, dev_pts: Path, include_serial: bool) -> list[str]:
+    return pseudo_terminals(dev_pts) + consoles(dev, include_serial)
+
+
+def tty_activity(paths: list[str]) -> Activity:
+    best_at: float | None = None
+    best = ""
     for path in paths:
         try:
             atime = os.stat(path).st_atime
         except OSError:
             continue  # the terminal closed between listing and stat
-        if best.at is None or atime > best.at:
-            best = Activity(atime, f"{path.parent.name}/{path.name}" if path.parent.name == "pts" else path.name)
-    return best
+        if best_at is None or atime > best_at:
+            best_at, best = atime, path
+    if best_at is None:
+        return Activity(None, "")
+    head, _, name = best.rpartition("/")
+    return Activity(best_at, f"pts/{name}" if head.endswith("/pts") else name)
 
 
 def session_activity(sessions: Path, now: float) -> Activity:

@@ -64,13 +64,14 @@ def assert_no_sensor_fds(fd_dir: Path = Path("/proc/self/fd"), extra_majors: fro
     """Refuse if any of our open file descriptors is a capture device. ``extra_majors``
     defaults to the dynamic majors read from /proc/devices (callers polling often cache them)."""
     extra = dynamic_capture_majors() if extra_majors is None else extra_majors
+    base = str(fd_dir)
     try:
-        names = os.listdir(fd_dir)
+        names = os.listdir(base)
     except OSError as exc:
         raise PrivacyViolation(f"cannot list {fd_dir} to prove no sensor is open: {exc}") from exc
     for name in names:
         try:
-            st = os.stat(fd_dir / name)  # follows the fd's magic link to the open file
+            st = os.stat(f"{base}/{name}")  # follows the fd's magic link to the open file
         except OSError:
             continue  # closed between listdir and stat (the listdir fd itself)
         if is_capture_device(st, extra):

@@ -7,6 +7,7 @@ The guard state (docs/formats.md, "Guard state") older than ``stale_after`` or u
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,14 +23,17 @@ class Heat:
 def read_zones(thermal: Path = Path("/sys/class/thermal")) -> dict[str, float]:
     """Zone name → °C. Unreadable zones are skipped (reported by the guard, not by us)."""
     zones: dict[str, float] = {}
+    base = str(thermal)
     try:
-        entries = sorted(thermal.glob("thermal_zone*"))
+        entries = sorted(n for n in os.listdir(base) if n.startswith("thermal_zone"))
     except OSError:
         return zones
     for zone in entries:
         try:
-            name = (zone / "type").read_text().strip() or zone.name
-            zones[name] = int((zone / "temp").read_text().strip()) / 1000.0
+            with open(f"{base}/{zone}/type") as fh:
+                name = fh.read().strip() or zone
+            with open(f"{base}/{zone}/temp") as fh:
+                zones[name] = int(fh.read().strip()) / 1000.0
         except (OSError, ValueError):
             continue
     return zones
