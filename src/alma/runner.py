@@ -63,6 +63,7 @@ class Result:
     returncode: int
     duration_s: float
     lines: list[str] = field(default_factory=list)  # only when keep_lines=True
+    stderr_lines: list[str] = field(default_factory=list)  # only with stderr="separate"
     log_path: Path | None = None
 
     @property
@@ -92,10 +93,32 @@ def resolve(argv0: str, env: Mapping[str, str] | None = None) -> str:
     return found
 
 
-def _reader(stream: IO[bytes], q: queue.Queue[str | None]) -> None:
-    for raw in iter(stream.readline, b""):
-        q.put(raw.decode("utf-8", "replace").rstrip("\r\n"))
-    q.put(None)
+def _reader(stream: IO[bytes], tag: str, q: queue.Queue[tuple[str, bytes | None]]) -> None:
+    # Chunks, not lines: a prompt or a row of progress dots without a newline still arrives.
+    fd = stream.fileno()
+    while chunk := os.read(fd, 65536):
+        q.put((tag, chunk))
+    q.put((tag, None))
+
+
+class _Lines:
+    """Splits one stream's chunks into lines; keeps the unfinished tail."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        data = self.tail + chunk
+        *done, self.tail = data.split(b"\n")
+        return [_decode(b) for b in done]
+
+    def flush(self) -> list[str]:
+        rest, self.tail = self.tail, b""
+        return [_decode(rest)] if rest else []
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").rstrip("\r")
 
 
 def _stop_group(proc: subprocess.Popen[bytes], first: int) -> None:
@@ -124,13 +147,23 @@ def run(
     keep_lines: bool = False,
     stdin: int | None = subprocess.DEVNULL,
     what: str | None = None,
+    stderr: str = "merge",
+    flush_partial_after: float | None = None,
 ) -> Result:
     """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
 
     Raises ToolNotFound, ToolTimeout (with the phase that overran), Interrupted on Ctrl-C
     (after stopping the tool's process group with SIGINT), and ToolError on a non-zero
     exit when ``check`` is true.
+
+    ``stderr="separate"`` keeps stderr out of ``on_line`` (ssh delivers the remote side's
+    stderr there; parsers must not see it spliced into stdout) and returns it in
+    ``Result.stderr_lines``; it is still written to the log, prefixed ``stderr: ``.
+    ``flush_partial_after=S`` hands an unfinished line to ``on_line`` once the tool has been
+    quiet for S seconds (prompts, "Waiting for USB storage device ......").
     """
+    if stderr not in ("merge", "separate"):
+        raise ValueError(f"stderr must be 'merge' or 'separate', not {stderr!r}")
     args = [str(a) for a in argv]
     full_env = dict(os.environ if env is None else env)
     args[0] = resolve(args[0], full_env)
@@ -153,7 +186,7 @@ def run(
             env=full_env,
             stdin=stdin,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT if stderr == "merge" else subprocess.PIPE,
             start_new_session=True,  # own process group: we can stop it and its children
         )
     except OSError as exc:
@@ -162,16 +195,36 @@ def run(
         raise ToolError(f"{name}: cannot start: {exc}", hint="check the tool's installation") from exc
 
     assert proc.stdout is not None
-    q: queue.Queue[str | None] = queue.Queue()
-    t = threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True)
-    t.start()
+    q: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
+    streams = {"out": proc.stdout} if proc.stderr is None else {"out": proc.stdout, "err": proc.stderr}
+    for tag, stream in streams.items():
+        threading.Thread(target=_reader, args=(stream, tag, q), daemon=True).start()
+    splitters = {tag: _Lines() for tag in streams}
     lines: list[str] = []
+    err_lines: list[str] = []
+    open_streams = len(streams)
+    last_data = time.monotonic()
+
+    def deliver(tag: str, batch: list[str]) -> None:
+        for line in batch:
+            if tag == "err":
+                err_lines.append(line)
+                if logf:
+                    logf.write("stderr: " + line + "\n")
+                continue
+            if logf:
+                logf.write(line + "\n")
+            if keep_lines:
+                lines.append(line)
+            if on_line:
+                on_line(line)
+
     try:
-        while True:
+        while open_streams:
             rem = deadline.remaining()
             wait = 0.2 if rem is None else max(0.0, min(0.2, rem))
             try:
-                line = q.get(timeout=wait)
+                tag, chunk = q.get(timeout=wait)
             except queue.Empty:
                 if deadline.expired():
                     _stop_group(proc, signal.SIGTERM)
@@ -181,15 +234,15 @@ def run(
                         hint="see the log" + (f" {log_path}" if log_path else ""),
                         log_path=str(log_path) if log_path else None,
                     ) from None
+                if flush_partial_after is not None and time.monotonic() - last_data >= flush_partial_after:
+                    deliver("out", splitters["out"].flush())
                 continue
-            if line is None:
-                break
-            if logf:
-                logf.write(line + "\n")
-            if keep_lines:
-                lines.append(line)
-            if on_line:
-                on_line(line)
+            if chunk is None:
+                open_streams -= 1
+                deliver(tag, splitters[tag].flush())
+                continue
+            last_data = time.monotonic()
+            deliver(tag, splitters[tag].feed(chunk))
         proc.wait()
     except KeyboardInterrupt:
         _stop_group(proc, signal.SIGINT)
@@ -206,6 +259,7 @@ def run(
         returncode=proc.returncode,
         duration_s=time.monotonic() - started,
         lines=lines,
+        stderr_lines=err_lines,
         log_path=Path(log_path) if log_path else None,
     )
     if check and proc.returncode != 0:
@@ -225,6 +279,7 @@ def capture(
     env: Mapping[str, str] | None = None,
     timeout: float | None = 60.0,
     check: bool = True,
+    stderr: str = "merge",
 ) -> Result:
     """Run a short tool and keep its output lines (e.g. ``systemd-analyze``, ``git``)."""
-    return run(argv, cwd=cwd, env=env, timeout=timeout, check=check, keep_lines=True)
+    return run(argv, cwd=cwd, env=env, timeout=timeout, check=check, keep_lines=True, stderr=stderr)

@@ -125,3 +125,41 @@ def test_format_command_quotes_arguments() -> None:
     assert runner.format_command(["kas", "shell", "a b.yml", "-c", "bitbake x"], "/w") == (
         "/w$ kas shell 'a b.yml' -c 'bitbake x'"
     )
+
+
+def test_separate_stderr_never_splices_into_stdout_lines(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "for i in range(200):\n"
+        "    sys.stdout.write(f'out{i}\\n'); sys.stdout.flush()\n"
+        "    sys.stderr.write(f'noise{i}\\n'); sys.stderr.flush()\n"
+    )
+    seen: list[str] = []
+    log = tmp_path / "t.log"
+    res = runner.run([PY, "-c", script], on_line=seen.append, stderr="separate", log_path=log)
+    assert seen == [f"out{i}" for i in range(200)]
+    assert res.stderr_lines == [f"noise{i}" for i in range(200)]
+    assert "stderr: noise199" in log.read_text()
+
+
+def test_unfinished_line_is_flushed_after_quiet_period() -> None:
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    script = (
+        "import sys, time\n"
+        "sys.stdout.write('Waiting for USB storage device sda...'); sys.stdout.flush()\n"
+        "time.sleep(1.5)"
+    )
+    runner.run([PY, "-c", script], on_line=lambda s: seen.append((time.monotonic() - t0, s)), flush_partial_after=0.3)
+    assert seen and seen[0][1] == "Waiting for USB storage device sda..."
+    assert seen[0][0] < 1.4  # handed over while the tool was still quiet, not at exit
+    # without the option the same text only arrives at exit
+    late: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    runner.run([PY, "-c", script], on_line=lambda s: late.append((time.monotonic() - t0, s)))
+    assert late[0][1] == "Waiting for USB storage device sda..." and late[0][0] >= 1.4
+
+
+def test_bad_stderr_mode_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        runner.run([PY, "-c", "pass"], stderr="discard")
