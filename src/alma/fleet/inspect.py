@@ -159,7 +159,7 @@ def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeI
         if res.error:
             out.skip(item, f"`{cmd}` {out.failed(res)}")
             return None
-        missing = P.missing_command(res.returncode, res.text)
+        missing = P.missing_command(res.returncode, "\n".join(res.stderr) or res.text)
         if missing:
             out.skip(item, f"{missing} not installed")
             return None

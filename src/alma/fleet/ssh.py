@@ -30,6 +30,7 @@ class RemoteResult:
     lines: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     error: str | None = None  # "timeout" | "unreachable" | "ssh-missing"; None when ssh ran
+    stderr: list[str] = field(default_factory=list)  # the remote side's (and ssh's) stderr
 
     @property
     def text(self) -> str:
@@ -48,7 +49,7 @@ class RemoteResult:
         if self.error == "unreachable":
             tail = [ln for ln in self.lines if ln.strip()]
             return "unreachable: " + (tail[-1] if tail else f"ssh exited {self.returncode}")
-        tail = [ln for ln in self.lines if ln.strip()]
+        tail = [ln for ln in self.stderr or self.lines if ln.strip()]
         return f"exit {self.returncode}" + (f": {tail[-1]}" if tail else "")
 
 
@@ -115,7 +116,8 @@ def run_remote(
         deadline = _Linked(deadline, cancel)
     started = time.monotonic()
     try:
-        res = run(argv, timeout=deadline, check=False, keep_lines=True, what=f"ssh {node.name}")
+        # Remote stderr apart: ssh would otherwise splice it byte-wise into the output we parse.
+        res = run(argv, timeout=deadline, check=False, keep_lines=True, what=f"ssh {node.name}", stderr="separate")
     except ToolTimeout:
         return RemoteResult(node.name, command, None, [], time.monotonic() - started, error="timeout")
     except ToolNotFound as exc:
@@ -123,7 +125,9 @@ def run_remote(
     except ToolError as exc:
         return RemoteResult(node.name, command, None, [exc.message], time.monotonic() - started, error="unreachable")
     err = "unreachable" if res.returncode == SSH_FAILED else None
-    return RemoteResult(node.name, command, res.returncode, res.lines, res.duration_s, error=err)
+    # On failure ssh's own message (stderr) is what explains it.
+    out = (res.stderr_lines or res.lines) if err else res.lines
+    return RemoteResult(node.name, command, res.returncode, out, res.duration_s, error=err, stderr=res.stderr_lines)
 
 
 class _Linked(runner.Deadline):
