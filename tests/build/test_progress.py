@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+import tempfile
 import sys
 
 from hypothesis import given, settings
@@ -89,9 +90,15 @@ def test_short_task_names():
 
 def _fake_output(scenario: str) -> bytes:
     env = {"FAKE_BITBAKE_SCENARIO": scenario, "PATH": "/usr/bin:/bin"}
-    res = subprocess.run(
-        [sys.executable, str(FAKES / "bitbake"), "alma-image"], capture_output=True, env=env, timeout=60
-    )
+    # The fake writes its task logs under its cwd, like bitbake under its build dir.
+    with tempfile.TemporaryDirectory() as build_dir:
+        res = subprocess.run(
+            [sys.executable, str(FAKES / "bitbake"), "alma-image"],
+            capture_output=True,
+            env=env,
+            timeout=60,
+            cwd=build_dir,
+        )
     return res.stdout
 
 
