@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 import subprocess
-import tempfile
 import sys
+import tempfile
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
