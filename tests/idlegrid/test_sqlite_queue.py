@@ -168,3 +168,18 @@ def test_unreachable_queue_is_reported_not_created(tmp_path):
     with pytest.raises(CoordinatorUnreachable, match="does not exist"):
         q.claim("a")
     assert not (tmp_path / "no").exists()
+
+
+def test_idle_claims_skip_the_write_but_never_miss_work(tmp_path):
+    clock = Clock()
+    agent_side = SqliteQueue(tmp_path / "q.db", lease_ttl=10, clock=clock)
+    admin = SqliteQueue(tmp_path / "q.db", lease_ttl=10, clock=clock)
+    assert agent_side.claim("a") is None  # empty: remembered
+    assert agent_side._idle_version is not None
+    job = admin.submit(["true"])  # another connection commits: data_version moves
+    lease = agent_side.claim("a")
+    assert lease is not None and lease.job.id == job
+    assert admin.claim("b") is None  # leased for 10 s: b remembers when it runs out
+    clock.t += 10.5  # no commit at all, only time: the expiry must still be noticed
+    again = admin.claim("b")
+    assert again is not None and again.job.id == job and again.job.failures == 1

@@ -28,6 +28,7 @@ from .errors import CoordinatorUnreachable, GridError
 from .jobs import Backend, Lease, Outcome, pack_checkpoint, unpack_checkpoint
 from .process import JobProcess
 
+FD_CHECK_EVERY = 5  # slow polls between checks of our own open files for capture devices
 STATUS_REFRESH = 2.0  # seconds; `eran-grid status` trusts a status file younger than 5 of these
 
 
@@ -202,7 +203,7 @@ class Agent:
     def step(self) -> str:
         mono = self._monotonic()
         if mono >= self._fds_next:
-            self._fds_next = mono + self.cfg.slow_poll * 0.999
+            self._fds_next = mono + FD_CHECK_EVERY * self.cfg.slow_poll * 0.999
             privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
         cond = self.sensors.read(self.proc.pgid if self.proc is not None and self.proc.poll() is None else None)
         now = cond.now
@@ -495,6 +496,12 @@ class Agent:
             pass  # status is a courtesy; never stop work (or safety) over it
 
     # -- the loop ---------------------------------------------------------------------------
+    def interval(self) -> float:
+        """``poll`` while a job exists (its owner-return promise is one poll); ``slow_poll``
+        with no job: nothing needs stopping, and presence is read afresh before any claim.
+        An idle agent wakes five times less often."""
+        return self.cfg.poll if self.proc is not None else max(self.cfg.poll, self.cfg.slow_poll)
+
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> None:
         self.start()
         last = ""
@@ -509,7 +516,7 @@ class Agent:
                 if line != last:
                     self.log(line)
                     last = line
-                sleep(max(0.0, self.cfg.poll - (time.monotonic() - t0)))
+                sleep(max(0.0, self.interval() - (time.monotonic() - t0)))
         finally:
             self.shutdown()
 

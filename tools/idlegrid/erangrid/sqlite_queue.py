@@ -78,6 +78,8 @@ class SqliteQueue:
         self.busy_timeout = busy_timeout
         self.backoff = backoff
         self._db: sqlite3.Connection | None = None
+        self._idle_version: int | None = None  # data_version when a claim last found nothing
+        self._next_due = float("inf")
 
     # -- connection -------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -100,6 +102,7 @@ class SqliteQueue:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._idle_version = None  # our own writes don't move data_version: forget the shortcut
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -233,6 +236,16 @@ class SqliteQueue:
         now = self.clock()
         token = secrets.token_hex(8)
         try:
+            db = self._connect()
+            # After an empty claim nothing becomes claimable until another connection commits
+            # (data_version moves) or a lease/back-off runs out: skip the write transaction.
+            if (
+                self._idle_version is not None
+                and now < self._next_due
+                and db.execute("PRAGMA data_version").fetchone()[0] == self._idle_version
+            ):
+                return None
+            self._idle_version = None
             with self._tx() as db:
                 self._reap(db)
                 row = db.execute(
@@ -243,10 +256,16 @@ class SqliteQueue:
                     " RETURNING id, name, command, input, want_checkpoint, yields, failures, attempts, checkpoint",
                     (node, token, now + self.lease_ttl, now),
                 ).fetchone()
+            if row is None:
+                self._idle_version = db.execute("PRAGMA data_version").fetchone()[0]
+                due = db.execute(
+                    "SELECT min(t) FROM (SELECT min(lease_expires) AS t FROM jobs WHERE state='leased'"
+                    " UNION ALL SELECT min(not_before) FROM jobs WHERE state='queued')"
+                ).fetchone()[0]
+                self._next_due = float(due) if due is not None else float("inf")
+                return None
         except sqlite3.Error as exc:
             raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
-        if row is None:
-            return None
         job = Job(
             id=str(row[0]),
             name=row[1],
