@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from artefacts.alma_deployfix import env_text
 from support import REPO, require_tool
 
 from alma.artefacts.manifest import Manifest, manifest_path
@@ -20,26 +21,6 @@ HERE = Path(__file__).resolve().parent / "flash"
 DEVICES = HERE / "devices"
 SIMULATOR = HERE / "sim" / "initrd-flash"
 IMAGE = "alma-image"
-
-ENV_TEMPLATE = """FLASH_HELPER=tegra-flash-helper.sh
-BOOTDEV="{bootdev}"
-ROOTFS_DEVICE="{rootfs_device}"
-CHIPID="0x23"
-MACHINE="{machine}"
-DEFAULTS[BOARDID]="{boardid}"
-DEFAULTS[FAB]="300"
-DEFAULTS[CHIPREV]=""
-DEFAULTS[BOARDSKU]="0005"
-DEFAULTS[BOARDREV]=""
-DTBFILE="tegra234-p3768-0000+p3767-0005-nv.dtb"
-EMMC_BCTS="tegra234-p3767-0001-sdram-l4t.dts"
-ODMDATA="gbe-uphy-config-8,hsstp-lane-map-3,hsio-uphy-config-0"
-LNXFILE="boot.img"
-ROOTFS_IMAGE="{image}.ext4"
-DATAFILE=""
-EXTERNAL_ROOTFS_DRIVE={external}
-NO_INTERNAL_STORAGE=0
-"""
 
 
 def sha256(path: Path) -> str:
@@ -58,17 +39,7 @@ def make_bundle_tree(
     external: bool = False,
 ) -> Path:
     tree.mkdir(parents=True)
-    boardid = "3701" if "agx" in machine or "p3701" in machine else "3767"
-    (tree / ".env.initrd-flash").write_text(
-        ENV_TEMPLATE.format(
-            machine=machine,
-            bootdev="nvme0n1p1" if external else "mmcblk0p1",
-            rootfs_device="nvme0n1" if external else "mmcblk0",
-            boardid=boardid,
-            image=IMAGE,
-            external=1 if external else 0,
-        )
-    )
+    (tree / ".env.initrd-flash").write_text(env_text(machine, IMAGE, external=external))
     shutil.copy2(SIMULATOR, tree / "initrd-flash")
     os.chmod(tree / "initrd-flash", 0o755)
     lines = [f"{k} {v}" for k, v in (outcomes or {"*": "success"}).items()]

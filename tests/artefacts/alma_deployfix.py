@@ -33,8 +33,13 @@ MACHINES = {
 COMPONENTS = ("alma-guard", "alma-health", "alma-watchdog-config", "eran-grid")
 
 
-def env_text(machine: str, image: str) -> str:
+def env_text(machine: str, image: str, *, external: bool | None = None) -> str:
+    """The bundle's .env.initrd-flash as meta-tegra's create_tegraflash_pkg writes it."""
     bootdev, rootdev, boardid = MACHINES.get(machine, ("mmcblk0p1", "mmcblk0", "3701"))
+    if external is None:
+        external = "nvme" in machine
+    elif external:
+        bootdev, rootdev = "nvme0n1p1", "nvme0n1"
     return f"""FLASH_HELPER=tegra-flash-helper.sh
 BOOTDEV="{bootdev}"
 ROOTFS_DEVICE="{rootdev}"
@@ -51,7 +56,7 @@ ODMDATA="gbe-uphy-config-8,hsstp-lane-map-3,hsio-uphy-config-0"
 LNXFILE="boot.img"
 ROOTFS_IMAGE="{image}.ext4"
 DATAFILE=""
-EXTERNAL_ROOTFS_DRIVE={1 if "nvme" in machine else 0}
+EXTERNAL_ROOTFS_DRIVE={1 if external else 0}
 NO_INTERNAL_STORAGE=0
 """
 

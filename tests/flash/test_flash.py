@@ -86,7 +86,7 @@ def test_hang_waiting_for_storage_times_out_and_kills_the_script(station: Statio
     assert r.returncode == 4, r.stderr
     rec = _only_record(station)
     assert rec["result"] == "TIMEOUT"
-    assert "mmcblk0 never appeared" in str(rec["reason"])
+    assert "mmcblk1 never appeared" in str(rec["reason"])
     assert rec["phases"][-1] == {**rec["phases"][-1], "name": "flash", "result": "timeout"}  # type: ignore[index]
     assert took < 30
     pid = int(pidfile.read_text())
@@ -121,7 +121,7 @@ def test_unexpected_gadget(station: Station) -> None:
     assert r.returncode == 3
     rec = _only_record(station)
     assert rec["final_status"] == "FAILED"
-    assert "exported flashpkg when mmcblk0 was expected" in str(rec["reason"])
+    assert "exported flashpkg when mmcblk1 was expected" in str(rec["reason"])
 
 
 # -- refusals: exit 2, a REFUSED record, the bundle untouched, nothing unpacked left ------
@@ -403,10 +403,13 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
         start_new_session=True,
     )
     try:
-        for _ in range(300):  # both Orin Nanos reach the endless storage wait
+        # both Orin Nanos reach the endless storage wait (generous: CI machines are loaded)
+        for _ in range(1200):
             if pidfile.exists() and len(pidfile.read_text().split()) == 2:
                 break
             time.sleep(0.05)
+        else:
+            pytest.fail("the simulated flashes never reached the storage wait")
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
