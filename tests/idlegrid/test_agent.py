@@ -171,11 +171,11 @@ def test_a_missing_command_fails_the_attempt_cleanly(grid):
 
 
 def test_poll_interval_is_fast_only_while_a_job_exists(grid):
-    g = grid(poll=0.2, slow_poll=1.0)
+    g = grid(poll=0.2, slow_poll=1.0, idle_poll=2.0)
     g.hashchain(3_000_000)
     agent = g.agent()
     agent.start()
-    assert agent.interval() == 1.0  # nothing to stop: wake once a second
+    assert agent.interval() == 2.0  # nothing to stop: wake every idle_poll
     g.drive(agent, lambda: agent.proc is not None)
     assert agent.interval() == 0.2  # a job exists: the owner's return is acted on within 0.2 s
     agent.shutdown()

@@ -8,6 +8,7 @@ and no job runs more than one poll while the owner is present, the board is hot 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -270,22 +271,25 @@ class GridMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "admin"):
             return
-        # Let the machine be idle, cool and on AC: everything submitted must finish, once.
-        self._set_owner(False)
-        self._set_heat(False)
-        self._set_power(False)
-        for _ in range(2000):
-            if all(r["state"] == "done" for r in self.admin.jobs()):
-                break
-            self.world.t += POLL
-            for proc in self.world.procs:
-                proc.advance(POLL, False)
-            self.agent.step()
-        rows = self.admin.jobs()
-        assert all(r["state"] == "done" for r in rows), [(r["id"], r["state"]) for r in rows]
-        assert all(self.accepted[r["id"]] == 1 for r in rows)
-        self.agent.backend.close()
-        self.admin.close()
+        try:
+            # Let the machine be idle, cool and on AC: everything submitted must finish, once.
+            self._set_owner(False)
+            self._set_heat(False)
+            self._set_power(False)
+            for _ in range(2000):
+                if all(r["state"] == "done" for r in self.admin.jobs()):
+                    break
+                self.world.t += POLL
+                for proc in self.world.procs:
+                    proc.advance(POLL, False)
+                self.agent.step()
+            rows = self.admin.jobs()
+            assert all(r["state"] == "done" for r in rows), [(r["id"], r["state"]) for r in rows]
+            assert all(self.accepted[r["id"]] == 1 for r in rows)
+        finally:
+            self.agent.backend.close()
+            self.admin.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 TestGrid = GridMachine.TestCase

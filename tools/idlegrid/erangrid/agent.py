@@ -29,7 +29,7 @@ from .jobs import Backend, Lease, Outcome, pack_checkpoint, unpack_checkpoint
 from .process import JobProcess
 
 FD_CHECK_EVERY = 5  # slow polls between checks of our own open files for capture devices
-STATUS_REFRESH = 2.0  # seconds; `eran-grid status` trusts a status file younger than 5 of these
+STATUS_REFRESH = 5.0  # seconds; `eran-grid status` trusts a status file younger than 5 of these
 
 
 @dataclass(frozen=True)
@@ -497,10 +497,10 @@ class Agent:
 
     # -- the loop ---------------------------------------------------------------------------
     def interval(self) -> float:
-        """``poll`` while a job exists (its owner-return promise is one poll); ``slow_poll``
+        """``poll`` while a job exists (its owner-return promise is one poll); ``idle_poll``
         with no job: nothing needs stopping, and presence is read afresh before any claim.
-        An idle agent wakes five times less often."""
-        return self.cfg.poll if self.proc is not None else max(self.cfg.poll, self.cfg.slow_poll)
+        An idle agent wakes ten times less often."""
+        return self.cfg.poll if self.proc is not None else max(self.cfg.poll, self.cfg.idle_poll)
 
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> None:
         self.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -127,7 +128,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = None
         with contextlib.suppress(OSError, ValueError):
             status = json.loads(cfg.status_path.read_text())
-        fresh = status is not None and time.time() - float(status.get("updated", 0)) <= 5 * STATUS_REFRESH
+        fresh = (
+            status is not None
+            and time.time() - float(status.get("updated", 0)) <= 5 * STATUS_REFRESH
+            and os.path.exists(f"/proc/{int(status.get('pid', 0))}")  # a dead agent's file is no status
+        )
         if fresh and status is not None:
             line, working = str(status["line"]), bool(status.get("working"))
             info["agent"] = status

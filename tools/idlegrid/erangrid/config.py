@@ -69,6 +69,7 @@ class Config:
     node: str = field(default_factory=socket.gethostname)
     poll: float = 0.2  # seconds between polls; the owner's return is acted on within one
     slow_poll: float = 1.0  # power, heat, guard state, CPU load and our own fds: every this often
+    idle_poll: float = 2.0  # how often an agent without a job wakes (nothing to stop, so no rush)
     idle_after: float = 180.0  # owner idle this long before a job is claimed or resumed
     vacate_after: float = 600.0  # a job paused this long is checkpointed, stopped and requeued
     grace: float = 30.0  # SIGTERM → SIGKILL
@@ -100,6 +101,7 @@ class Config:
 _FLOATS = (
     "poll",
     "slow_poll",
+    "idle_poll",
     "idle_after",
     "vacate_after",
     "grace",
