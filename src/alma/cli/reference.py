@@ -12,7 +12,10 @@ from alma.cli.main import cli
 
 
 def _walk(cmd: click.Command, path: list[str], ctx_parent: click.Context | None) -> list[str]:
-    ctx = click.Context(cmd, info_name=path[-1], parent=ctx_parent, max_content_width=100, terminal_width=100)
+    # make_context applies the command's context_settings (e.g. -h as a help alias)
+    ctx = cmd.make_context(
+        path[-1], [], parent=ctx_parent, resilient_parsing=True, max_content_width=100, terminal_width=100
+    )
     out = [f"{'#' * min(len(path) + 1, 4)} `{' '.join(path)}`", "", "```", cmd.get_help(ctx).rstrip(), "```", ""]
     if isinstance(cmd, click.Group):
         for name in cmd.list_commands(ctx):
