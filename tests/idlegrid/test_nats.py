@@ -193,7 +193,7 @@ def test_kill_9_then_same_node_restart_releases_its_lease_at_once(
 def test_server_restart_mid_job_loses_nothing(grid, nats_server, hashchain_path, digest):
     g = _nats_grid(grid, nats_server, lease_ttl=6.0)
     admin = _queue(nats_server, lease_ttl=6.0)
-    job = admin.submit(_chain(hashchain_path, 6_000_000, "restart"))
+    job = admin.submit(_chain(hashchain_path, 16_000_000, "restart"))  # outlasts the outage
     admin.close()
     agent = _agent(g)
     agent.start()
@@ -201,14 +201,14 @@ def test_server_restart_mid_job_loses_nothing(grid, nats_server, hashchain_path,
     nats_server.stop()
     line = g.drive(agent, lambda: agent.coord_down_since is not None, timeout=10)
     # A heartbeat failed: it says so, and the job goes on inside its lease (the work is local).
-    assert agent.proc is not None and line.startswith("running job")
+    assert agent.proc is not None and line.startswith("running job"), g.lines
     assert "(coordinator unreachable since 20" in line and "the lease holds until" in line
     assert agent.status()["line"] == line
     nats_server.start()
-    g.drive(agent, lambda: agent.proc is None and agent.pending is None, timeout=60)
+    g.drive(agent, lambda: agent.proc is None and agent.pending is None, timeout=120)
     admin = _queue(nats_server)
     state, result, _, _ = admin.result(job)
-    assert state == "done" and json.loads(result)["digest"] == digest(b"restart", 6_000_000)
+    assert state == "done" and json.loads(result)["digest"] == digest(b"restart", 16_000_000)
     assert admin.counts() == {"queued": 0, "leased": 0, "done": 1, "dead": 0}
     agent.shutdown()
     admin.close()
