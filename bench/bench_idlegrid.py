@@ -13,8 +13,11 @@ polling intervals.
 2. Claims per second: the SQLite queue on this disk (WAL, synchronous=FULL: every claim is a
    durable transaction) and the NATS JetStream queue on a loopback nats-server (fetch + the
    checkpoint/counter look-ups a claim does). Target ≥ 500/s for SQLite.
-3. Idle CPU: utime+stime of the idle agent process (no job; owner away with an empty queue,
-   and owner present) over --idle-seconds, from /proc/PID/stat. Target < 0.5 % of one core.
+3. Idle CPU: time on CPU of the idle agent process (no job; owner away with an empty queue,
+   and owner present) over --idle-seconds, from /proc/PID/schedstat (exact ns), next to the
+   same agent at BOINC's 1 s poll and a bare Python loop waking every 0.2 s; plus the CPU
+   time of one step warm and after a 2 s sleep, which separates the agent's work from the
+   machine's cost of waking a process. Target < 0.5 % of one core.
 """
 
 from __future__ import annotations
@@ -252,6 +255,37 @@ def bare_loop_cpu(seconds: float, poll: float) -> float:
         proc.wait()
 
 
+def step_costs(sleep: float) -> tuple[float, float]:
+    """CPU time of one idle agent step, back to back (warm) and after sleeping ``sleep``
+    seconds (cold), in the bench process: shows how much of the idle figure is the work and
+    how much is this machine's cost of waking up."""
+    from erangrid.agent import Agent
+    from erangrid.config import load
+
+    base = Path(tempfile.mkdtemp(prefix="bench-idlegrid-step-"))
+    try:
+        root = fake_root(base)
+        queue = base / "queue.db"
+        SqliteQueue(queue).ping()
+        agent = Agent(load(config(base, root, 0.2, queue)), SqliteQueue(queue))
+        agent.start()
+        warm = []
+        for _ in range(300):
+            t = time.thread_time_ns()
+            agent.step()
+            warm.append(time.thread_time_ns() - t)
+        cold = []
+        for _ in range(5):
+            time.sleep(sleep)
+            t = time.thread_time_ns()
+            agent.step()
+            cold.append(time.thread_time_ns() - t)
+        agent.backend.close()
+        return statistics.median(warm) / 1e9, statistics.median(cold) / 1e9
+    finally:
+        cleanup(base)
+
+
 def idle_cpu(seconds: float, owner_present: bool, poll: float) -> float:
     """Share of one core the idle agent uses (no job)."""
     base = Path(tempfile.mkdtemp(prefix="bench-idlegrid-cpu-"))
@@ -331,8 +365,14 @@ def main() -> None:
         f"  ratio 0.2 s agent / 1 s agent = {away / slow if slow else float('inf'):.1f}x;  "
         f"agent above the floor = {(max(away, present) - floor) * 100:.2f} % of a core"
     )
+    warm, cold = step_costs(2.0)
+    print(
+        f"  one idle step: {warm * 1e6:.0f} us back to back, {cold * 1e6:.0f} us after a 2 s sleep "
+        f"(this VM's cold-wake cost grows with the sleep);  the agent's own work at one wake per "
+        f"idle_poll (2 s) = {warm / 2.0 * 100:.3f} % of a core"
+    )
     worst = max(away, present)
-    print(f"  target < 0.5 % of a core: {'MET' if worst < 0.005 else 'MISSED'} (worst {worst * 100:.2f} %)")
+    print(f"  target < 0.5 % of a core (measured): {'MET' if worst < 0.005 else 'MISSED'} (worst {worst * 100:.2f} %)")
 
 
 if __name__ == "__main__":

@@ -179,3 +179,37 @@ def test_poll_interval_is_fast_only_while_a_job_exists(grid):
     g.drive(agent, lambda: agent.proc is not None)
     assert agent.interval() == 0.2  # a job exists: the owner's return is acted on within 0.2 s
     agent.shutdown()
+
+
+def test_a_hostile_checkpoint_fails_the_job_not_the_agent(grid, tmp_path):
+    import sqlite3
+
+    g = grid(max_failures=1)
+    job = g.queue.submit(["true"])
+    blob = json.dumps({"files": {"../../escape": "eA=="}}).encode()
+    with sqlite3.connect(g.cfg.queue.path) as db:
+        db.execute("UPDATE jobs SET checkpoint=? WHERE id=?", (blob, job))
+    agent = g.agent()
+    agent.start()
+    line = agent.step()
+    assert line == f"job {job} could not start (recorded as a failure)"
+    state, _, _, detail = g.queue.result(job)
+    assert state == "dead" and "unusable checkpoint" in detail and "refusing checkpoint file name" in detail
+    assert not (g.cfg.state_dir / "escape").exists() and not (tmp_path / "escape").exists()
+    assert agent.step().startswith("idle")  # the agent goes on
+
+
+def test_an_oversized_checkpoint_is_skipped_not_fatal(grid):
+    g = grid(checkpoint_max_bytes=64, lease_ttl=0.3)
+    job = g.queue.submit(
+        [
+            "python3",
+            "-c",
+            "import os, time; d = os.environ['ERAN_GRID_CHECKPOINT_DIR'];"
+            " open(os.path.join(d, 'big'), 'w').write('x' * 1000); time.sleep(0.6)",
+        ]
+    )
+    agent = g.agent()
+    agent.start()
+    g.drive(agent, lambda: g.queue.result(job)[0] == "done")
+    assert any("checkpoint not saved" in line and "larger than 64 bytes" in line for line in g.lines)

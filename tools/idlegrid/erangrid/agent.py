@@ -261,6 +261,8 @@ class Agent:
         if lease is None:
             return f"idle {ago(cond.idle_for())}: queue empty" if cond.activity.at else "idle: queue empty"
         self._start(lease, cond.now)
+        if self.proc is None:
+            return f"job {lease.job.id} could not start (recorded as a failure)"
         return f"running job {lease.job.id}"
 
     def _start(self, lease: Lease, now: float) -> None:
@@ -269,7 +271,13 @@ class Agent:
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         ckpt = workdir / "checkpoint"
-        restored = unpack_checkpoint(lease.checkpoint, ckpt)
+        self.lease = lease
+        try:
+            restored = unpack_checkpoint(lease.checkpoint, ckpt)
+        except (GridError, ValueError, KeyError, TypeError) as exc:  # a corrupt or hostile checkpoint
+            self.proc = None
+            self._fail(f"unusable checkpoint: {exc}")
+            return
         (workdir / "input").write_bytes(job.input)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")}
         env.update(
@@ -282,7 +290,6 @@ class Agent:
         )
         if job.checkpoint:
             env["ERAN_GRID_CHECKPOINT_DIR"] = str(ckpt)
-        self.lease = lease
         self.ckpt_digest = hashlib.sha256(lease.checkpoint or b"").hexdigest()
         self.last_hb = now
         self.lease_valid_until = now + self.cfg.lease_ttl
@@ -302,11 +309,17 @@ class Agent:
         )
 
     def _checkpoint(self) -> bytes | None:
+        """The job's checkpoint directory packed, or None (none, or unusable: the queue keeps
+        the previous one rather than the agent dying over a job's oversized files)."""
         if self.lease is None or not self.lease.job.checkpoint:
             return None
-        return pack_checkpoint(
-            self.cfg.state_dir / "work" / self.lease.job.id / "checkpoint", self.cfg.checkpoint_max_bytes
-        )
+        try:
+            return pack_checkpoint(
+                self.cfg.state_dir / "work" / self.lease.job.id / "checkpoint", self.cfg.checkpoint_max_bytes
+            )
+        except (GridError, OSError) as exc:
+            self.log(f"job {self.lease.job.id}: checkpoint not saved: {exc}")
+            return None
 
     def _step_running(self, cond: Conditions) -> str:
         assert self.proc is not None and self.lease is not None
