@@ -60,7 +60,7 @@ def test_default_config_opts_out():
 def test_single_sourced_no_copy_in_the_layer():
     assert [p.name for p in RECIPE_DIR.rglob("*") if p.is_file()] == [RECIPE.name]
     layer_conf = (REPO / "layers/meta-alma/conf/layer.conf").read_text()
-    m = re.search(r"^ALMA_TOOLS_DIR := .*os\.path\.join\('\$\{LAYERDIR\}', '\.\.', '\.\.', 'tools'\)", layer_conf, re.M)
+    m = re.search(r"^ALMA_TOOLS_DIR := .*\$\{LAYERDIR\}.*tools", layer_conf, re.M)
     assert m, "layer.conf must set ALMA_TOOLS_DIR from LAYERDIR"
     tools_dir = os.path.normpath(REPO / "layers/meta-alma" / ".." / ".." / "tools")
     text = RECIPE.read_text()
