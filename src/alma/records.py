@@ -73,24 +73,37 @@ class FlashRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FlashRecord:
-        if data.get("schema") != SCHEMA:
-            raise ConfigError(f"not a flash record (schema {data.get('schema')!r}, want {SCHEMA})")
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"not a flash record (schema {schema!r}, want {SCHEMA})")
         data = dict(data)
-        data["phases"] = [Phase(**p) for p in data.get("phases", [])]
-        boot = data.get("boot")
-        data["boot"] = Boot(**boot) if isinstance(boot, dict) else None
         try:
+            data["phases"] = [Phase(**p) for p in data.get("phases", [])]
+            boot = data.get("boot")
+            data["boot"] = Boot(**boot) if isinstance(boot, dict) else None
             return cls(**data)
-        except TypeError as exc:
+        except (TypeError, AttributeError) as exc:
             raise ConfigError(f"malformed flash record: {exc}") from exc
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same dir, fsync and rename."""
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same dir, fsync and rename.
+
+    The file keeps the mode of the file it replaces, else ``mode``, else 0644 less the
+    umask (mkstemp's 0600 would hide committed manifests and served pages from readers).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o644 & ~umask
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), mode)
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -98,6 +111,12 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    # the rename itself must survive a power cut too
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def record_filename(rec: FlashRecord) -> str:
@@ -121,7 +140,7 @@ def load_all(directory: Path) -> list[FlashRecord]:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
             out.append(FlashRecord.from_dict(data))
-        except (json.JSONDecodeError, ConfigError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, ConfigError) as exc:
             raise ConfigError(f"{p}: {exc}", hint=f"fix or remove {p}") from exc
     return sorted(out, key=lambda r: r.started)
 

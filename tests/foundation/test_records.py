@@ -68,3 +68,30 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch: py
         records.write_atomic(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"[1, 2]",
+        json.dumps({"schema": "alma.flash-record/1", "phases": [{"bogus": 1}]}).encode(),
+        json.dumps({"schema": "alma.flash-record/1", "phases": [1]}).encode(),
+        b"\xff\xfe not utf-8",
+    ],
+)
+def test_any_bad_record_is_a_config_error_not_a_traceback(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "bad.json").write_bytes(content)
+    with pytest.raises(ConfigError) as ei:
+        records.load_all(tmp_path)
+    assert "bad.json" in ei.value.message
+
+
+def test_atomic_write_gives_readable_files_and_keeps_an_existing_mode(tmp_path: Path) -> None:
+    new = tmp_path / "new.json"
+    records.write_atomic(new, "{}")
+    assert new.stat().st_mode & 0o044 == 0o044  # group/others can read a committed manifest
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    kept.chmod(0o640)
+    records.write_atomic(kept, "new")
+    assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new"
