@@ -194,7 +194,7 @@ def test_a_hostile_checkpoint_fails_the_job_not_the_agent(grid, tmp_path):
     line = agent.step()
     assert line == f"job {job} could not start (recorded as a failure)"
     state, _, _, detail = g.queue.result(job)
-    assert state == "dead" and "unusable checkpoint" in detail and "refusing checkpoint file name" in detail
+    assert state == "dead" and "unusable checkpoint" in detail and "refusing checkpoint file" in detail
     assert not (g.cfg.state_dir / "escape").exists() and not (tmp_path / "escape").exists()
     assert agent.step().startswith("idle")  # the agent goes on
 

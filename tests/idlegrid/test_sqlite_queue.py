@@ -155,9 +155,20 @@ def test_checkpoint_limits_and_hostile_names(tmp_path):
         pack_checkpoint(src, 1024)
     for name in ("../escape", "/etc/passwd", ".profile", "a/b"):
         blob = json.dumps({"files": {name: ""}}).encode()
-        with pytest.raises(UserError, match="refusing checkpoint file name"):
+        with pytest.raises(UserError, match="refusing checkpoint file"):
             unpack_checkpoint(blob, tmp_path / "out")
     assert not (tmp_path / "escape").exists()
+    # malformed blobs from a hostile or corrupt queue: a UserError each, never a traceback
+    for blob in (
+        b"not json",
+        b"[1]",
+        json.dumps({"files": []}).encode(),
+        json.dumps({"files": {"ok": 5}}).encode(),
+        json.dumps({"files": {"x" * 300: ""}}).encode(),
+        json.dumps({"files": {"ok": "***not base64***"}}).encode(),
+    ):
+        with pytest.raises(UserError):
+            unpack_checkpoint(blob, tmp_path / "out2")
     assert pack_checkpoint(tmp_path / "missing", 10) is None
 
 

@@ -274,7 +274,7 @@ class Agent:
         self.lease = lease
         try:
             restored = unpack_checkpoint(lease.checkpoint, ckpt)
-        except (GridError, ValueError, KeyError, TypeError) as exc:  # a corrupt or hostile checkpoint
+        except GridError as exc:  # a corrupt or hostile checkpoint (unpack_checkpoint says which)
             self.proc = None
             self._fail(f"unusable checkpoint: {exc}")
             return

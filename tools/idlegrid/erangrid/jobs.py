@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -123,11 +124,22 @@ def unpack_checkpoint(blob: bytes | None, directory: Path) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     if not blob:
         return 0
-    files = json.loads(blob)["files"]
+    try:
+        packed = json.loads(blob)
+        files = packed["files"] if isinstance(packed, dict) else None
+    except (ValueError, KeyError) as exc:
+        raise UserError(f"unreadable checkpoint: {exc}") from exc
+    if not isinstance(files, dict):
+        raise UserError("checkpoint is not a mapping of file names to contents")
     for name, data in files.items():
-        if not _safe_name(name):
-            raise UserError(f"refusing checkpoint file name {name!r}")
+        if not _safe_name(name) or not isinstance(data, str):
+            raise UserError(f"refusing checkpoint file {name!r}")
         tmp = directory / f".{name}.part"
-        tmp.write_bytes(base64.b64decode(data))
-        os.replace(tmp, directory / name)
+        try:
+            tmp.write_bytes(base64.b64decode(data))
+            os.replace(tmp, directory / name)
+        except (OSError, ValueError) as exc:  # e.g. a name too long for the filesystem, bad base64
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise UserError(f"cannot restore checkpoint file {name[:40]!r}: {exc}") from exc
     return len(files)
