@@ -127,6 +127,8 @@ def load_manifest(path: Path) -> Manifest:
         ) from None
     except OSError as exc:
         raise _bad(path, f"cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise _bad(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -38,11 +39,16 @@ def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
                 param_hint="--phase-timeout",
             )
         try:
-            out[name] = float(secs)
+            seconds = float(secs)
         except ValueError:
+            seconds = math.nan
+        # nan/inf/<=0 would mean "no deadline" or "already expired": NVIDIA's script has no
+        # timeouts of its own, so every phase must keep a real one.
+        if not math.isfinite(seconds) or seconds <= 0:
             raise click.BadParameter(
-                f"{v!r}: {secs!r} is not a number of seconds", param_hint="--phase-timeout"
-            ) from None
+                f"{v!r}: {secs!r} is not a positive number of seconds", param_hint="--phase-timeout"
+            )
+        out[name] = seconds
     return out
 
 
