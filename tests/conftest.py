@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# No example database: it would be written into the checkout (.hypothesis/) by every run.
+settings.register_profile("alma", database=None)
+settings.load_profile("alma")
 
 REPO = Path(__file__).resolve().parent.parent
 
