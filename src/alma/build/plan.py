@@ -64,9 +64,6 @@ class BuildPlan:
     def mode(self) -> str:
         return "check" if self.request.check else "build"
 
-    def bitbake_command(self) -> str:
-        return self.argv[-1]
-
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,

@@ -174,9 +174,6 @@ class _Display:
             table.add_row(inst, row["phase"], f"{now - row['t0']:.0f}s", row["line"][:70])
         return table
 
-    def _out(self, text: str) -> None:
-        click.echo(text, err=self.json_mode)
-
     def event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "prepare":
             pct = int(100 * data["done"] / max(1, data["total"]))

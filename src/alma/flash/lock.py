@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from alma.errors import UserError
@@ -70,13 +69,3 @@ class BoardLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-@contextlib.contextmanager
-def board_lock(usb_instance: str, directory: Path | None = None) -> Iterator[BoardLock]:
-    lk = BoardLock(usb_instance, directory)
-    lk.acquire()
-    try:
-        yield lk
-    finally:
-        lk.release()

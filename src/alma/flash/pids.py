@@ -83,7 +83,3 @@ def module_for(vendor: str, product: str) -> Module | None:
 
 def modules_for_machine(machine: str) -> list[Module]:
     return [m for m in MODULES.values() if machine in m.machines]
-
-
-def recovery_pids() -> list[str]:
-    return sorted(MODULES)

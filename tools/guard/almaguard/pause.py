@@ -188,13 +188,3 @@ class Pauser:
         self.stopped.clear()
         self._save()
         return PauseResult(method, detail, pids)
-
-    def frozen_confirmed(self) -> bool | None:
-        """For the freeze method: does cgroup.events say ``frozen 1`` yet? None if n/a."""
-        if self.method != "freeze":
-            return None
-        for line in (read_text(self.cgroup / "cgroup.events") or "").splitlines():
-            key, _, val = line.partition(" ")
-            if key == "frozen":
-                return val.strip() == "1"
-        return None

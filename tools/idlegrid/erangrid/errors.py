@@ -33,7 +33,3 @@ class CoordinatorUnreachable(GridError):
     """The queue (SQLite file or NATS server) cannot be reached: wait, never simulate."""
 
     exit_code = 4
-
-
-class LeaseLost(GridError):
-    """Our lease on a job expired and someone else may own it now."""
