@@ -21,3 +21,21 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is not installed: .ci/run must install it")
         pytest.skip(f"{name} not installed")
     return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """Run the real ``alma`` entry point in-process: (exit code, stdout, stderr).
+
+    Like the console script, ``sys.exit(main())``: the code is main()'s return value (click
+    hands back ``ctx.exit`` codes in non-standalone mode) or a SystemExit's code.
+    """
+    from alma.cli.main import main
+
+    capsys.readouterr()
+    try:
+        ret = main([str(a) for a in args])
+        code = ret if isinstance(ret, int) else 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -88,3 +88,17 @@ GOOD = dict(
     ls_remote=lambda url, timeout: None,
     env={},
 )
+
+
+# `alma build` in a child process with healthy preflight probes (root, disk, RAM, network
+# faked healthy), for tests that need a real process: a pty, a real SIGINT.
+DRIVER = """
+import sys
+from alma.build import preflight as pf
+healthy = pf.Probes(euid=lambda: 1000, which=lambda t: "/usr/bin/" + t, disk_free=lambda p: 500 * pf.GB,
+                    mem_total=lambda: 64 * pf.GIB, cpu_count=lambda: 8, locales=lambda: {"en_us.utf8"},
+                    ls_remote=lambda url, t: None, env={})
+pf.default_probes = lambda: healthy
+from alma.cli.main import main
+main(sys.argv[1:])
+"""

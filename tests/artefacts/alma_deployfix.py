@@ -13,8 +13,12 @@ import io
 import os
 import random
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
+from support import run_cli
 
 KREL = "5.15.185-l4t-r36.5-1033.33+g9c6d5c8154"
 KPV = "5.15.185+git0+9c6d5c8154-r0"
@@ -196,14 +200,18 @@ class Run:
 
 def run_alma(capsys, *args: str) -> Run:  # type: ignore[no-untyped-def]
     """Run the real CLI entry point in-process (exit-code mapping included)."""
-    from alma.cli.main import main
+    return Run(*run_cli(capsys, *args))
 
-    capsys.readouterr()
-    try:
-        # like the console script: sys.exit(main()); click returns Exit codes in non-standalone mode
-        ret = main([str(a) for a in args])
-        code = ret if isinstance(ret, int) else 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return Run(code, out, err)
+
+# Fixtures shared by tests/artefacts and tests/gates (their conftests import them).
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    root = make_project(tmp_path / "proj")
+    monkeypatch.chdir(root)
+    return root
+
+
+@pytest.fixture
+def alma(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
+    return lambda *args: run_alma(capsys, *args)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import run_cli
 from support_build import GOOD, install_fakes, make_project
 
 from alma.build import preflight as pf
@@ -48,15 +49,4 @@ def probes(monkeypatch: pytest.MonkeyPatch) -> Callable[..., pf.Probes]:
 @pytest.fixture
 def alma(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
     """Run the real CLI entry point in-process: (exit code, stdout, stderr)."""
-    from alma.cli.main import main
-
-    def run(*args: str) -> tuple[int, str, str]:
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return run
+    return lambda *args: run_cli(capsys, *args)

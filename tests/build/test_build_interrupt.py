@@ -10,18 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support_build import mark_checked_out, read_record
+from support_build import DRIVER, mark_checked_out, read_record
 
-DRIVER = """
-import sys
-from alma.build import preflight as pf
-healthy = pf.Probes(euid=lambda: 1000, which=lambda t: "/usr/bin/" + t, disk_free=lambda p: 500 * pf.GB,
-                    mem_total=lambda: 64 * pf.GIB, cpu_count=lambda: 8, locales=lambda: {"en_us.utf8"},
-                    ls_remote=lambda url, t: None, env={})
-pf.default_probes = lambda: healthy
-from alma.cli.main import main
-main(sys.argv[1:])
-"""
 
 
 @pytest.mark.slow

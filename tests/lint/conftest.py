@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import run_cli
 from support_build import make_project
 from support_lint import make_clean_layer
 
@@ -18,17 +20,6 @@ def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def alma_cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+def alma_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
     """Run the real CLI entry point in-process: (exit code, stdout, stderr)."""
-    from alma.cli.main import main
-
-    def run(*args: str) -> tuple[int, str, str]:
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return run
+    return lambda *args: run_cli(capsys, *args)
