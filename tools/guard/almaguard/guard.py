@@ -161,28 +161,23 @@ class Guard:
         return action
 
     def _shed(self, now: float, reason: str) -> str:
-        res = self.pauser.pause()
-        st = self.status
-        st.shedding, st.since_wall, st.reason = True, self.wall(), reason
-        self._cool_since = None
-        self.transitions.append((now, "shed", reason))
-        log.warning("SHED: %s; %s", reason, res.detail)
-        self.notifier.status(f"shedding: {reason}")
-        return "shed"
+        return self._transition(now, "shed", reason, self.pauser.pause().detail)
 
     def _resume(self, now: float) -> str:
         hottest = max(self.status.zones.items(), key=lambda kv: kv[1])
         reason = (
             f"all zones below resume threshold for {self.cfg.holdoff_s:.0f} s (hottest {hottest[0]} {hottest[1]:.1f} C)"
         )
-        res = self.pauser.resume()
+        return self._transition(now, "resume", reason, self.pauser.resume().detail)
+
+    def _transition(self, now: float, kind: str, reason: str, detail: str) -> str:
         st = self.status
-        st.shedding, st.since_wall, st.reason = False, self.wall(), reason
+        st.shedding, st.since_wall, st.reason = kind == "shed", self.wall(), reason
         self._cool_since = None
-        self.transitions.append((now, "resume", reason))
-        log.warning("RESUME: %s; %s", reason, res.detail)
-        self.notifier.status(f"normal: {reason}")
-        return "resume"
+        self.transitions.append((now, kind, reason))
+        log.warning("%s: %s; %s", kind.upper(), reason, detail)
+        self.notifier.status(f"{'shedding' if kind == 'shed' else 'normal'}: {reason}")
+        return kind
 
     def write_state(self, now_wall: float) -> None:
         self._last_state_write = now_wall

@@ -204,18 +204,7 @@ def check_memory(ctx: Context) -> Check:
         st = WARNING
     # CPU and GPU share this pool on Orin: MemAvailable is the capacity, no "GPU free" figure.
     parts = [f"MemAvailable {avail_mib:.0f} MiB ({pct:.1f}% of {mem['MemTotal'] / 1024:.0f} MiB, shared CPU+GPU)"]
-    perf = [
-        Perf(
-            "mem_available_pct",
-            round(pct, 1),
-            "%",
-            float(c["avail_warn_pct"]),
-            float(c["avail_crit_pct"]),
-            0,
-            100,
-            low=True,
-        )
-    ]
+    perf = [_free_pct_perf("mem_available_pct", pct, c["avail_warn_pct"], c["avail_crit_pct"])]
     psi = _psi(ctx.paths("/proc/pressure/memory"))
     if psi is None:
         parts.append("PSI not available")
@@ -446,19 +435,13 @@ def check_disk(ctx: Context) -> Check:
         states.append(st)
         parts.append(f"{mount} {free / 2**30:.1f} GiB free ({pct:.1f}%)")
         label = "root" if mount == "/" else str(mount).strip("/").replace("/", "_")
-        perf.append(
-            Perf(
-                f"disk_{label}_free_pct",
-                round(pct, 1),
-                "%",
-                float(c["warn_pct"]),
-                float(c["crit_pct"]),
-                0,
-                100,
-                low=True,
-            )
-        )
+        perf.append(_free_pct_perf(f"disk_{label}_free_pct", pct, c["warn_pct"], c["crit_pct"]))
     return Check("disk", worst(states) if states else OK, "; ".join(parts) or "no paths configured", perf)
+
+
+def _free_pct_perf(label: str, pct: float, warn: Any, crit: Any) -> Perf:
+    """Perfdata for a "% still free" figure: 0..100, lower is worse."""
+    return Perf(label, round(pct, 1), "%", float(warn), float(crit), 0, 100, low=True)
 
 
 CHECKS: dict[str, Callable[[Context], Check]] = {

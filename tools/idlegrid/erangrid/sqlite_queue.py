@@ -208,14 +208,10 @@ class SqliteQueue:
         lost attempt counts as a failure (it ended without a result or a yield)."""
         with self._tx() as db:
             self._reap(db)
-            cur = db.execute(
-                "UPDATE jobs SET state = CASE WHEN failures + 1 >= ? THEN 'dead' ELSE 'queued' END,"
-                " failures = failures + 1, lease_owner=NULL, lease_token=NULL, lease_expires=NULL,"
-                " detail='released at agent start (previous run of this node ended mid-job)'"
-                " WHERE state='leased' AND lease_owner=?",
-                (self.max_failures, node),
+            n = self._fail_leases(
+                db, "lease_owner=?", (node,), "released at agent start (previous run of this node ended mid-job)"
             )
-        return cur.rowcount
+        return n
 
     def ping(self) -> None:
         try:
@@ -224,13 +220,17 @@ class SqliteQueue:
             raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
 
     def _reap(self, db: sqlite3.Connection) -> None:
-        db.execute(
+        self._fail_leases(db, "lease_expires < ?", (self.clock(),), "lease expired (agent crashed or lost the queue)")
+
+    def _fail_leases(self, db: sqlite3.Connection, where: str, args: tuple[object, ...], detail: str) -> int:
+        """Requeue leased jobs matching ``where`` as a lost attempt (a failure, never a yield)."""
+        cur = db.execute(
             "UPDATE jobs SET state = CASE WHEN failures + 1 >= ? THEN 'dead' ELSE 'queued' END,"
-            " failures = failures + 1, lease_owner=NULL, lease_token=NULL, lease_expires=NULL,"
-            " detail='lease expired (agent crashed or lost the queue)'"
-            " WHERE state='leased' AND lease_expires < ?",
-            (self.max_failures, self.clock()),
+            " failures = failures + 1, lease_owner=NULL, lease_token=NULL, lease_expires=NULL, detail=?"
+            f" WHERE state='leased' AND {where}",
+            (self.max_failures, detail, *args),
         )
+        return cur.rowcount
 
     def claim(self, node: str) -> Lease | None:
         now = self.clock()
