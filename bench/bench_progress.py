@@ -129,8 +129,8 @@ def main() -> None:
         make_log(log, args.lines)
         size = log.stat().st_size
         out = Path(tmp) / "copy.log"
-        parser = [sys.executable, "-m", "alma.build.progress", str(out)]
-        per_line = [sys.executable, "-m", "alma.build.progress", "--per-line", str(out)]
+        parser = [sys.executable, "-m", "alma.imagebuild.progress", str(out)]
+        per_line = [sys.executable, "-m", "alma.imagebuild.progress", "--per-line", str(out)]
         # check the parser really parsed the log (not a no-op)
         res = subprocess.run(parser, stdin=log.open("rb"), capture_output=True, text=True, check=True)
         assert '"tasks_attempted"' in res.stderr and out.read_bytes() == log.read_bytes(), res.stderr
@@ -148,7 +148,7 @@ def main() -> None:
     ratio = statistics.median(times["alma"]) / statistics.median(times["cat"])
     ratio_line = statistics.median(times["alma-per-line"]) / statistics.median(times["cat"])
     print(
-        f"ratio alma (block scan, python -m alma.build.progress) / cat: {ratio:.2f}  (target <= {TARGET}) "
+        f"ratio alma (block scan, python -m alma.imagebuild.progress) / cat: {ratio:.2f}  (target <= {TARGET}) "
         f"{'MET' if ratio <= TARGET else 'NOT MET'}"
     )
     floor = statistics.median(times["alma"]) / statistics.median(times["python-copy"])

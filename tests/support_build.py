@@ -7,9 +7,9 @@ import stat
 import sys
 from pathlib import Path
 
-from alma.build import preflight as pf
+from alma.imagebuild import preflight as pf
 
-FAKES = Path(__file__).parent / "build" / "fakes"
+FAKES = Path(__file__).parent / "imagebuild" / "fakes"
 BITBAKE_SHA = "0880963fea4d91a034e4a6e007d23f98658ab986"
 OE_SHA = "543550522f831479f07d332a40ba343c53ae1065"
 MACHINES = ("jetson-orin-nano-devkit", "jetson-orin-nano-devkit-nvme", "jetson-agx-orin-devkit")
@@ -94,7 +94,7 @@ GOOD = dict(
 # faked healthy), for tests that need a real process: a pty, a real SIGINT.
 DRIVER = """
 import sys
-from alma.build import preflight as pf
+from alma.imagebuild import preflight as pf
 healthy = pf.Probes(euid=lambda: 1000, which=lambda t: "/usr/bin/" + t, disk_free=lambda p: 500 * pf.GB,
                     mem_total=lambda: 64 * pf.GIB, cpu_count=lambda: 8, locales=lambda: {"en_us.utf8"},
                     ls_remote=lambda url, t: None, env={})

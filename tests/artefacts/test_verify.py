@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from artefacts.alma_deployfix import KREL, MACHINES, build_deploy, kernel_bytes, make_bundle
 
-from alma import records
 from alma.artefacts.cache import default_cache_file
 from alma.artefacts.kernel import read_kernel
 from alma.artefacts.manifest import load_manifest, manifest_path
 from alma.errors import UserError
+from alma.flash import records
 
 IMAGE = "alma-image"
 

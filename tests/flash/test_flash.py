@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support_flash import BOOT_LOG, FLASHING_INITRD, Station, sha256
 
-from alma.records import FlashRecord, load_all, status_label
+from alma.flash.records import FlashRecord, load_all, status_label
 
 NANO = "jetson-orin-nano-devkit"
 AGX = "jetson-agx-orin-devkit"

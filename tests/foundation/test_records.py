@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from alma import records
+from alma import ground
 from alma.errors import ConfigError
+from alma.flash import records
 
 
 def _rec(
@@ -63,9 +64,9 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch: py
     def boom(*a: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(records.os, "replace", boom)
+    monkeypatch.setattr(ground.os, "replace", boom)
     with pytest.raises(OSError):
-        records.write_atomic(target, "new")
+        ground.write_atomic(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
 
@@ -88,10 +89,10 @@ def test_any_bad_record_is_a_config_error_not_a_traceback(tmp_path: Path, conten
 
 def test_atomic_write_gives_readable_files_and_keeps_an_existing_mode(tmp_path: Path) -> None:
     new = tmp_path / "new.json"
-    records.write_atomic(new, "{}")
+    ground.write_atomic(new, "{}")
     assert new.stat().st_mode & 0o044 == 0o044  # group/others can read a committed manifest
     kept = tmp_path / "kept.json"
     kept.write_text("old")
     kept.chmod(0o640)
-    records.write_atomic(kept, "new")
+    ground.write_atomic(kept, "new")
     assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new"

@@ -12,9 +12,9 @@ import pytest
 from artefacts.alma_deployfix import build_deploy
 from support import REPO
 
-from alma import records
 from alma.artefacts.manifest import Manifest, manifest_path
 from alma.artefacts.verify import ARTEFACT_FACTS
+from alma.flash import records
 
 MACHINE, IMAGE = "jetson-orin-nano-devkit", "alma-image"
 SHA = "ab" * 32

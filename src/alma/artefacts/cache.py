@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from alma.records import write_atomic
+from alma.ground import write_atomic
 
 VERSION = 1
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from alma.ground import utc_iso
+
 BUNDLE_EXTS = (".tegraflash.tar.gz", ".tegraflash.zip")
 KERNEL_NAMES = ("Image-{machine}.bin", "Image", "Image.gz-{machine}.bin", "Image.gz")
 STAMP = re.compile(r"\.rootfs-(\d{14})\.")
@@ -99,7 +101,7 @@ def stamp_time(name: str) -> str | None:
         t = datetime.strptime(m.group(1), "%Y%m%d%H%M%S").replace(tzinfo=UTC)
     except ValueError:
         return None
-    return t.isoformat().replace("+00:00", "Z")
+    return utc_iso(t)
 
 
 def buildhistory_dir(deploy: Path, image: str, machine: str) -> Path:

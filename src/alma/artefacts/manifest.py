@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from alma.errors import ConfigError
+from alma.ground import utc_iso
 
 SCHEMA = "alma.facts/1"
 FACTS_DIR = Path("facts")
@@ -66,7 +66,7 @@ class Manifest:
             "schema": self.schema,
             "machine": self.machine,
             "image": self.image,
-            "generated": self.generated or now_iso(),
+            "generated": self.generated or utc_iso(),
             "facts": {k: self.facts[k].to_dict() for k in sorted(self.facts)},
         }
 
@@ -74,8 +74,6 @@ class Manifest:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def manifest_path(root: Path, image: str, machine: str) -> Path:

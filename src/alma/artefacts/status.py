@@ -2,15 +2,15 @@
 
 ``Prototype`` (built, never flashed), ``Flashed`` (a record for this bundle's sha256 says
 SUCCESS), ``Booted`` (such a record also saw the board boot). The one rule lives in
-``alma.records.status_label``; this only applies it to a manifest.
+``alma.flash.records.status_label``; this only applies it to a manifest.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from alma import records
 from alma.artefacts.manifest import Manifest
+from alma.flash import records
 
 STATUS_FACTS = ("flashed", "booted", "status")
 
@@ -34,7 +34,7 @@ def derive_status(manifest: Manifest, facts_dir: Path) -> None:
     recs = records.load_all(rdir)
     mine = [r for r in recs if r.bundle_sha256 == sha]
     label = records.status_label(sha, recs)
-    src = f"{rdir}: {len(mine)} flash record(s) for bundle sha256 {sha[:12]} (alma.records.status_label)"
+    src = f"{rdir}: {len(mine)} flash record(s) for bundle sha256 {sha[:12]} (alma.flash.records.status_label)"
     manifest.set("status", label, src)
     manifest.set("flashed", label in ("Flashed", "Booted"), src)
     manifest.set("booted", label == "Booted", src)

@@ -19,10 +19,11 @@ from alma.artefacts import deploy as dp
 from alma.artefacts.bundle import ENV_MEMBER, REQUIRED_MEMBERS, BundleScan, Progress, scan_bundle
 from alma.artefacts.cache import Cache, file_key
 from alma.artefacts.kernel import KernelFacts, read_kernel
-from alma.artefacts.manifest import Manifest, now_iso
+from alma.artefacts.manifest import Manifest
 from alma.artefacts.rootfs import COMPONENTS, legitimize, read_rootfs_manifest
 from alma.artefacts.status import derive_status
 from alma.errors import UserError
+from alma.ground import utc_iso
 
 log = logging.getLogger("alma.verify")
 
@@ -143,7 +144,7 @@ def verify(
             )
         image = images[0]
 
-    m = Manifest(machine=machine, image=image, generated=now_iso())
+    m = Manifest(machine=machine, image=image, generated=utc_iso())
     host = socket.gethostname()
 
     # --- bundle (the fingerprint of the build) ---
@@ -255,10 +256,7 @@ def verify(
         for name in ("image-info.txt", "build-id.txt"):
             f = bh / name
             if f.is_file():
-                from datetime import UTC, datetime
-
-                t = datetime.fromtimestamp(f.stat().st_mtime, UTC).replace(microsecond=0)
-                m.set("build_time", t.isoformat().replace("+00:00", "Z"), f"{f}: mtime (buildhistory)")
+                m.set("build_time", utc_iso(f.stat().st_mtime), f"{f}: mtime (buildhistory)")
                 break
         else:
             m.set("build_time", None, "no DATETIME stamp in the artefact names and no buildhistory")
@@ -286,7 +284,7 @@ def absent(root: Path, machine: str, image: str, searched: list[Path]) -> Manife
                 hint=f"verify it instead: alma verify {d}",
             )
     host = socket.gethostname()
-    m = Manifest(machine=machine, image=image, generated=now_iso())
+    m = Manifest(machine=machine, image=image, generated=utc_iso())
     where = ", ".join(_rel(d, root) for d in searched) or "(no place given)"
     src = f"alma verify --absent on {host}: no deploy dir found ({where}); not built/verified here"
     for name in ARTEFACT_FACTS:

@@ -1,4 +1,4 @@
-"""``alma build``: parse arguments, print. The logic lives in ``alma.build``."""
+"""``alma build``: parse arguments, print. The logic lives in ``alma.imagebuild``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from alma.build.plan import BuildPlan
+    from alma.imagebuild.plan import BuildPlan
 
 EXIT_CODES = (
     "Exit codes: 0 build (or --check) succeeded; 2 bad option, unknown machine/image, invalid kas file, "
@@ -89,12 +89,12 @@ def build(
     then the host is checked (tools, disk, RAM, user, network) and every problem is listed
     at once before anything slow starts.
     """
-    from alma.build import engine
-    from alma.build import preflight as pf
-    from alma.build.plan import BuildRequest, make_plan
-    from alma.build.project import DEFAULT_IMAGE, DEFAULT_MACHINE, Project
     from alma.cli.output import emit_json, is_tty
     from alma.errors import Interrupted, ToolError
+    from alma.imagebuild import engine
+    from alma.imagebuild import preflight as pf
+    from alma.imagebuild.plan import BuildRequest, make_plan
+    from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, Project
     from alma.settings import repo_root
 
     probes = pf.default_probes()
@@ -120,7 +120,7 @@ def build(
         return
 
     engine.require_preflight(plan, probes)
-    from alma.build.display import PlainDisplay, RichDisplay
+    from alma.imagebuild.display import PlainDisplay, RichDisplay
 
     display: engine.Display = (
         RichDisplay() if is_tty() and not as_json else PlainDisplay(stream=sys.stderr if as_json else sys.stdout)

@@ -111,7 +111,7 @@ def inspect(
     """
     from alma.fleet import inspect as I
     from alma.fleet.inventory import load_fleet
-    from alma.records import write_atomic
+    from alma.ground import write_atomic
 
     fl = load_fleet(fleet_path)
     targets = [fl.node(n) for n in dict.fromkeys(nodes)]

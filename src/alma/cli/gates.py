@@ -110,7 +110,7 @@ def render(paths: tuple[Path, ...], write: bool, facts_dir: Path | None, root: P
 
     from alma.gates.check import display
     from alma.gates.check import render as run
-    from alma.records import write_atomic
+    from alma.ground import write_atomic
 
     results = run(list(paths), root=_root(root), facts_dir=facts_dir)  # raises before anything is written
     changed = [(p, old, new) for p, old, new in results if old != new]

@@ -94,7 +94,7 @@ def verify(
     from alma.artefacts import verify as v
     from alma.artefacts.deploy import default_deploy_dirs
     from alma.artefacts.manifest import manifest_path
-    from alma.records import write_atomic
+    from alma.ground import write_atomic
 
     root = (root or settings.repo_root()).resolve()
     if absent:

@@ -23,7 +23,8 @@ from typing import Any
 
 import serial
 
-from alma.records import Boot
+from alma.flash.records import Boot
+from alma.ground import utc_iso
 
 BAUD = 115200
 KERNEL_BANNER = re.compile(r"Linux version \S+")
@@ -154,7 +155,7 @@ class ConsoleWatcher:
                         console=self.port,
                         kernel_banner=banner,
                         login_prompt=prompt,
-                        seen_at=_iso_now(),
+                        seen_at=utc_iso(),
                     )
                 if self._error is not None:
                     return Boot(seen=False, console=self.port, kernel_banner=banner, reason=self._error)
@@ -177,10 +178,6 @@ class ConsoleWatcher:
         return f"timeout: no kernel banner and no login prompt within {timeout:.0f} s"
 
 
-def _iso_now() -> str:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def find_console(board_sys_path: str | None, context: Any = None, *, only_one_ok: bool = True) -> str | None:

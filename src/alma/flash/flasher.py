@@ -14,7 +14,6 @@ import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -22,7 +21,8 @@ from alma import runner, settings
 from alma.errors import Interrupted, ToolError, ToolTimeout, UserError
 from alma.flash import reasons
 from alma.flash.envfile import read_env
-from alma.records import Phase
+from alma.flash.records import Phase
+from alma.ground import utc_iso
 
 BANNER = re.compile(r"^== Step (?P<n>\d+): (?P<what>.+?) at (?P<when>\S+) ==\s*$")
 
@@ -47,8 +47,6 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
 }
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -119,7 +117,7 @@ class InitrdFlasher:
         return [exe, "--usb-instance", usb_instance, *self.extra_args]
 
     def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome:
-        phases: list[Phase] = [Phase("wait-board", now_iso())]
+        phases: list[Phase] = [Phase("wait-board", utc_iso())]
         deadline = _CancellableDeadline(self.timeouts["wait-board"], "wait-board", self.cancel)
         lines: list[str] = []
 
@@ -128,9 +126,9 @@ class InitrdFlasher:
             m = BANNER.match(line.strip())
             if m:
                 name = STEP_PHASES.get(m["what"], f"step-{m['n']}")
-                phases[-1].finished = now_iso()
+                phases[-1].finished = utc_iso()
                 phases[-1].result = "ok"
-                phases.append(Phase(name, now_iso()))
+                phases.append(Phase(name, utc_iso()))
                 deadline.reset(self.timeouts.get(name), name)
             on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=bool(m)))
 
@@ -153,12 +151,12 @@ class InitrdFlasher:
             exit_code = res.returncode
         except ToolTimeout:
             if self.cancel.is_set():
-                phases[-1].finished, phases[-1].result = now_iso(), "failed"
+                phases[-1].finished, phases[-1].result = utc_iso(), "failed"
                 raise Interrupted("initrd-flash: interrupted; stopped it") from None
             timed_out, timeout_s = deadline.phase, deadline.seconds
             result = "TIMEOUT"
         except Interrupted:
-            phases[-1].finished, phases[-1].result = now_iso(), "failed"
+            phases[-1].finished, phases[-1].result = utc_iso(), "failed"
             raise
         except ToolError as exc:  # could not start it at all
             lines.append(f"ERR: {exc.message}")
@@ -181,7 +179,7 @@ class InitrdFlasher:
                 waiting_for=_waits_for(bundle_dir, timed_out),
             )
         last = phases[-1]
-        last.finished = now_iso()
+        last.finished = utc_iso()
         last.result = {"SUCCESS": "ok", "TIMEOUT": "timeout"}.get(result, "failed")
         return FlashOutcome(result, reason, exit_code, status, phases, host_log, device_logs, transcript)
 

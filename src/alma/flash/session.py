@@ -20,16 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alma import records, settings
+from alma import settings
 from alma.artefacts import manifest as facts
 from alma.errors import Interrupted, UserError
 from alma.flash import bundle as bundles
-from alma.flash import discovery
+from alma.flash import discovery, records
 from alma.flash.console import ConsoleWatcher, find_console
-from alma.flash.flasher import Flasher, FlashEvent, InitrdFlasher, keep_logs, now_iso
+from alma.flash.flasher import Flasher, FlashEvent, InitrdFlasher, keep_logs
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
-from alma.records import Boot, FlashRecord, Phase
+from alma.flash.records import Boot, FlashRecord, Phase
+from alma.ground import utc_iso
 
 # Exit codes of `alma flash` (also in its --help and docs/flash.md).
 EXIT_OK = 0
@@ -260,7 +261,7 @@ class FlashSession:
             machine=machine or (choice.machine if choice else None) or self.opts.machine or "unknown",
             image=choice.image if choice else self.opts.image,
             started=started,
-            finished=now_iso(),
+            finished=utc_iso(),
             result=result,
             reason=reason,
             phases=phases or [],
@@ -283,7 +284,7 @@ class FlashSession:
 
     # -- the run -----------------------------------------------------------------
     def run(self) -> list[BoardRun]:
-        started = now_iso()
+        started = utc_iso()
         try:
             boards = pick_boards(self.opts, self.ctx)
         except UserError as exc:
@@ -342,7 +343,7 @@ class FlashSession:
     ) -> list[BoardRun]:
         work = self._work_dir()
         try:
-            prep_phase = Phase("prepare", now_iso())
+            prep_phase = Phase("prepare", utc_iso())
             try:
                 prepared = bundles.prepare(
                     choice.path,
@@ -351,17 +352,17 @@ class FlashSession:
                     progress=lambda done, total: self._emit("prepare", {"done": done, "total": total}),
                 )
             except KeyboardInterrupt:
-                prep_phase.finished, prep_phase.result = now_iso(), "failed"
+                prep_phase.finished, prep_phase.result = utc_iso(), "failed"
                 for b in boards:
                     rec = self._record(b, choice, started, "INTERRUPTED", reason="interrupted while unpacking")
                     rec.phases = [prep_phase]
                     self._save(BoardRun(b, rec))
                 raise Interrupted("interrupted while unpacking the bundle; nothing was flashed") from None
             except UserError as exc:
-                prep_phase.finished, prep_phase.result = now_iso(), "failed"
+                prep_phase.finished, prep_phase.result = utc_iso(), "failed"
                 sha = _actual_sha(exc.message)
                 return [self.refuse(exc, b, choice, started, phases=[prep_phase], sha256=sha) for b in boards]
-            prep_phase.finished, prep_phase.result = now_iso(), "ok"
+            prep_phase.finished, prep_phase.result = utc_iso(), "ok"
             self._emit("prepared", {"sha256": prepared.sha256, "members": prepared.members})
 
             runs: list[BoardRun] = []
@@ -457,7 +458,7 @@ class FlashSession:
                 rec.result, rec.reason, rec.finished = (
                     "INTERRUPTED",
                     "interrupted (Ctrl-C); initrd-flash stopped",
-                    now_iso(),
+                    utc_iso(),
                 )
                 self._save(BoardRun(board, rec))
                 raise
@@ -474,23 +475,23 @@ class FlashSession:
             rec.exit_code = outcome.exit_code
             rec.final_status = outcome.final_status
             rec.phases += outcome.phases
-            rec.finished = now_iso()
+            rec.finished = utc_iso()
             run = BoardRun(board, rec)
             logs_dir = self.records_dir / (Path(records.record_filename(rec)).stem + ".logs")
             rec.logs = keep_logs(outcome, logs_dir)
             rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
             if watcher is not None and outcome.result == "SUCCESS":
-                boot_phase = Phase("boot", now_iso())
+                boot_phase = Phase("boot", utc_iso())
                 self._emit(
                     "line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")}
                 )
                 rec.boot = watcher.wait_for_boot(self.opts.boot_timeout)
-                boot_phase.finished = now_iso()
+                boot_phase.finished = utc_iso()
                 boot_phase.result = (
                     "ok" if rec.boot.seen else ("timeout" if "timeout" in (rec.boot.reason or "") else "failed")
                 )
                 rec.phases.append(boot_phase)
-                rec.finished = now_iso()
+                rec.finished = utc_iso()
             elif port and outcome.result == "SUCCESS":
                 rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
             return self._save(run)

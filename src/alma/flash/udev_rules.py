@@ -15,7 +15,7 @@ import jinja2
 from alma import runner, settings
 from alma.errors import ToolError, UserError
 from alma.flash.pids import GADGET_PRODUCT, GADGET_VENDOR, MODULES, NVIDIA_VENDOR
-from alma.records import write_atomic
+from alma.ground import write_atomic
 
 RULES_NAME = "70-alma-jetson.rules"
 DEFAULT_RULES_DIR = Path("/etc/udev/rules.d")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from alma.fleet import desktop
 from alma.fleet.inventory import Fleet, Node
 from alma.fleet.severity import Severity, worst
 from alma.fleet.ssh import RemoteResult, require_ssh, run_remote
-from alma.records import write_atomic
+from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 
 REPORT_SCHEMA = "alma.health/1"
 SNAPSHOT_SCHEMA = "alma.fleet-health/1"
@@ -115,23 +115,6 @@ class FleetReport:
         }
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def iso(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> datetime:
-    if not isinstance(value, str):
-        raise ValueError(f"time is not a string: {value!r}")
-    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if t.tzinfo is None:
-        raise ValueError(f"time has no timezone: {value!r}")
-    return t
-
-
 def extract_json(text: str) -> Any:
     """The JSON object in ``text``: ssh merges the remote stderr, so skip lines before it."""
     decoder = json.JSONDecoder()
@@ -183,7 +166,7 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
         return unknown(f"not an {REPORT_SCHEMA} report (schema {got!r})")
     try:
         reported = Severity.parse(data.get("status"))
-        t = parse_time(data.get("time"))
+        t = parse_utc(data.get("time"))
         checks = []
         for raw in data.get("checks") or []:
             perf = [
@@ -211,15 +194,15 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
         worst([reported, *(c.status for c in checks)]),
         "",
         checks,
-        report_time=iso(t),
+        report_time=utc_iso(t),
         duration_s=duration_s,
     )
     if age > stale_after:
         result.status = Severity.UNKNOWN
-        result.summary = f"stale report: taken at {iso(t)}, {age:.0f} s old (limit {stale_after:.0f} s)"
+        result.summary = f"stale report: taken at {utc_iso(t)}, {age:.0f} s old (limit {stale_after:.0f} s)"
     elif age < -stale_after:
         result.status = Severity.UNKNOWN
-        result.summary = f"report time {iso(t)} is {-age:.0f} s in the future: the node's clock is wrong"
+        result.summary = f"report time {utc_iso(t)} is {-age:.0f} s in the future: the node's clock is wrong"
     else:
         bad = [f"{c.name} {c.status.name}: {c.summary}" for c in checks if c.status is not Severity.OK]
         result.summary = "; ".join(bad) if bad else f"all {len(checks)} checks OK"
@@ -299,7 +282,7 @@ def run_fleet_health(
         if n.role == "desktop":
             add_desktop_rule(r, jobs[(n.name, "gpu")].result(), jobs[(n.name, "ps")].result())
         results.append(r)
-    return FleetReport(time=iso(now), nodes=results, stale_after=fleet.stale_after)
+    return FleetReport(time=utc_iso(now), nodes=results, stale_after=fleet.stale_after)
 
 
 # ---- Nagios output -----------------------------------------------------------------------
@@ -371,7 +354,7 @@ def load_snapshot(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA or not isinstance(data.get("nodes"), list):
         raise ConfigError(f"{path} is not an {SNAPSHOT_SCHEMA} snapshot", hint="run `alma fleet health` again")
     try:
-        parse_time(data.get("time"))
+        parse_utc(data.get("time"))
     except ValueError as exc:
         raise ConfigError(f"{path}: bad time: {exc}", hint="run `alma fleet health` again") from exc
     return data

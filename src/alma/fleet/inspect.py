@@ -20,9 +20,9 @@ from alma import runner
 from alma.errors import Interrupted
 from alma.fleet import parsers as P
 from alma.fleet.desktop import GPU_APPS_COMMAND
-from alma.fleet.health import iso, utc_now
 from alma.fleet.inventory import Fleet, Node
 from alma.fleet.ssh import RemoteResult, require_ssh, run_remote
+from alma.ground import utc_iso, utc_now
 
 SCHEMA = "alma.fleet-inspect/1"
 _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
@@ -108,13 +108,13 @@ def collect(
         require_ssh()
     per_call = timeout if timeout is not None else fleet.timeout
     cancel = runner.Deadline(None, phase="fleet inspect")
-    started = iso(clock())
+    started = utc_iso(clock())
 
     def one(node: Node, command: str) -> tuple[RemoteResult, str]:
         res = _send(node, command, fleet, per_call, cancel, remote)
         if on_done:
             on_done(node.name, command)
-        return res, iso(clock())
+        return res, utc_iso(clock())
 
     answers: dict[str, dict[str, tuple[RemoteResult, str]]] = {n.name: {} for n in nodes}
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes) * len(ALLOWED_COMMANDS)))) as pool:

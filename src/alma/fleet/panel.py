@@ -29,10 +29,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from alma.errors import ConfigError, UserError
 from alma.fleet.desktop import CHECK_NAME as DESKTOP_CHECK
-from alma.fleet.health import KNOWN_CHECKS, iso, parse_time, utc_now
+from alma.fleet.health import KNOWN_CHECKS
 from alma.fleet.inventory import ROLES, Fleet
 from alma.fleet.severity import Severity, worst
-from alma.records import write_atomic
+from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 
 PAGE = "index.html"
 _CHECK_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -196,7 +196,7 @@ def render(
 ) -> str:
     """The page's HTML; raises LeakError rather than return a page that leaks."""
     env = _env()
-    data_time = parse_time(snapshot["time"])
+    data_time = parse_utc(snapshot["time"])
     limit = float(stale_after if stale_after is not None else fleet.panel.stale_after)
     now = now or utc_now()
     age = (now - data_time).total_seconds()
@@ -206,9 +206,9 @@ def render(
     html = env.get_template("panel.html.j2").render(
         title=fleet.panel.title,
         figures=fleet.panel.figures,
-        data_iso=iso(data_time),
+        data_iso=utc_iso(data_time),
         data_epoch=int(data_time.timestamp()),
-        rendered_iso=iso(now),
+        rendered_iso=utc_iso(now),
         stale_after=int(limit),
         stale_words=f"{limit / 60:g} min" if limit >= 120 else f"{limit:g} s",
         stale=not (age <= limit),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from alma.build.project import FULL_SHA, schema_problems, yaml_line
+from alma.imagebuild.project import FULL_SHA, schema_problems, yaml_line
 from alma.lint.findings import Finding
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # typing and dataclasses cost start-up time in `python -m alma.build.progress`
+if TYPE_CHECKING:  # typing and dataclasses cost start-up time in `python -m alma.imagebuild.progress`
     from typing import IO, Any
 
 _RUNNING = re.compile(r"NOTE: Running (setscene task|noexec task|task) (\d+) of (\d+) \((.*)\)$")
@@ -310,7 +310,7 @@ def _scan_block(parser: BitbakeParser, data: bytes, start: int, end: int) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m alma.build.progress [--per-line] [COPY]``: parse bitbake output on stdin,
+    """``python -m alma.imagebuild.progress [--per-line] [COPY]``: parse bitbake output on stdin,
     copy it to COPY (like the build log), print the summary as JSON on stderr.
 
     The default reads blocks (``scan_stream``); ``--per-line`` hands every line to ``feed``

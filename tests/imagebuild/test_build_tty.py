@@ -12,7 +12,6 @@ import pytest
 from support_build import DRIVER, mark_checked_out
 
 
-
 @pytest.mark.slow
 def test_progress_bars_on_a_tty(project: Path, fakes: Path) -> None:
     mark_checked_out(project)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from alma import runner
-from alma.build.project import RepoPin
 from alma.errors import ToolError, ToolNotFound, ToolTimeout
+from alma.imagebuild.project import RepoPin
 
 GIB = 1 << 30
 GB = 10**9

@@ -14,7 +14,7 @@ import pytest
 from support import require_tool
 from support_build import FAKES, read_record
 
-from alma.build import preflight as pf
+from alma.imagebuild import preflight as pf
 
 OE_INIT = """\
 # Minimal stand-in for oe-core's oe-init-build-env: same contract for kas (BUILDDIR, PATH

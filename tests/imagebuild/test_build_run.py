@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support_build import OE_SHA, mark_checked_out, read_record
 
-from alma.build import preflight as pf
+from alma.imagebuild import preflight as pf
 
 MACHINE = "jetson-orin-nano-devkit"
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from alma.build.progress import Failure, Phase, Stats, TaskStarted, short_task
+from alma.imagebuild.progress import Failure, Phase, Stats, TaskStarted, short_task
 
 
 class PlainDisplay:

@@ -8,13 +8,12 @@ Records are written atomically (temp file + rename) so a crash never leaves half
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from alma.errors import ConfigError
+from alma.ground import write_atomic
 
 SCHEMA = "alma.flash-record/1"
 # Where records live in the repo (committed, like the facts manifests).
@@ -84,39 +83,6 @@ class FlashRecord:
             return cls(**data)
         except (TypeError, AttributeError) as exc:
             raise ConfigError(f"malformed flash record: {exc}") from exc
-
-
-def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same dir, fsync and rename.
-
-    The file keeps the mode of the file it replaces, else ``mode``, else 0644 less the
-    umask (mkstemp's 0600 would hide committed manifests and served pages from readers).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o644 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            os.fchmod(fh.fileno(), mode)
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    # the rename itself must survive a power cut too
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def record_filename(rec: FlashRecord) -> str:

@@ -13,7 +13,6 @@ import pytest
 from support_build import DRIVER, mark_checked_out, read_record
 
 
-
 @pytest.mark.slow
 def test_ctrl_c_stops_bitbake_cleanly_and_exits_130(project: Path, fakes: Path) -> None:
     mark_checked_out(project)

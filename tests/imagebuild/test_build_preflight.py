@@ -10,7 +10,7 @@ import pytest
 from support import REPO, require_tool
 from support_build import mark_checked_out, read_record
 
-from alma.build import preflight as pf
+from alma.imagebuild import preflight as pf
 
 MACHINE = "jetson-orin-nano-devkit"
 

@@ -6,7 +6,6 @@ points at the newest) with the command, the generated config and the summary aro
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import time
 from collections import deque
@@ -16,11 +15,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from alma import runner
-from alma.build import preflight as pf
-from alma.build.plan import BuildPlan
-from alma.build.progress import BitbakeParser, Failure, Phase, Stats, TaskStarted, short_task
 from alma.errors import Interrupted, PreflightError
-from alma.records import write_atomic
+from alma.ground import utc_stamp, write_atomic
+from alma.imagebuild import preflight as pf
+from alma.imagebuild.plan import BuildPlan
+from alma.imagebuild.progress import BitbakeParser, Failure, Phase, Stats, TaskStarted, short_task
 
 LATEST = "alma-build-latest.log"
 TAIL_LINES = 15
@@ -128,10 +127,6 @@ def summary_lines(out: Outcome) -> list[str]:
     return lines
 
 
-def _stamp(now: float) -> str:
-    return _dt.datetime.fromtimestamp(now, tz=_dt.UTC).strftime("%Y%m%d-%H%M%S")
-
-
 def _point_latest(log_path: Path) -> None:
     link = log_path.parent / LATEST
     tmp = log_path.parent / f".{LATEST}.{os.getpid()}"
@@ -152,7 +147,7 @@ def execute(
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
     started = clock()
-    stamp = _stamp(started)
+    stamp = utc_stamp(started)
     log_path = plan.machine_dir / f"alma-build-{stamp}.log"
     n = 1
     while log_path.exists():  # two runs within one second

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support_build import FAKES
 
-from alma.build.progress import BitbakeParser, Failure, Phase, TaskStarted, scan_stream, short_task
+from alma.imagebuild.progress import BitbakeParser, Failure, Phase, TaskStarted, scan_stream, short_task
 
 BB = "/srv/oe/meta/recipes-core/busybox/busybox_1.36.1.bb"
 LOG = "/srv/b/tmp/work/cortexa78ae-alma-linux/busybox/1.36.1/temp/log.do_compile.4242"
@@ -127,7 +127,7 @@ def test_module_runs_as_a_filter(tmp_path):
     data = _fake_output("fail")
     copy = tmp_path / "copy.log"
     res = subprocess.run(
-        [sys.executable, "-m", "alma.build.progress", str(copy)], input=data, capture_output=True, timeout=60
+        [sys.executable, "-m", "alma.imagebuild.progress", str(copy)], input=data, capture_output=True, timeout=60
     )
     assert res.returncode == 0
     assert copy.read_bytes() == data

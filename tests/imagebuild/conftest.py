@@ -10,7 +10,7 @@ import pytest
 from support import run_cli
 from support_build import GOOD, install_fakes, make_project
 
-from alma.build import preflight as pf
+from alma.imagebuild import preflight as pf
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alma.build.project import DEFAULT_IMAGE, DEFAULT_MACHINE, FULL_SHA, KasConfig, Project, load_kas
 from alma.errors import ConfigError, UserError
+from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, FULL_SHA, KasConfig, Project, load_kas
 
 CONF_NAME = "alma-build.conf"
 
@@ -161,7 +161,7 @@ def make_plan(req: BuildRequest, project: Project, auto_jobs: int | None = None)
     image = shlex.quote(req.image)
     command = f"{bb} -p && {bb} -g {image}" if req.check else f"{bb} {image}"
     rel = [str(f.relative_to(project.root)) for f in files]
-    from alma.build.preflight import _find_kas  # the path kas will really run from
+    from alma.imagebuild.preflight import _find_kas  # the path kas will really run from
 
     argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", command]
     env = {
