@@ -39,6 +39,19 @@ local_conf_header:
 """
 
 
+# A public key for the image's admin user (issue 14: a release build needs one); its private
+# half was thrown away. Installed as the test HOME's default ~/.ssh/id_ed25519.pub.
+ADMIN_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHxwDNvVOwmiEyaJ1o7PA9VXHKwmPXqtb8QUke0KYs5/ fixture@alma"
+ADMIN_FPR = "SHA256:6kMpmbGgtFqJ6WpfjJYxmtZmYPO/85YCdVbzJCm3Bvs"
+
+
+def install_default_admin_key(home: Path) -> Path:
+    ssh = home / ".ssh"
+    ssh.mkdir(mode=0o700, exist_ok=True)
+    (ssh / "id_ed25519.pub").write_text(ADMIN_PUB + "\n")
+    return ssh / "id_ed25519.pub"
+
+
 def make_project(root: Path) -> Path:
     (root / "kas" / "machines").mkdir(parents=True)
     (root / "kas" / "features").mkdir()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from support import run_cli
-from support_build import GOOD, install_fakes, make_project
+from support_build import GOOD, install_default_admin_key, install_fakes, make_project
 
 from alma.imagebuild import preflight as pf
 
@@ -18,6 +18,12 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = make_project(tmp_path / "alma")
     monkeypatch.setenv("ALMA_ROOT", str(root))
     return root
+
+
+@pytest.fixture(autouse=True)
+def admin_key() -> Path:
+    """The test HOME's default public key: a release build needs an admin key (issue 14)."""
+    return install_default_admin_key(Path.home())
 
 
 @pytest.fixture

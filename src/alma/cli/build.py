@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 EXIT_CODES = (
     "Exit codes: 0 build (or --check) succeeded; 2 bad option, unknown machine/image, invalid kas file, "
+    "a release image without an admin key (or a malformed/private --admin-key file), "
     "or a preflight problem (each listed with the command that fixes it); 130 interrupted with Ctrl-C "
     "(bitbake stopped cleanly); any other code is bitbake's (or kas's) own exit code after a failed run "
     "(usually 1), printed with the failed tasks and their logs."
@@ -70,6 +71,20 @@ EXIT_CODES = (
     default=None,
     help="Where repositories, downloads, sstate and builds go. Default: <checkout>/build.",
 )
+@click.option(
+    "--admin-key",
+    "admin_keys",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Public key (.pub) for the image's admin user alma (repeatable; keys only, no password). "
+    "Default: [image] admin_keys in alma.toml, else ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub.",
+)
+@click.option(
+    "--no-admin-access",
+    is_flag=True,
+    help="Build a sealed appliance: no admin user, no login (a release image otherwise needs a key).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
 def build(
     machine: str | None,
@@ -81,6 +96,8 @@ def build(
     hashserv: str | None,
     jobs: int | None,
     build_dir: Path | None,
+    admin_keys: tuple[Path, ...],
+    no_admin_access: bool,
     as_json: bool,
 ) -> None:
     """Build an ALMA-OS image with kas + bitbake: preflight, live progress, a summary.
@@ -107,6 +124,8 @@ def build(
         hashserv=hashserv,
         jobs=jobs,
         build_dir=build_dir,
+        admin_keys=admin_keys,
+        no_admin_access=no_admin_access,
     )
     cpus, capped = probes.cpu_count(), pf.auto_jobs(probes)
     plan = make_plan(req, Project(repo_root()), auto_jobs=capped if jobs is None and capped < cpus else None)

@@ -42,6 +42,9 @@ class BuildRequest:
     hashserv: str | None = None
     jobs: int | None = None
     build_dir: Path | None = None
+    # issue 14: admin access (alma.imagebuild.access)
+    admin_keys: tuple[Path, ...] = ()
+    no_admin_access: bool = False
 
 
 @dataclass
@@ -128,6 +131,21 @@ def render_conf(req: BuildRequest, jobs: int | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _with_admin_access(req: BuildRequest, project: Project, kas: KasConfig, conf_text: str) -> tuple[str, str]:
+    from alma.imagebuild import access
+    from alma.settings import config
+
+    acc = access.resolve(
+        release=access.is_release(kas.data.get("local_conf_header")),
+        cli_keys=req.admin_keys,
+        no_admin_access=req.no_admin_access,
+        root=project.root,
+        config=config(project.root),
+    )
+    lines = acc.conf_lines()
+    return conf_text + ("\n".join(lines) + "\n" if lines else ""), acc.note()
+
+
 def make_plan(req: BuildRequest, project: Project, auto_jobs: int | None = None) -> BuildPlan:
     """Validate everything offline and compute the exact command. Raises UserError/ConfigError."""
     project.require_layout()
@@ -157,6 +175,9 @@ def make_plan(req: BuildRequest, project: Project, auto_jobs: int | None = None)
             f"jobs: {jobs} parallel bitbake tasks (capped below the CPU count: 2 GiB RAM per task; set with --jobs)"
         )
     conf_text = render_conf(req, jobs)
+    # issue 14: admin keys for the image, decided offline (a release without one is refused here)
+    conf_text, access_note = _with_admin_access(req, project, kas, conf_text)
+    notes.append(access_note)
     bb = f"bitbake -R {shlex.quote(str(conf_path))}"
     image = shlex.quote(req.image)
     command = f"{bb} -p && {bb} -g {image}" if req.check else f"{bb} {image}"
