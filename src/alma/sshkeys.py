@@ -116,10 +116,8 @@ def read_public_key_file(path: Path) -> PublicKey:
             head = fh.read(32)
             if head.lstrip().startswith(_PRIVATE_MARKERS):
                 pub = path.with_name(path.name + ".pub")
-                raise BadKey(
-                    f"{path}: this is a PRIVATE key; it was not read further and is never copied",
-                    hint=f"pass the public half: {pub}" if pub.exists() else "pass the .pub file (ssh-keygen -y -f KEY)",
-                )
+                fix = f"pass the public half: {pub}" if pub.exists() else "pass the .pub file (ssh-keygen -y -f KEY)"
+                raise BadKey(f"{path}: this is a PRIVATE key; it was not read further and is never copied", hint=fix)
             rest = fh.read(MAX_KEY_FILE)
     except FileNotFoundError:
         raise BadKey(f"{path}: no such file", hint="ssh-keygen -t ed25519 makes ~/.ssh/id_ed25519.pub") from None

@@ -92,7 +92,7 @@ def is_release(local_conf_header: dict[str, Any] | None) -> bool:
 def _image_table(config: dict[str, Any]) -> dict[str, Any]:
     table = config.get("image", {})
     if not isinstance(table, dict):
-        raise ConfigError("alma.toml: [image] must be a table", hint="[image]\nadmin_keys = [\"keys/ops.pub\"]")
+        raise ConfigError("alma.toml: [image] must be a table", hint='[image]\nadmin_keys = ["keys/ops.pub"]')
     return table
 
 
@@ -144,9 +144,10 @@ def resolve(
         if all(k.blob_b64 != key.blob_b64 for k in keys):
             keys.append(key)
     if release and not keys:
+        ssh_dir = (home or Path.home()) / ".ssh"
         raise ConfigError(
             "a release image needs an admin key: it has no password anywhere, so without a key "
-            f"nobody can ever log into the board (no {', '.join(DEFAULT_KEY_NAMES)} in {(home or Path.home()) / '.ssh'})",
+            f"nobody can ever log into the board (no {', '.join(DEFAULT_KEY_NAMES)} in {ssh_dir})",
             hint="alma build --admin-key ~/.ssh/id_ed25519.pub  (make one: ssh-keygen -t ed25519), "
             "or --no-admin-access for a sealed appliance",
         )
