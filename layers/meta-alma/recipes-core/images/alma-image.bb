@@ -20,34 +20,6 @@ IMAGE_INSTALL = "\
 "
 IMAGE_LINGUAS = ""
 
-# Release rootfs guard: the distro already strips debug-tweaks and friends when
-# ALMA_RELEASE = "1"; this re-checks the result, so a feature or package that still
-# leaves a password-less root or an sshd accepting empty passwords fails the build.
-alma_release_check[doc] = "Fail a release rootfs that allows password-less login"
-python alma_release_check() {
-    import os
-    import re
-    if d.getVar('ALMA_RELEASE') != '1':
-        return
-    rootfs = d.getVar('IMAGE_ROOTFS')
-    sysconfdir = d.getVar('sysconfdir').lstrip('/')
-    problems = []
-    shadow = os.path.join(rootfs, sysconfdir, 'shadow')
-    if os.path.exists(shadow):
-        with open(shadow, encoding='utf-8') as f:
-            for line in f:
-                fields = line.rstrip('\n').split(':')
-                if len(fields) > 1 and fields[0] == 'root' and fields[1] == '':
-                    problems.append('shadow: root has an empty password')
-    for name in ('sshd_config', 'sshd_config_readonly'):
-        path = os.path.join(rootfs, sysconfdir, 'ssh', name)
-        if os.path.exists(path):
-            with open(path, encoding='utf-8') as f:
-                if re.search(r'^\s*PermitEmptyPasswords\s+yes', f.read(), re.MULTILINE | re.IGNORECASE):
-                    problems.append('ssh/%s: PermitEmptyPasswords yes' % name)
-    if problems:
-        bb.fatal('alma-image: a release build (ALMA_RELEASE = "1") must not allow password-less login: %s; '
-                 'build with kas/features/development.yml for a debug image' % '; '.join(problems))
-}
-ROOTFS_POSTPROCESS_COMMAND += "alma_release_check"
-ROOTFS_POSTPROCESS_COMMAND[vardeps] += "ALMA_RELEASE"
+# Release rootfs guard (classes/alma-release-check.bbclass): keys-only ssh, an admin key
+# unless the image is sealed, no password-less root, no host keys or machine-id baked in.
+inherit alma-release-check

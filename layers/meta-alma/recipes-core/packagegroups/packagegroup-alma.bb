@@ -9,7 +9,12 @@ LICENSE = "MIT"
 
 inherit packagegroup
 
+# alma-access-sshd (keys-only sshd) always; the admin user unless the image is sealed
+# (ALMA_ADMIN_ACCESS = "0"); alma-board-id prints the board's ssh host key on the console.
 RDEPENDS:${PN} = "\
+    alma-access-sshd \
+    ${@'alma-access-admin' if d.getVar('ALMA_ADMIN_ACCESS') != '0' else ''} \
+    alma-board-id \
     alma-fabric-network \
     alma-guard \
     alma-health \
