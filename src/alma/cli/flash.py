@@ -78,6 +78,31 @@ def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), help="Where bundles are unpacked.")
 @click.option("--records-dir", type=click.Path(file_okay=False, path_type=Path), help="Where flash records go.")
 @click.option("--keep-work", is_flag=True, help="Keep the unpacked bundle and per-board copies.")
+@click.option("--hostname", metavar="NAME", help="Name the board (RFC 1123), written into its rootfs at flash time.")
+@click.option(
+    "--hostname-pattern",
+    metavar="PATTERN",
+    help="With --all: name the boards by number in USB order, e.g. 'edge-{n:02d}' -> edge-01, edge-02, ...",
+)
+@click.option(
+    "--hostnames",
+    "hostnames_csv",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="CSV",
+    help="A CSV of USB_INSTANCE,HOSTNAME rows naming each board.",
+)
+@click.option(
+    "--admin-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="An extra public key for the admin user alma on these boards (with a name option).",
+)
+@click.option(
+    "--add-to-fleet",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FLEET_FILE",
+    help="Append each board seen booting to this fleet file ([[node]] with its pinned host key).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
 def flash(
     bundle: Path | None,
@@ -94,6 +119,11 @@ def flash(
     work_dir: Path | None,
     records_dir: Path | None,
     keep_work: bool,
+    hostname: str | None,
+    hostname_pattern: str | None,
+    hostnames_csv: Path | None,
+    admin_key: Path | None,
+    add_to_fleet: Path | None,
     as_json: bool,
 ) -> None:
     """Flash BUNDLE (default: the one the facts manifest names) to Jetsons in recovery mode.
@@ -108,6 +138,9 @@ def flash(
 
     if board and all_boards:
         raise click.UsageError("--board and --all exclude each other")
+    from alma.flash.identity import IdentityPlan  # issue 14
+
+    ident = IdentityPlan.from_options(hostname, hostname_pattern, hostnames_csv, admin_key)
     opts = FlashOptions(
         bundle=bundle,
         machine=machine,
@@ -122,6 +155,7 @@ def flash(
         records_dir=records_dir,
         timeouts=_phase_timeouts(phase_timeout),
         keep_work=keep_work,
+        identity=ident,
     )
 
     def confirm(boards: list[UsbBoard], choice: BundleChoice) -> bool:
@@ -140,15 +174,20 @@ def flash(
     finally:
         display.close()
     code = overall_exit(runs)
+    from alma.fleet.join import after_flash  # issue 14: boards seen booting join the fleet
+
+    joins = after_flash([r.record for r in runs], add_to_fleet)
     if as_json:
         emit_json(
             {
                 "exit_code": code,
                 "records": [{"path": str(r.path), **r.record.to_dict()} for r in runs],
+                "fleet": joins,
             }
         )
     else:
         _summary(runs)
+        _print_joins(joins)
     if code:
         sys.exit(code)
 
@@ -214,6 +253,17 @@ class _Display:
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+def _print_joins(joins: list[dict[str, Any]]) -> None:
+    """The [[node]] entry of every board seen booting (stdout: paste it into the fleet file)."""
+    for j in joins:
+        if j.get("toml"):
+            where = f"added to {j['added_to']}" if j.get("added_to") else "for your fleet file (or --add-to-fleet FILE)"
+            click.echo(f"# board {j['usb_instance']}: {where}")
+            click.echo(j["toml"])
+        if j.get("reason") and not j.get("added_to") and (not j.get("toml") or "not added" in j["reason"]):
+            click.secho(f"board {j['usb_instance']}: not joined to the fleet: {j['reason']}", fg="yellow", err=True)
 
 
 def _short(module: str) -> str:

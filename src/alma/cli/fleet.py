@@ -131,3 +131,9 @@ def inspect(
     else:
         click.echo(text, nl=False)
     sys.exit(3 if any(not r.reachable for r in results) else 0)
+
+
+# issue 14: `alma fleet add` lives in its own module
+from alma.cli.fleet_add import add as _add  # noqa: E402
+
+fleet.add_command(_add)

@@ -23,6 +23,7 @@ from typing import Any
 
 import serial
 
+from alma.flash.identity import last_board_line
 from alma.flash.records import Boot
 from alma.ground import utc_iso
 
@@ -156,6 +157,7 @@ class ConsoleWatcher:
                         kernel_banner=banner,
                         login_prompt=prompt,
                         seen_at=utc_iso(),
+                        board=last_board_line(self._after_mark()),  # issue 14: the pinned host key
                     )
                 if self._error is not None:
                     return Boot(seen=False, console=self.port, kernel_banner=banner, reason=self._error)
@@ -176,8 +178,6 @@ class ConsoleWatcher:
         if banner is not None:
             return f"timeout: the kernel started but no login prompt within {timeout:.0f} s"
         return f"timeout: no kernel banner and no login prompt within {timeout:.0f} s"
-
-
 
 
 def find_console(board_sys_path: str | None, context: Any = None, *, only_one_ok: bool = True) -> str | None:

@@ -47,8 +47,6 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
 }
 
 
-
-
 @dataclass
 class FlashOutcome:
     result: str  # SUCCESS | FAILED | TIMEOUT | INTERRUPTED

@@ -38,6 +38,8 @@ class Boot:
     login_prompt: str | None = None  # the prompt line, e.g. "alma-orin login:"
     seen_at: str | None = None
     reason: str | None = None  # why not seen: "timeout", "unplugged", "garbage only", ...
+    # issue 14: the board's "alma-board: name= addr= hostkey=" console line, parsed
+    board: dict[str, Any] | None = None
 
 
 @dataclass
@@ -56,6 +58,7 @@ class FlashRecord:
     logs: dict[str, Any] = field(default_factory=dict)  # host_log, device_logs: [...]
     boot: Boot | None = None
     image: str | None = None
+    identity: dict[str, Any] | None = None  # issue 14: hostname (+ admin key) written at flash time
     tool: str = "alma flash"
     schema: str = SCHEMA
 

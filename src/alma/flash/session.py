@@ -24,7 +24,7 @@ from alma import settings
 from alma.artefacts import manifest as facts
 from alma.errors import Interrupted, UserError
 from alma.flash import bundle as bundles
-from alma.flash import discovery, records
+from alma.flash import discovery, identity, records
 from alma.flash.console import ConsoleWatcher, find_console
 from alma.flash.flasher import Flasher, FlashEvent, InitrdFlasher, keep_logs
 from alma.flash.lock import BoardLock
@@ -62,6 +62,7 @@ class FlashOptions:
     timeouts: dict[str, float] = field(default_factory=dict)
     keep_work: bool = False
     root: Path | None = None  # repository root (facts/)
+    identity: Any = None  # issue 14: an alma.flash.identity.IdentityPlan (names, per-board key)
 
 
 @dataclass
@@ -287,6 +288,8 @@ class FlashSession:
         started = utc_iso()
         try:
             boards = pick_boards(self.opts, self.ctx)
+            if self.opts.identity is not None:  # issue 14: name every board before touching one
+                self.opts.identity.bind([b.usb_instance for b in boards])
         except UserError as exc:
             self.refuse(exc, None, None, started)
             raise
@@ -429,6 +432,12 @@ class FlashSession:
         board_dir = work / "boards" / board.usb_instance.replace("/", "_")
         board_dir.parent.mkdir(exist_ok=True, mode=0o700)
         bundles.clone_for_board(prepared, board_dir)
+        ident = self.opts.identity.assigned.get(board.usb_instance) if self.opts.identity else None  # issue 14
+        if ident is not None:
+            try:
+                identity.write_board_config(board_dir, ident)
+            except UserError as exc:
+                return self.refuse(exc, board, choice, started, phases=[prep_phase], sha256=prepared.sha256)
         self._emit("start", {"board": board})
 
         watcher: ConsoleWatcher | None = None
@@ -450,6 +459,7 @@ class FlashSession:
 
         rec = self._record(board, choice, started, "FAILED", sha256=prepared.sha256, machine=prepared.env.machine)
         rec.phases = [prep_phase]
+        rec.identity = ident.to_record() if ident is not None else None  # issue 14
         presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
             try:

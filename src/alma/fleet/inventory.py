@@ -75,6 +75,7 @@ class Node:
     reserve_bytes: int = 0
     links: tuple[Link, ...] = ()
     line: int | None = None  # where the node is declared, for error messages
+    host_key: str | None = None  # issue 14: pinned host key (full key or SHA256:...), see fleet/join.py
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,18 @@ def _parse_links(raw: Any, src: _Source, line: int | None, name: str) -> tuple[L
         peer = item.get("peer")
         out.append(Link(iface=item["iface"], speed=speed, peer=peer if isinstance(peer, str) else None))
     return tuple(out)
+
+
+def _host_key(raw: dict[str, Any], src: _Source, line: int | None, name: str) -> str | None:
+    from alma.sshkeys import BadKey, parse_host_key
+
+    v = _str(raw, "host_key", src, line)
+    if v is None:
+        return None
+    try:
+        return parse_host_key(v, f"node {name!r}: host_key")
+    except BadKey as exc:
+        raise src.error(line, exc.message, hint='host_key = "SHA256:..." or "ssh-ed25519 AAAA..."') from None
 
 
 def _parse_panel(raw: Any, src: _Source) -> PanelConfig:
@@ -314,7 +327,9 @@ def parse_fleet(text: str, path: Path) -> Fleet:
             raise src.error(src.key_line(i, "ssh"), f"node {name!r}: ssh destination may not start with '-'")
         cmd = _str(raw, "health_command", src, line, default=default_cmd) or default_cmd
         alias = _str(raw, "alias", src, line)
-        unknown_keys = sorted(set(raw) - {"name", "ssh", "role", "alias", "health_command", "reserve", "links"})
+        unknown_keys = sorted(
+            set(raw) - {"name", "ssh", "role", "alias", "health_command", "reserve", "links", "host_key"}
+        )
         if unknown_keys:
             raise src.error(line, f"node {name!r}: unknown key(s) {', '.join(unknown_keys)}")
         nodes.append(
@@ -329,6 +344,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
                 else default_reserve,
                 links=_parse_links(raw.get("links"), src, line, name),
                 line=line,
+                host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),  # issue 14
             )
         )
     return Fleet(

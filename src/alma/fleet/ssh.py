@@ -17,6 +17,7 @@ from pathlib import Path
 from alma import runner, settings
 from alma.errors import ToolError, ToolNotFound, ToolTimeout
 from alma.fleet.inventory import Node, SshConfig
+from alma.fleet.join import pinned_ssh_options
 
 # ssh's own exit code for "could not connect / authenticate / protocol error".
 SSH_FAILED = 255
@@ -76,6 +77,7 @@ def ssh_argv(node: Node, command: str, cfg: SshConfig) -> list[str]:
     argv = [settings.tool("ssh")]
     if cfg.config is not None:
         argv += ["-F", str(cfg.config)]
+    argv += pinned_ssh_options(node, cfg)  # issue 14: a pinned host key, strictly checked
     argv += [
         "-o", "BatchMode=yes",  # never ask for a password or passphrase
         "-o", f"ConnectTimeout={cfg.connect_timeout}",

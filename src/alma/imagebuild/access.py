@@ -80,8 +80,9 @@ def is_release(local_conf_header: dict[str, Any] | None) -> bool:
     """What ALMA_RELEASE the merged kas config leaves (kas writes the headers sorted by key;
     the last assignment wins; the distro's default is "1")."""
     value, hard = "1", False
-    for key in sorted(local_conf_header or {}):
-        for m in _RELEASE_LINE.finditer(str(local_conf_header[key] or "")):
+    headers = local_conf_header or {}
+    for key in sorted(headers):
+        for m in _RELEASE_LINE.finditer(str(headers[key] or "")):
             if m.group(1) in ("=", ":="):
                 value, hard = m.group(2), True
             elif not hard:  # ?= and ??= only fill a value nobody set
