@@ -333,7 +333,7 @@ def test_console_line_parsed():
     [
         f"alma-board: name=../x addr=192.0.2.7 hostkey={FP}",
         f"alma-board: name=edge-01 addr=192.0.2.7;rm hostkey={FP}",
-        f"alma-board: name=edge-01 addr=127.0.0.1 hostkey={FP}",
+        f"alma-board: name=edge-01 addr=0.0.0.0 hostkey={FP}",
         f"alma-board: name=edge-01 addr=999.0.0.1 hostkey={FP}",
         "alma-board: name=edge-01 addr=192.0.2.7 hostkey=SHA256:short",
         f"alma-board: name=edge-01 addr=192.0.2.7 hostkey={FP} extra=1",

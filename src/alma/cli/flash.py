@@ -103,6 +103,12 @@ def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
     metavar="FLEET_FILE",
     help="Append each board seen booting to this fleet file ([[node]] with its pinned host key).",
 )
+@click.option(
+    "--ssh-user",
+    default="alma",
+    show_default=True,
+    help="The admin user the fleet entry logs in as (the image's ALMA_ADMIN_USER).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
 def flash(
     bundle: Path | None,
@@ -124,6 +130,7 @@ def flash(
     hostnames_csv: Path | None,
     admin_key: Path | None,
     add_to_fleet: Path | None,
+    ssh_user: str,
     as_json: bool,
 ) -> None:
     """Flash BUNDLE (default: the one the facts manifest names) to Jetsons in recovery mode.
@@ -176,7 +183,7 @@ def flash(
     code = overall_exit(runs)
     from alma.fleet.join import after_flash  # issue 14: boards seen booting join the fleet
 
-    joins = after_flash([r.record for r in runs], add_to_fleet)
+    joins = after_flash([r.record for r in runs], add_to_fleet, ssh_user)
     if as_json:
         emit_json(
             {

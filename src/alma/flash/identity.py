@@ -241,7 +241,7 @@ def parse_board_line(line: str) -> BoardLine | None:
             ip = ipaddress.ip_address(part)
         except ValueError:
             return None
-        if ip.is_loopback or ip.is_unspecified or ip.is_multicast:
+        if ip.is_unspecified or ip.is_multicast:
             return None
         addrs.append(str(ip))
     return BoardLine(m["name"], tuple(addrs), m["key"])

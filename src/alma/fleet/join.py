@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def make_entry(
     return NodeEntry(name=name, ssh=ssh, role=role, host_key=key, alias=alias)
 
 
-def entry_from_record(rec: Any) -> tuple[NodeEntry | None, str]:
+def entry_from_record(rec: Any, user: str = ADMIN_USER) -> tuple[NodeEntry | None, str]:
     """The entry for a flash record whose board was seen booting, or None and why not."""
     boot = rec.boot
     if not rec.booted or boot is None:
@@ -88,7 +89,7 @@ def entry_from_record(rec: Any) -> tuple[NodeEntry | None, str]:
     addrs = line.get("addresses") or []
     if not addrs:
         return None, "the board printed no address (no network yet?): add it with alma fleet add once it has one"
-    entry = make_entry(line["name"], f"{ADMIN_USER}@{addrs[0]}", host_key=line["hostkey"])
+    entry = make_entry(line["name"], f"{user}@{addrs[0]}", host_key=line["hostkey"])
     return entry, "seen booting"
 
 
@@ -99,8 +100,12 @@ def add_to_fleet(path: Path, entry: NodeEntry) -> None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
     if text.strip():
-        current = parse_fleet(text, path)
-        if any(n.name == entry.name for n in current.nodes):
+        try:  # a new fleet file may hold only [ssh]/[health] settings and no node yet
+            current = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}", hint=f"fix the TOML syntax in {path}") from exc
+        nodes = current.get("node", [])
+        if isinstance(nodes, list) and any(isinstance(n, dict) and n.get("name") == entry.name for n in nodes):
             raise UserError(
                 f"{path}: a node named {entry.name} is already in the fleet",
                 hint=f"edit or remove its [[node]] entry in {path} first (a reflashed board has a new host key)",
@@ -192,13 +197,13 @@ def pinned_ssh_options(node: Node, cfg: SshConfig) -> list[str]:
     ]  # fmt: skip
 
 
-def after_flash(records: list[Any], fleet_file: Path | None) -> list[dict[str, Any]]:
+def after_flash(records: list[Any], fleet_file: Path | None, user: str = ADMIN_USER) -> list[dict[str, Any]]:
     """One result per flashed board: its entry (added to ``fleet_file`` when given) or why not."""
     out: list[dict[str, Any]] = []
     for rec in records:
         if rec.result != "SUCCESS":
             continue
-        entry, why = entry_from_record(rec)
+        entry, why = entry_from_record(rec, user)
         item: dict[str, Any] = {"usb_instance": rec.board.get("usb_instance"), "entry": None, "reason": why}
         if entry is not None:
             item["entry"] = entry.to_dict()
