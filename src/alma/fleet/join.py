@@ -201,8 +201,8 @@ def after_flash(records: list[Any], fleet_file: Path | None, user: str = ADMIN_U
     """One result per flashed board: its entry (added to ``fleet_file`` when given) or why not."""
     out: list[dict[str, Any]] = []
     for rec in records:
-        if rec.result != "SUCCESS":
-            continue
+        if rec.result != "SUCCESS" or rec.boot is None:
+            continue  # not flashed, or no console watched: nothing is known about the boot
         entry, why = entry_from_record(rec, user)
         item: dict[str, Any] = {"usb_instance": rec.board.get("usb_instance"), "entry": None, "reason": why}
         if entry is not None:
