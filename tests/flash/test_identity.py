@@ -199,7 +199,7 @@ def test_hook_finds_the_app_partitions_through_sysfs(tmp_path, shell):
 
 def test_bbappend_installs_the_hook_into_init_extra_d():
     text = BBAPPEND.read_text()
-    assert 'SRC_URI += "file://alma-board-identity"' in text
+    assert 'SRC_URI:append:alma = " file://alma-board-identity"' in text  # only for the alma distro
     assert "install -m 0755 ${WORKDIR}/alma-board-identity ${D}/init-extra.d/" in text
     layer_conf = (REPO / "layers/meta-alma/conf/layer.conf").read_text()
     assert 'BBFILES_DYNAMIC += "tegra:${LAYERDIR}/dynamic-layers/tegra/' in layer_conf

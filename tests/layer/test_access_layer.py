@@ -253,3 +253,21 @@ def test_real_sshd_reads_the_dropin_as_keys_only(tmp_path):
     assert eff["passwordauthentication"] == "no" and eff["kbdinteractiveauthentication"] == "no"
     assert eff["permitrootlogin"] == "no" and eff["permitemptypasswords"] == "no"
     assert eff["authenticationmethods"] == "publickey" and eff["pubkeyauthentication"] == "yes"
+
+
+def test_oelint_adv_has_zero_findings_on_the_access_recipes():
+    import shutil
+    import sys
+
+    oelint = shutil.which("oelint-adv", path=str(Path(sys.executable).parent)) or require_tool("oelint-adv")
+    files = [ACCESS, LAYER / "recipes-alma/alma-board-id/alma-board-id_0.1.0.bb", CHECK,
+             LAYER / "dynamic-layers/tegra/recipes-core/initrdscripts/tegra-flash-init_%.bbappend",
+             LAYER / "recipes-core/images/alma-image.bb", LAYER / "recipes-core/packagegroups/packagegroup-alma.bb"]  # fmt: skip
+    r = subprocess.run(
+        [oelint, "--release", "scarthgap", "--mode", "all", "--suppress", "oelint.vars.homepageping", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    findings = [ln for ln in (r.stdout + r.stderr).splitlines() if re.search(r":\d+:(error|warning|info):", ln)]
+    assert r.returncode == 0 and findings == [], "\n".join(findings)

@@ -1,3 +1,4 @@
+# nooelint: oelint.bbclass.underscores - named like alma-fabric-check, the layer's other image check
 # alma-release-check: fail a release rootfs (ALMA_RELEASE = "1") that anyone could log into
 # without a key, that nobody could log into at all, or that ships one board's identity to all.
 #
@@ -12,6 +13,9 @@
 #     or host keys kept on a volatile /var/run (read-only rootfs: a new key every boot would
 #     break the host key the fleet pinned)
 alma_release_check[doc] = "Fail a release rootfs with password or root login, no admin key, or baked-in host identity"
+# The paths below are the target's, as sshd, openssh's sshd_check_keys and oe-core's
+# read_only_rootfs_hook spell them (Include patterns, /var/run/ssh), not build-time dirs.
+# nooelint: oelint.vars.pathhardcode.localstatedir,oelint.vars.pathhardcode.sysconfdir
 python alma_release_check() {
     import glob
     import os

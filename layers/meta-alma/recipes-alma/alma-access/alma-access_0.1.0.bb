@@ -7,6 +7,8 @@ HOMEPAGE = "https://github.com/alma-os/alma-toolchain"
 BUGTRACKER = "https://github.com/alma-os/alma-toolchain/issues"
 SECTION = "base"
 LICENSE = "MIT"
+# Config files only, no upstream source: oe-core's copy of the MIT text is the license file.
+# nooelint: oelint.var.licenseremotefile
 LIC_FILES_CHKSUM = "file://${COMMON_LICENSE_DIR}/MIT;md5=0835ade698e0bcf8506ecda2f7b4f302"
 CVE_PRODUCT = ""
 
@@ -24,8 +26,8 @@ ALMA_ADMIN_USER ??= "alma"
 ALMA_ADMIN_KEYS ??= ""
 
 PACKAGES = "${PN}-sshd ${PN}-admin"
-FILES:${PN}-sshd = "${sysconfdir}/ssh/sshd_config.d"
-FILES:${PN}-admin = "/home/${ALMA_ADMIN_USER} ${sysconfdir}/sudoers.d"
+FILES:${PN}-sshd += "${sysconfdir}/ssh/sshd_config.d"
+FILES:${PN}-admin += "/home/${ALMA_ADMIN_USER} ${sysconfdir}/sudoers.d"
 RDEPENDS:${PN}-sshd = "openssh-sshd"
 RDEPENDS:${PN}-admin = "${PN}-sshd sudo"
 
@@ -34,6 +36,7 @@ USERADD_PARAM:${PN}-admin = "--create-home --home-dir /home/${ALMA_ADMIN_USER} -
 
 # The keys are checked again here (the layer may be built without alma): each line must be
 # "<type> <base64> [plain comment]", so nothing in it can reach a shell or bitbake expansion.
+alma_write_authorized_keys[doc] = "Check ALMA_ADMIN_KEYS and write them as the admin user's authorized_keys"
 python alma_write_authorized_keys() {
     import base64
     import re

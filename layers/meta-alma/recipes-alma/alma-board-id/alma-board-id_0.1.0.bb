@@ -6,6 +6,8 @@ HOMEPAGE = "https://github.com/alma-os/alma-toolchain"
 BUGTRACKER = "https://github.com/alma-os/alma-toolchain/issues"
 SECTION = "base"
 LICENSE = "MIT"
+# Config files only, no upstream source: oe-core's copy of the MIT text is the license file.
+# nooelint: oelint.var.licenseremotefile
 LIC_FILES_CHKSUM = "file://${COMMON_LICENSE_DIR}/MIT;md5=0835ade698e0bcf8506ecda2f7b4f302"
 CVE_PRODUCT = ""
 
@@ -29,7 +31,7 @@ do_install() {
 }
 
 FILES:${PN} += "${libexecdir}/alma-board-id ${sysconfdir}/issue.d"
-RDEPENDS:${PN} = "openssh-keygen openssh-sshd util-linux-agetty base-files"
+RDEPENDS:${PN} = "base-files openssh-keygen openssh-sshd util-linux-agetty"
 
 # On-board only: no native or nativesdk variant.
 BBCLASSEXTEND = ""

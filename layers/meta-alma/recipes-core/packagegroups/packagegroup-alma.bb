@@ -13,7 +13,6 @@ inherit packagegroup
 # (ALMA_ADMIN_ACCESS = "0"); alma-board-id prints the board's ssh host key on the console.
 RDEPENDS:${PN} = "\
     alma-access-sshd \
-    ${@'alma-access-admin' if d.getVar('ALMA_ADMIN_ACCESS') != '0' else ''} \
     alma-board-id \
     alma-fabric-network \
     alma-guard \
@@ -21,3 +20,5 @@ RDEPENDS:${PN} = "\
     alma-watchdog-config \
     eran-grid \
 "
+# nooelint: oelint.vars.dependsordered - the admin package is added apart: it depends on ALMA_ADMIN_ACCESS
+RDEPENDS:${PN} += "${@'alma-access-admin' if d.getVar('ALMA_ADMIN_ACCESS') != '0' else ''}"
