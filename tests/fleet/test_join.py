@@ -147,3 +147,16 @@ def test_add_to_fleet_never_writes_what_the_loader_refuses(tmp_path):
     with pytest.raises(UserError):
         join.add_to_fleet(f, join.make_entry("edge-01", "h"))
     assert "edge-01" not in f.read_text()
+
+
+def test_unwritable_places_fail_closed(tmp_path, monkeypatch):
+    def boom(*a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(join, "write_atomic", boom)
+    with pytest.raises(UserError, match="cannot write fleet file .*: Read-only file system"):
+        join.add_to_fleet(tmp_path / "fleet.toml", join.make_entry("edge-01", "h"))
+    assert not (tmp_path / "fleet.toml").exists()
+    node = parse_fleet(f'[[node]]\nname = "n"\nssh = "h"\nrole = "board"\nhost_key = "{ADMIN_PUB}"\n', tmp_path / "f")
+    argv = ssh_argv(node.nodes[0], "true", SshConfig(control_dir=tmp_path))
+    assert argv.index("UserKnownHostsFile=/dev/null") < argv.index("BatchMode=yes")

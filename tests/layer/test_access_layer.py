@@ -260,9 +260,14 @@ def test_oelint_adv_has_zero_findings_on_the_access_recipes():
     import sys
 
     oelint = shutil.which("oelint-adv", path=str(Path(sys.executable).parent)) or require_tool("oelint-adv")
-    files = [ACCESS, LAYER / "recipes-alma/alma-board-id/alma-board-id_0.1.0.bb", CHECK,
-             LAYER / "dynamic-layers/tegra/recipes-core/initrdscripts/tegra-flash-init_%.bbappend",
-             LAYER / "recipes-core/images/alma-image.bb", LAYER / "recipes-core/packagegroups/packagegroup-alma.bb"]  # fmt: skip
+    files = [
+        ACCESS,
+        LAYER / "recipes-alma/alma-board-id/alma-board-id_0.1.0.bb",
+        CHECK,
+        LAYER / "dynamic-layers/tegra/recipes-core/initrdscripts/tegra-flash-init_%.bbappend",
+        LAYER / "recipes-core/images/alma-image.bb",
+        LAYER / "recipes-core/packagegroups/packagegroup-alma.bb",
+    ]
     r = subprocess.run(
         [oelint, "--release", "scarthgap", "--mode", "all", "--suppress", "oelint.vars.homepageping", *map(str, files)],
         capture_output=True,

@@ -41,9 +41,25 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
     assert r.returncode == 0, r.stdout + r.stderr
     build = f"/work/yocto/build-{REPO.name}-{MACHINE}"
     g = subprocess.run(
-        ["runuser", "-u", "builder", "--", "env", "-i", "HOME=/home/builder", "PATH=/usr/local/bin:/usr/bin:/bin",
-         "LANG=en_US.UTF-8", "LC_ALL=en_US.UTF-8", "BB_SERVER_TIMEOUT=30", "bash", "-c", GETVAR, "getvar",
-         str(CHECK.parent / "src"), build],  # fmt: skip
+        [
+            "runuser",
+            "-u",
+            "builder",
+            "--",
+            "env",
+            "-i",
+            "HOME=/home/builder",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "LANG=en_US.UTF-8",
+            "LC_ALL=en_US.UTF-8",
+            "BB_SERVER_TIMEOUT=30",
+            "bash",
+            "-c",
+            GETVAR,
+            "getvar",
+            str(CHECK.parent / "src"),
+            build,
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=1800,

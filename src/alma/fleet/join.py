@@ -112,7 +112,12 @@ def add_to_fleet(path: Path, entry: NodeEntry) -> None:
             )
     new = (text.rstrip("\n") + "\n\n" if text.strip() else "") + entry.toml()
     parse_fleet(new, path)  # never write a file the loader would refuse
-    write_atomic(path, new)
+    try:
+        write_atomic(path, new)
+    except OSError as exc:
+        raise UserError(
+            f"cannot write fleet file {path}: {exc.strerror}", hint="check the directory's permissions"
+        ) from None
 
 
 # -- pinned host keys for ssh ---------------------------------------------------------------
@@ -136,7 +141,17 @@ def _ssh_target(node: Node, cfg: SshConfig) -> tuple[str, str]:
 def scan_host_keys(node: Node, cfg: SshConfig) -> list[str]:
     """``<type> <base64>`` of every host key the node offers (ssh-keyscan, bounded)."""
     host, port = _ssh_target(node, cfg)
-    argv = [settings.tool("ssh-keyscan"), "-T", str(KEYSCAN_TIMEOUT_S), "-p", port, "-t", "ed25519,ecdsa,rsa", host]
+    argv = [
+        settings.tool("ssh-keyscan"),
+        "-T",
+        str(KEYSCAN_TIMEOUT_S),
+        "-p",
+        port,
+        "-t",
+        "ed25519,ecdsa,rsa",
+        "--",
+        host,
+    ]
     try:
         res = runner.capture(argv, timeout=KEYSCAN_TIMEOUT_S * 3 + 5, check=False, stderr="separate")
     except ToolError:
@@ -187,7 +202,10 @@ def pinned_ssh_options(node: Node, cfg: SshConfig) -> list[str]:
     the first value of an option, so these beat the fleet's and ~/.ssh/config's)."""
     if node.host_key is None:
         return []
-    known = pinned_known_hosts(node, cfg)
+    try:
+        known = pinned_known_hosts(node, cfg)
+    except OSError:
+        known = Path("/dev/null")  # cannot keep the pin: fail closed, ssh then knows no key at all
     return [
         "-o", "StrictHostKeyChecking=yes",
         "-o", f"UserKnownHostsFile={known}",
