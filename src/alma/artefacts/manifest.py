@@ -74,6 +74,8 @@ class Manifest:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
+
+
 def manifest_path(root: Path, image: str, machine: str) -> Path:
     """``<root>/facts/<image>-<machine>.json``."""
     return Path(root) / FACTS_DIR / f"{image}-{machine}.json"

@@ -180,6 +180,8 @@ class ConsoleWatcher:
         return f"timeout: no kernel banner and no login prompt within {timeout:.0f} s"
 
 
+
+
 def find_console(board_sys_path: str | None, context: Any = None, *, only_one_ok: bool = True) -> str | None:
     """The USB serial port that most likely is this board's debug UART, or None.
 

@@ -47,6 +47,8 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
 }
 
 
+
+
 @dataclass
 class FlashOutcome:
     result: str  # SUCCESS | FAILED | TIMEOUT | INTERRUPTED
