@@ -88,7 +88,7 @@ def parse_public_key(text: str, where: str = "key") -> PublicKey:
     if ktype not in KEY_TYPES:
         shown = ktype if re.fullmatch(r"[A-Za-z0-9@._-]{1,40}", ktype) else "?"
         raise BadKey(f"{where}: unsupported key type {shown!r}; use one of {', '.join(KEY_TYPES)}")
-    if not _B64.match(b64):
+    if not _B64.fullmatch(b64):
         raise BadKey(f"{where}: the {ktype} key is not valid base64")
     try:
         blob = base64.b64decode(b64, validate=True)
@@ -105,7 +105,7 @@ def parse_public_key(text: str, where: str = "key") -> PublicKey:
     elif ktype == "ssh-ed25519" and (len(fields) != 2 or len(fields[1]) != 32):
         raise BadKey(f"{where}: the ssh-ed25519 key has the wrong length")
     comment = parts[2].strip() if len(parts) > 2 else ""
-    return PublicKey(ktype, b64, comment if _COMMENT.match(comment) else "")
+    return PublicKey(ktype, b64, comment if _COMMENT.fullmatch(comment) else "")
 
 
 def read_public_key_file(path: Path) -> PublicKey:
@@ -141,7 +141,7 @@ def read_public_key_file(path: Path) -> PublicKey:
 def parse_host_key(value: str, where: str = "host_key") -> str:
     """A pinned host key: a full public key (normalised, comment dropped) or a SHA256 fingerprint."""
     v = value.strip()
-    if FINGERPRINT.match(v):
+    if FINGERPRINT.fullmatch(v):
         return v
     if v.startswith("SHA256:"):
         raise BadKey(f"{where}: a SHA256 fingerprint is 'SHA256:' and 43 base64 characters")

@@ -51,6 +51,8 @@ def test_fleet_add_keeps_existing_settings(tmp_path, alma):
         (("edge\nx", "--ssh", "h"), "not a host name"),
         (("edge-01", "--ssh", "-oProxyCommand=x"), "not an ssh destination"),
         (("edge-01", "--ssh", 'h"\n[[node]]'), "not an ssh destination"),
+        (("edge-01", "--ssh", "h\n"), "not an ssh destination"),
+        (("edge-01\n", "--ssh", "h"), "not a host name"),
         (("edge-01", "--ssh", "h", "--role", "king"), "must be one of"),
         (("edge-01", "--ssh", "h", "--alias", 'a"b'), "--alias"),
         (("edge-01", "--ssh", "h", "--host-key", "SHA256:short"), "43 base64 characters"),

@@ -47,7 +47,7 @@ _PATTERN_SPEC = re.compile(r"^0?[1-9]?d$|^$")
 
 def check_hostname(name: str, where: str = "--hostname") -> str:
     """An RFC 1123 label (1-63 of A-Z a-z 0-9 '-', no hyphen at either end, not all digits)."""
-    if not isinstance(name, str) or not _LABEL.match(name) or name.isdigit():
+    if not isinstance(name, str) or not _LABEL.fullmatch(name) or name.isdigit():
         shown = ascii(name)[:80]
         raise UserError(
             f"{where}: {shown} is not a host name: use 1-63 letters, digits and '-' "
@@ -85,7 +85,7 @@ def _check_pattern(pattern: str) -> None:
     except ValueError as exc:
         raise UserError(f"--hostname-pattern {pattern!r}: {exc}", hint="--hostname-pattern 'edge-{n:02d}'") from None
     names = [(f, spec, conv) for _, f, spec, conv in fields if f is not None]
-    if not names or any(f != "n" or conv or not _PATTERN_SPEC.match(spec or "") for f, spec, conv in names):
+    if not names or any(f != "n" or conv or not _PATTERN_SPEC.fullmatch(spec or "") for f, spec, conv in names):
         raise UserError(
             f"--hostname-pattern {pattern!r}: the only field allowed is {{n}} (the board's number), "
             "optionally zero-padded like {n:02d}",
@@ -112,7 +112,7 @@ def read_hostname_csv(path: Path) -> dict[str, str]:
             continue
         if no == 1 and [c.lower() for c in cells] == ["usb_instance", "hostname"]:
             continue
-        if len(cells) != 2 or not _INSTANCE.match(cells[0]):
+        if len(cells) != 2 or not _INSTANCE.fullmatch(cells[0]):
             raise UserError(
                 f"--hostnames {path}:{no}: want 'USB_INSTANCE,HOSTNAME' (e.g. 1-8.4,edge-01)",
                 hint="alma boards lists the USB instances",
@@ -230,8 +230,8 @@ def parse_board_line(line: str) -> BoardLine | None:
     """The board's ``alma-board:`` line, or None if the line is not exactly one."""
     if len(line) > MAX_LINE or not line.startswith("alma-board: "):
         return None
-    m = _BOARD_LINE.match(line)
-    if not m or not _LABEL.match(m["name"]) or m["name"].isdigit() or not FINGERPRINT.match(m["key"]):
+    m = _BOARD_LINE.fullmatch(line)
+    if not m or not _LABEL.fullmatch(m["name"]) or m["name"].isdigit() or not FINGERPRINT.fullmatch(m["key"]):
         return None
     addrs: list[str] = []
     for part in m["addr"].split(","):

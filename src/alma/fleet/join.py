@@ -59,14 +59,14 @@ def make_entry(
 ) -> NodeEntry:
     """Validate like the fleet loader does (and stricter: the text goes into TOML verbatim)."""
     check_hostname(name, "node name")
-    if not _DEST.match(ssh) or ssh.startswith("-"):
+    if not _DEST.fullmatch(ssh) or ssh.startswith("-"):
         raise UserError(
             f"--ssh {ascii(ssh)[:80]}: not an ssh destination ([user@]host or an IP address)",
             hint="alma fleet add edge-01 --ssh alma@192.0.2.7",
         )
     if role not in ROLES:
         raise UserError(f"--role {role!r}: must be one of {', '.join(ROLES)}")
-    if alias is not None and not _ALIAS.match(alias):
+    if alias is not None and not _ALIAS.fullmatch(alias):
         raise UserError("--alias: 1-64 printable characters, no quotes or backslashes")
     key = parse_host_key(host_key, "--host-key") if host_key is not None else None
     return NodeEntry(name=name, ssh=ssh, role=role, host_key=key, alias=alias)
@@ -176,7 +176,7 @@ def pinned_known_hosts(node: Node, cfg: SshConfig, scan: Any = scan_host_keys) -
     """A known_hosts file holding only ``node``'s pinned key under its name (HostKeyAlias)."""
     assert node.host_key is not None
     path = _pin_dir(cfg) / f"{node.name}.known_hosts"
-    if FINGERPRINT.match(node.host_key):
+    if FINGERPRINT.fullmatch(node.host_key):
         key = None
         if path.exists():  # resolved before: reuse while it still has the pinned fingerprint
             old = path.read_text(encoding="utf-8", errors="replace").split(None, 1)
