@@ -114,7 +114,7 @@ def build(
     if dry_run:
         problems = engine.preflight_problems(plan, probes, network=False)
         if as_json:
-            emit_json({**plan.to_json(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
+            emit_json({**plan.to_dict(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
         else:
             _print_dry_run(plan, problems)
         return
@@ -127,7 +127,7 @@ def build(
     )
     out = engine.execute(plan, display)
     if as_json:
-        emit_json(out.to_json())
+        emit_json(out.to_dict())
     else:
         for line in engine.summary_lines(out):
             click.echo(line)

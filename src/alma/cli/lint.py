@@ -26,7 +26,7 @@ def lint(as_json: bool) -> None:
     root = repo_root()
     report = run_lint(root)
     if as_json:
-        emit_json(report.to_json())
+        emit_json(report.to_dict())
     else:
         for finding in sorted(report.findings):
             click.echo(finding.format(root))

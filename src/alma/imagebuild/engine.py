@@ -41,7 +41,7 @@ class Outcome:
     log_path: Path
     tail: list[str] = field(default_factory=list)  # the last output lines, shown when nothing else explains a failure
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "mode": self.plan.mode,

@@ -1,11 +1,8 @@
 """From the user's request to the exact kas command, environment and generated config.
 
-Layout of the build directory (default ``<checkout>/build``, shared by all machines):
+The build tree (repositories, downloads, sstate, each machine's TMPDIR and deploy dir) is
+defined once in :mod:`alma.buildtree`; a run adds two things to its machine's directory:
 
-    build/<repo>/                 repositories kas checks out (KAS_WORK_DIR = build/)
-    build/downloads/              DL_DIR, shared by every machine
-    build/sstate-cache/           SSTATE_DIR, shared by every machine
-    build/<machine>/              KAS_BUILD_DIR: conf/, tmp/, the bitbake server
     build/<machine>/alma-build.conf        generated here, read by bitbake after local.conf (-R)
     build/<machine>/alma-build-<stamp>.log the full output of each run; alma-build-latest.log -> newest
 
@@ -24,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alma.buildtree import BuildTree, build_tree
 from alma.errors import ConfigError, UserError
 from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, FULL_SHA, KasConfig, Project, load_kas
 
@@ -50,7 +48,7 @@ class BuildPlan:
     root: Path
     kas_files: list[Path]
     kas: KasConfig
-    work_dir: Path
+    tree: BuildTree
     machine_dir: Path
     conf_path: Path
     conf_text: str
@@ -61,10 +59,14 @@ class BuildPlan:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def work_dir(self) -> Path:
+        return self.tree.work_dir
+
+    @property
     def mode(self) -> str:
         return "check" if self.request.check else "build"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "machine": self.request.machine,
@@ -145,8 +147,8 @@ def make_plan(req: BuildRequest, project: Project, auto_jobs: int | None = None)
             f"repositories not pinned to a full 40-hex commit: {what}; a build must be reproducible",
             hint="pin them: set commit: <40-hex sha> in the kas file, or run kas lock (then alma lint)",
         )
-    work_dir = (req.build_dir or project.root / "build").resolve()
-    machine_dir = work_dir / req.machine
+    tree = build_tree(project.root, req.build_dir)
+    machine_dir = tree.machine_dir(req.machine)
     conf_path = machine_dir / CONF_NAME
     notes: list[str] = []
     jobs = req.jobs
@@ -164,18 +166,13 @@ def make_plan(req: BuildRequest, project: Project, auto_jobs: int | None = None)
     from alma.imagebuild.preflight import _find_kas  # the path kas will really run from
 
     argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", command]
-    env = {
-        "KAS_WORK_DIR": str(work_dir),
-        "KAS_BUILD_DIR": str(machine_dir),
-        "DL_DIR": str(work_dir / "downloads"),
-        "SSTATE_DIR": str(work_dir / "sstate-cache"),
-    }
+    env = {**tree.env(), "KAS_BUILD_DIR": str(machine_dir)}
     return BuildPlan(
         request=req,
         root=project.root,
         kas_files=files,
         kas=kas,
-        work_dir=work_dir,
+        tree=tree,
         machine_dir=machine_dir,
         conf_path=conf_path,
         conf_text=conf_text,

@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alma.buildtree import DEFAULT_IMAGE, DEFAULT_MACHINE
 from alma.errors import ConfigError, UserError
 
 BASE_FILE = "kas/alma.yml"
 MACHINES_DIR = "kas/machines"
 FEATURES_DIR = "kas/features"
-DEFAULT_MACHINE = "jetson-orin-nano-devkit"
-DEFAULT_IMAGE = "alma-image"
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 

@@ -19,10 +19,10 @@ class Report:
     checked: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "root": str(self.root),
-            "findings": [f.to_json() for f in sorted(self.findings)],
+            "findings": [f.to_dict() for f in sorted(self.findings)],
             "checked": self.checked,
             "skipped": self.skipped,
         }
