@@ -12,10 +12,11 @@ if TYPE_CHECKING:
     from alma.imagebuild.plan import BuildPlan
 
 EXIT_CODES = (
-    "Exit codes: 0 build (or --check) succeeded; 2 bad option, unknown machine/image, invalid kas file, "
-    "or a preflight problem (each listed with the command that fixes it); 130 interrupted with Ctrl-C "
-    "(bitbake stopped cleanly); any other code is bitbake's (or kas's) own exit code after a failed run "
-    "(usually 1), printed with the failed tasks and their logs."
+    "Exit codes: 0 build (or --check) succeeded; 1 the build or check failed: kas or bitbake failed (their "
+    "own exit code is printed, with the failed tasks and their logs or kas's last words), or --check found "
+    "an ALMA component missing from the image's graph; 2 bad option, unknown machine/image, invalid kas "
+    "file, or a preflight problem (each listed with the command that fixes it); 70 internal error; "
+    "130 interrupted with Ctrl-C (bitbake stopped cleanly)."
 )
 
 
@@ -42,8 +43,9 @@ EXIT_CODES = (
 @click.option(
     "--check",
     is_flag=True,
-    help="Check out, parse and compute the task graph (bitbake -p, -g) "
-    "without compiling: what CI with cached repositories runs.",
+    help="Check out, parse and compute the task graph (bitbake -p, -g) offline (BB_NO_NETWORK) "
+    "without compiling, and report the image's recipes, tasks, ALMA components and kernel: "
+    "what CI with cached repositories runs.",
 )
 @click.option(
     "--sstate-mirror",
@@ -137,11 +139,9 @@ def build(
             hint=f"run the same command again to continue where it stopped (log: {out.log_path})",
         )
     if out.status == "failed":
+        why = out.reason or f"{out.failed_in} exited with code {out.returncode}"
         raise ToolError(
-            f"{plan.mode} failed: kas/bitbake exited with code {out.returncode}",
-            returncode=out.returncode,
-            log_path=str(out.log_path),
-            hint=f"read the failed tasks' logs listed above; full output: {out.log_path}",
+            f"{plan.mode} failed: {why}", returncode=out.returncode, log_path=str(out.log_path), hint=out.hint()
         )
 
 

@@ -115,6 +115,12 @@ def render_conf(req: BuildRequest, jobs: int | None) -> str:
             f'BB_NUMBER_THREADS = "{jobs}"',
             f'PARALLEL_MAKE = "-j {jobs}"',
         ]
+    if req.check:
+        lines += [
+            "# --check: parse and compute the graph offline; nothing is fetched (sanity.bbclass's",
+            "# connectivity check and every fetcher honour it), so a host with cached repos suffices",
+            'BB_NO_NETWORK = "1"',
+        ]
     if req.sstate_mirror:
         lines += [
             "# --sstate-mirror: a shared cache of build results",
