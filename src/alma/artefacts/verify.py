@@ -19,7 +19,7 @@ from alma.artefacts import deploy as dp
 from alma.artefacts.bundle import ENV_MEMBER, REQUIRED_MEMBERS, BundleScan, Progress, scan_bundle
 from alma.artefacts.cache import Cache, file_key
 from alma.artefacts.kernel import KernelFacts, read_kernel
-from alma.artefacts.manifest import Manifest
+from alma.artefacts.manifest import FACT_KINDS, STATUS_FACTS, Manifest
 from alma.artefacts.rootfs import COMPONENTS, legitimize, read_rootfs_manifest
 from alma.artefacts.status import derive_status
 from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree
@@ -29,26 +29,7 @@ from alma.ground import utc_iso
 log = logging.getLogger("alma.verify")
 
 # Every fact `alma verify` writes: a manifest always carries all of them (null = unknown).
-ARTEFACT_FACTS = (
-    "image_buildable",
-    "kernel_version",
-    "kernel_banner",
-    "kernel_image_bytes",
-    "kernel_image_path",
-    "kernel_package",
-    "bundle_bytes",
-    "bundle_sha256",
-    "bundle_path",
-    "rootfs_bytes",
-    "rootfs_path",
-    "build_time",
-    "env_machine",
-    "env_chipid",
-    "env_rootfs_device",
-    "env_bootdev",
-    "package_count",
-    "components",
-)
+ARTEFACT_FACTS = tuple(name for name in FACT_KINDS if name not in STATUS_FACTS)
 
 
 class ArtefactError(UserError):

@@ -15,7 +15,7 @@ from typing import Any
 from alma.errors import ConfigError, UserError
 from alma.gates import patterns as pt
 from alma.gates.claims import HOLDS, STALE, UNBACKED, Size, fact_of, fact_value, judge, kind_of, parse_size, show
-from alma.gates.doc import MARKER, Claim, GateDoc, parse
+from alma.gates.doc import Claim, GateDoc, parse
 from alma.gates.facts import FactsStore
 from alma.gates.render import inline_text, yaml_text
 
@@ -155,7 +155,7 @@ def check(paths: list[Path], *, root: Path, facts_dir: Path | None = None, stric
                 f.message = f"{c.name}: the doc says {written!r}, but the manifest cannot back it (fact unknown)"
                 f.fix = f"{fix}  (states 'unknown'), or verify the artefacts: alma verify DEPLOY_DIR"
             report.findings.append(f)
-        for hit in pt.scan(doc.body(), pats, MARKER):
+        for hit in pt.scan(doc.prose, pats):
             report.findings.append(
                 Finding(
                     name,

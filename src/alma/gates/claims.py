@@ -14,34 +14,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from alma.artefacts.manifest import FACT_KINDS, LABELS
+from alma.artefacts.rootfs import COMPONENTS
 from alma.errors import ConfigError
 
 HOLDS, STALE, UNBACKED = "holds", "stale", "unbacked"
 
-KINDS: dict[str, str] = {
-    "image_buildable": "bool",
-    "flashed": "bool",
-    "booted": "bool",
-    "status": "label",
-    "kernel_version": "version",
-    "kernel_banner": "text",
-    "kernel_package": "text",
-    "kernel_image_bytes": "size",
-    "kernel_image_path": "text",
-    "bundle_bytes": "size",
-    "bundle_sha256": "sha",
-    "bundle_path": "text",
-    "rootfs_bytes": "size",
-    "rootfs_path": "text",
-    "build_time": "time",
-    "env_machine": "text",
-    "env_chipid": "text",
-    "env_rootfs_device": "text",
-    "env_bootdev": "text",
-    "package_count": "int",
-    "components": "components",
-}
-LABELS = ("Prototype", "Flashed", "Booted")
+KINDS = FACT_KINDS  # one claim kind per fact, defined with the manifest
 COMPONENT_PREFIX = "components."
 
 # Decimal units as printed by humans and `du --si`; binary ones as `ls -lh` prints (1.6G).
@@ -136,6 +115,8 @@ def normalize(name: str, expected: Any) -> Any:
             f"unknown claim {name!r}",
             hint="known claims: " + ", ".join(sorted(KINDS)) + ", components.<name>; see docs/gates.md",
         )
+    if name.startswith(COMPONENT_PREFIX):
+        _known_components([name[len(COMPONENT_PREFIX) :]])
     if is_unknown(expected):
         return None
     bad = ConfigError(f"claim {name!r}: {expected!r} is not a valid {kind}", hint="see docs/gates.md, 'Claims'")
@@ -167,11 +148,22 @@ def normalize(name: str, expected: Any) -> Any:
         raise bad
     if kind == "components":
         if isinstance(expected, dict) and all(isinstance(v, bool) for v in expected.values()):
+            _known_components(list(expected))
             return expected
         raise bad
     if isinstance(expected, bool | dict | list):
         raise bad
     return str(expected)
+
+
+def _known_components(names: list[str]) -> None:
+    """A misspelt component ("alma-gaurd") would read as absent, a false fact: refuse it."""
+    unknown = [n for n in names if n not in COMPONENTS]
+    if unknown:
+        raise ConfigError(
+            f"unknown component {', '.join(map(repr, unknown))}; valid components: {', '.join(COMPONENTS)}",
+            hint="fix the name (the components ALMA-OS bakes in: layers/meta-alma/recipes-alma/)",
+        )
 
 
 def fact_value(name: str, value: Any) -> Any:

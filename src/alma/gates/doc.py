@@ -14,6 +14,12 @@ The kernel is <!-- fact:kernel_version -->5.15.185-l4t-r36.5<!-- /fact -->.
 
 Every claim keeps its line (and the column span of its value) so ``check`` can point at
 it and ``render`` can rewrite exactly that value in place, leaving the prose alone.
+
+Threat model (docs/gates.md, "Threat model"): a gate document is text anyone can edit in a
+pull request. It is read through ``alma.loader`` (UTF-8 only; YAML aliases refused in the
+front matter, so an alias bomb never expands; duplicate keys refused), and markers are
+found by one left-to-right scan per line (:func:`split_line`), linear in the line's length
+whatever it holds (20,000 unclosed ``<!-- fact:x`` took 41 s with the old regex).
 """
 
 from __future__ import annotations
@@ -25,16 +31,71 @@ from typing import Any
 
 import yaml
 
+from alma import loader
 from alma.errors import ConfigError
 from alma.gates.claims import COMPONENT_PREFIX, kind_of, normalize
+from alma.gates.patterns import IGNORE_MARK
 
-MARKER = re.compile(r"<!--\s*fact:\s*(?P<expr>.*?)\s*-->(?P<value>.*?)<!--\s*/fact\s*-->")
-_OPEN = re.compile(r"<!--\s*fact:")
-_CLOSE = re.compile(r"<!--\s*/fact\s*-->")
+# Anchored at a "<!--" found by str.find: each is tried once, at one position.
+_OPEN_AT = re.compile(r"<!--\s*fact:")
+_CLOSE_AT = re.compile(r"<!--\s*/fact\s*-->")
 _EXPR = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)\s*(?:\|\s*(?P<filter>.+))?$")
 FRONT_KEYS = {"gate", "machine", "image", "claims", "facts", "title", "owner", "description"}
+UNMATCHED = "unmatched fact marker (open and close on the same line: <!-- fact:NAME -->value<!-- /fact -->)"
 
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+@dataclass(frozen=True)
+class Marker:
+    expr: str  # NAME or NAME | filter, stripped
+    value: str  # the text between the markers
+    span: tuple[int, int]  # columns of the value within the line
+
+
+def split_line(line: str) -> tuple[list[Marker], str]:
+    """The fact markers of one line and its prose (markers and comments blanked out).
+
+    One pass with str.find from a cursor that only moves forward: linear in len(line).
+    Raises ValueError(UNMATCHED) for an open marker without its close (or the reverse).
+    """
+    if "<!--" not in line:
+        return [], line
+    markers: list[Marker] = []
+    prose: list[str] = []
+    i = 0  # everything before i is consumed
+    n = len(line)
+    while i < n:
+        j = line.find("<!--", i)
+        if j < 0:
+            break
+        opened = _OPEN_AT.match(line, j)
+        if opened is None:
+            if _CLOSE_AT.match(line, j):
+                raise ValueError(UNMATCHED)
+            end = line.find("-->", j + 4)
+            if end < 0:  # an unclosed plain comment: the rest is prose, as HTML would not show it either
+                break
+            prose += [line[i:j], " "]
+            i = end + 3
+            continue
+        k = line.find("-->", opened.end())
+        if k < 0:
+            raise ValueError(UNMATCHED)
+        expr = line[opened.end() : k].strip()
+        start = k + 3
+        c = line.find("<!--", start)
+        while c >= 0 and not _CLOSE_AT.match(line, c):
+            if _OPEN_AT.match(line, c):
+                raise ValueError(UNMATCHED)  # a marker opened inside another's value
+            c = line.find("<!--", c + 4)
+        if c < 0:
+            raise ValueError(UNMATCHED)
+        close = _CLOSE_AT.match(line, c)
+        assert close is not None
+        markers.append(Marker(expr, line[start:c], (start, c)))
+        prose += [line[i:j], " "]
+        i = close.end()
+    prose.append(line[i:])
+    return markers, "".join(prose)
 
 
 @dataclass
@@ -58,6 +119,7 @@ class GateDoc:
     facts: str | None
     claims: list[Claim] = field(default_factory=list)
     body_start: int = 0  # index of the first body line
+    prose: list[tuple[int, str]] = field(default_factory=list)  # (line, text without markers and comments)
 
     def body(self) -> list[tuple[int, str]]:
         return [(i + 1, self.lines[i]) for i in range(self.body_start, len(self.lines))]
@@ -80,10 +142,7 @@ def parse_inline_value(name: str, text: str) -> Any:
 def parse(path: Path, text: str | None = None) -> GateDoc:
     path = Path(path)
     if text is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise _err(path, None, "no such gate document", hint="alma gates check docs/gates/") from None
+        text = loader.read_text(path, what="gate document", hint="save it as UTF-8; format: docs/gates.md")
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip("\r\n") != "---":
         raise _err(path, 1, "no YAML front matter (the file must start with a '---' line)")
@@ -91,18 +150,12 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
     if end is None:
         raise _err(path, 1, "front matter is not closed (no second '---' line)")
     fm = "".join(lines[1:end])
-    try:
-        loader = _Loader(fm)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 2 if mark is not None else 1
-        raise _err(path, line, f"front matter is not valid YAML: {getattr(exc, 'problem', exc)}") from exc
-    if not isinstance(data, dict):
+    # no aliases: a gate doc is reviewed text, and an alias bomb must never expand
+    node = loader.compose_yaml(
+        fm, path, aliases=False, line_offset=1, hint="fix the front matter; format: docs/gates.md"
+    )
+    data = loader.construct_yaml(node)
+    if not isinstance(data, dict) or node is None:
         raise _err(path, 2, "front matter must be a mapping (gate:, machine:, image:, claims:)")
     unknown = sorted(set(map(str, data)) - FRONT_KEYS)
     if unknown:
@@ -135,24 +188,22 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
             doc.claims.append(_front_claim(path, name, vnode, data["claims"][knode.value]))
 
     for lineno, line in doc.body():
-        rest = MARKER.sub("", line)
-        if _OPEN.search(rest) or _CLOSE.search(rest):
-            raise _err(
-                path,
-                lineno,
-                "unmatched fact marker (open and close on the same line: <!-- fact:NAME -->value<!-- /fact -->)",
-            )
-        for m in MARKER.finditer(line):
-            em = _EXPR.match(m.group("expr"))
+        try:
+            markers, prose = split_line(line)
+        except ValueError as exc:
+            raise _err(path, lineno, str(exc)) from None
+        if IGNORE_MARK not in line:  # the author's "this line claims nothing"
+            doc.prose.append((lineno, prose))
+        for m in markers:
+            em = _EXPR.match(m.expr)
             if not em:
-                raise _err(path, lineno, f"bad fact marker expression {m.group('expr')!r} (want NAME or NAME | filter)")
+                raise _err(path, lineno, f"bad fact marker expression {m.expr[:80]!r} (want NAME or NAME | filter)")
             name = em.group("name")
-            raw = m.group("value")
             try:
-                expected = normalize(name, parse_inline_value(name, raw))
+                expected = normalize(name, parse_inline_value(name, m.value))
             except ConfigError as exc:
                 raise _err(path, lineno, exc.message, exc.hint) from None
-            doc.claims.append(Claim(name, raw, expected, lineno, m.span("value"), "inline", em.group("filter")))
+            doc.claims.append(Claim(name, m.value, expected, lineno, m.span, "inline", em.group("filter")))
     if not doc.claims:
         raise _err(path, 2, "the document makes no checkable claim (no claims: and no fact markers)")
     return doc

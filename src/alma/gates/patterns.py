@@ -10,10 +10,10 @@ docs/gates.md.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from alma import loader
 from alma.errors import ConfigError
 
 
@@ -41,7 +41,6 @@ DEFAULTS: list[tuple[str, str, str]] = [
 ]
 
 IGNORE_MARK = "<!-- gates:ignore -->"
-_COMMENT = re.compile(r"<!--.*?-->")
 
 
 def defaults() -> list[Pattern]:
@@ -54,10 +53,7 @@ def load(path: Path | None) -> list[Pattern]:
     pats = {p.name: p for p in defaults()}
     if path is None or not path.is_file():
         return list(pats.values())
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}", hint="fix the TOML; format: docs/gates.md, 'Patterns'") from exc
+    data = loader.load_toml(path, hint="fix the patterns file; format: docs/gates.md, 'Patterns'")
     if data.get("replace") is True:
         pats = {}
     entries = data.get("pattern", [])
@@ -86,15 +82,13 @@ class Hit:
     text: str
 
 
-def scan(body: list[tuple[int, str]], patterns: list[Pattern], marker: re.Pattern[str]) -> list[Hit]:
-    """Pattern hits in prose outside fact markers and HTML comments."""
+def scan(prose: list[tuple[int, str]], patterns: list[Pattern]) -> list[Hit]:
+    """Pattern hits in prose: lines with fact markers and HTML comments already blanked out
+    and lines marked IGNORE_MARK already dropped (``GateDoc.prose``)."""
     hits: list[Hit] = []
-    for lineno, line in body:
-        if IGNORE_MARK in line:
-            continue
-        prose = _COMMENT.sub(" ", marker.sub(" ", line))
+    for lineno, line in prose:
         for p in patterns:
-            m = p.regex.search(prose)
+            m = p.regex.search(line)
             if m:
                 hits.append(Hit(lineno, p, m.group(0)))
     return hits
