@@ -36,9 +36,17 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _bad(path: Path | str, line: int | None, why: str, hint: str | None) -> ConfigError:
-    where = f"{path}:{line}" if line else str(path)
-    return ConfigError(f"{where}: {why}", hint=hint or f"fix {path}")
+class LoadError(ConfigError):
+    """An input file that cannot be used; ``path``, ``line`` (0: unknown) and ``why`` apart."""
+
+    def __init__(self, path: Path | str, line: int | None, why: str, hint: str | None) -> None:
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {why}", hint=hint or f"fix {path}")
+        self.path, self.line, self.why = Path(path), line or 0, why
+
+
+def _bad(path: Path | str, line: int | None, why: str, hint: str | None) -> LoadError:
+    return LoadError(path, line, why, hint)
 
 
 def read_text(path: Path, *, what: str = "file", hint: str | None = None) -> str:

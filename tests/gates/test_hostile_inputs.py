@@ -18,9 +18,7 @@ from alma.artefacts.manifest import manifest_path
 from alma.gates.doc import UNMATCHED, split_line
 
 GOOD = "Kernel <!-- fact:kernel_version -->5.15.185<!-- /fact -->.\n"
-BOMB = "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
-)
+BOMB = "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
 
 
 def _good_and(project: Path, bad_name: str) -> tuple[Path, Path]:
@@ -159,3 +157,15 @@ def test_split_line_finds_what_the_old_regex_found(line: str) -> None:
         return
     assert not old_bad, line
     assert [(m.expr, m.value, m.span) for m in markers] == old, line
+
+
+_OLD_COMMENT = re.compile(r"<!--.*?-->")
+
+
+@given(st.lists(_PIECES, max_size=12).map("".join))
+def test_split_line_prose_is_what_the_old_regexes_left(line: str) -> None:
+    try:
+        _, prose = split_line(line)
+    except ValueError:
+        return
+    assert prose == _OLD_COMMENT.sub(" ", _OLD.sub(" ", line)), line

@@ -23,11 +23,14 @@ from alma.artefacts.rootfs import COMPONENTS
 from alma.imagebuild.project import Project
 
 MIRRORS_ENV = "ALMA_TEST_UPSTREAM_MIRRORS"
+# read at import: the suite's isolation fixture clears every ALMA_* variable before each test
+MIRRORS_DIR = os.environ.get(MIRRORS_ENV)
+BUILD_DIR = os.environ.get("ALMA_TEST_BUILD_DIR")  # optional: keep the tree (and parse cache) between runs
 CHECK_TIMEOUT_S = 3 * 3600  # a cold parse of ~2000 recipes on a loaded 2-core host
 
 
 def _mirrors() -> Path:
-    value = os.environ.get(MIRRORS_ENV)
+    value = MIRRORS_DIR
     if not value:
         pytest.skip(f"{MIRRORS_ENV} is not set: no local mirrors of the upstream repositories (CI has none)")
     path = Path(value)
@@ -52,7 +55,7 @@ def _gitconfig(tmp: Path, mirrors: Path) -> Path:
         if not mirror.is_dir():
             pytest.fail(f"no mirror of {repo.url} at {mirror}")
         lines += [f'[url "file://{mirror}"]', f"\tinsteadOf = {repo.url}", "[safe]", f"\tdirectory = {mirror}"]
-    lines += ["[protocol \"file\"]", "\tallow = always", "[advice]", "\tdetachedHead = false"]
+    lines += ['[protocol "file"]', "\tallow = always", "[advice]", "\tdetachedHead = false"]
     cfg = tmp / "mirrors.gitconfig"
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
@@ -64,7 +67,7 @@ def test_check_offline_against_local_mirrors_reports_the_image_graph(tmp_path: P
     if not (REPO / ".git").exists():
         pytest.skip("kas needs the checkout to be a git repository (repo-relative includes)")
     cfg = _gitconfig(tmp_path, mirrors)
-    build_dir = Path(os.environ.get("ALMA_TEST_BUILD_DIR") or tmp_path / "build")
+    build_dir = Path(BUILD_DIR or tmp_path / "build")
     env = {
         "HOME": os.environ["HOME"],
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",

@@ -152,7 +152,7 @@ def test_check_never_needs_the_network(project, fakes, alma, monkeypatch):
     conf = (project / "build" / MACHINE / "alma-build.conf").read_text()
     assert 'BB_NO_NETWORK = "1"' in conf
     code, out, err = alma("build")  # a real build fetches: no BB_NO_NETWORK there
-    assert 'BB_NO_NETWORK' not in (project / "build" / MACHINE / "alma-build.conf").read_text()
+    assert "BB_NO_NETWORK" not in (project / "build" / MACHINE / "alma-build.conf").read_text()
     assert code == 1 and "connectivity.html" in out
 
 

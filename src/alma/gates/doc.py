@@ -52,18 +52,18 @@ class Marker:
 
 
 def split_line(line: str) -> tuple[list[Marker], str]:
-    """The fact markers of one line and its prose (markers and comments blanked out).
+    """The fact markers of one line and its prose (markers, then HTML comments, blanked out).
 
-    One pass with str.find from a cursor that only moves forward: linear in len(line).
-    Raises ValueError(UNMATCHED) for an open marker without its close (or the reverse).
+    Two passes with str.find from cursors that only move forward: linear in len(line),
+    whatever it holds. Raises ValueError(UNMATCHED) for an open marker without its close
+    (or a close without its open).
     """
     if "<!--" not in line:
         return [], line
     markers: list[Marker] = []
-    prose: list[str] = []
-    i = 0  # everything before i is consumed
-    n = len(line)
-    while i < n:
+    kept: list[str] = []  # the line without its markers
+    i = 0
+    while True:
         j = line.find("<!--", i)
         if j < 0:
             break
@@ -71,16 +71,12 @@ def split_line(line: str) -> tuple[list[Marker], str]:
         if opened is None:
             if _CLOSE_AT.match(line, j):
                 raise ValueError(UNMATCHED)
-            end = line.find("-->", j + 4)
-            if end < 0:  # an unclosed plain comment: the rest is prose, as HTML would not show it either
-                break
-            prose += [line[i:j], " "]
-            i = end + 3
+            kept.append(line[i : j + 4])  # a plain comment: pass 2 blanks it
+            i = j + 4
             continue
         k = line.find("-->", opened.end())
         if k < 0:
             raise ValueError(UNMATCHED)
-        expr = line[opened.end() : k].strip()
         start = k + 3
         c = line.find("<!--", start)
         while c >= 0 and not _CLOSE_AT.match(line, c):
@@ -91,10 +87,21 @@ def split_line(line: str) -> tuple[list[Marker], str]:
             raise ValueError(UNMATCHED)
         close = _CLOSE_AT.match(line, c)
         assert close is not None
-        markers.append(Marker(expr, line[start:c], (start, c)))
-        prose += [line[i:j], " "]
+        markers.append(Marker(line[opened.end() : k].strip(), line[start:c], (start, c)))
+        kept += [line[i:j], " "]
         i = close.end()
-    prose.append(line[i:])
+    kept.append(line[i:])
+    rest = "".join(kept)
+    prose: list[str] = []
+    i = 0
+    while True:  # HTML comments, leftmost first, each to its first "-->"
+        j = rest.find("<!--", i)
+        end = rest.find("-->", j + 4) if j >= 0 else -1
+        if end < 0:
+            break
+        prose += [rest[i:j], " "]
+        i = end + 3
+    prose.append(rest[i:])
     return markers, "".join(prose)
 
 

@@ -65,7 +65,7 @@ def lint(root: Path, *, oelint: bool = True) -> Report:
     files = kasfiles.kas_files(kas_dir)
     if not files:
         raise UserError(f"{kas_dir}: no kas files (*.yml) to check", hint="restore kas/alma.yml from git")
-    report.findings += kasfiles.check_schema(files)
+    report.findings += kasfiles.check_files(root, files)
     report.findings += kasfiles.check_pins(files)
     report.checked["kas_files"] = len(files)
 
