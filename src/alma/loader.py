@@ -95,7 +95,7 @@ def compose_yaml(
                 if isinstance(ev, yaml.AliasEvent):
                     raise _bad(
                         path,
-                        ev.start_mark.line + 1 + line_offset,
+                        (ev.start_mark.line + 1 + line_offset) if ev.start_mark else None,
                         f"YAML alias *{ev.anchor} refused: aliases are not allowed here",
                         hint or "write the value out instead of referring to an &anchor",
                     )

@@ -99,7 +99,8 @@ def test_shared_cache_options_reach_bitbake_through_the_generated_conf(project, 
     assert 'BB_SIGNATURE_HANDLER = "OEEquivHash"' in conf
     assert 'BB_HASHSERVE = "auto"' in conf
     assert 'BB_HASHSERVE_UPSTREAM = "hashserv.lab:8686"' in conf
-    assert 'BB_NUMBER_THREADS = "4"' in conf and 'PARALLEL_MAKE = "-j 4"' in conf
+    # 8 CPUs, 64 GiB = 32 compilers at 2 GiB: 4 tasks x make -j 8 (not bitbake's 4 x 8 CPUs unbounded)
+    assert 'BB_NUMBER_THREADS = "4"' in conf and 'PARALLEL_MAKE = "-j 8"' in conf
     bb = next(c for c in read_record(fakes) if c["tool"] == "bitbake")
     assert bb["argv"][:2] == ["-R", str(project / "build" / MACHINE / "alma-build.conf")]
 

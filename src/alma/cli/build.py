@@ -63,8 +63,8 @@ EXIT_CODES = (
     "-j",
     type=int,
     default=None,
-    help="Parallel bitbake tasks (BB_NUMBER_THREADS, "
-    "PARALLEL_MAKE). Default: one per CPU, capped at 2 GiB RAM per task.",
+    help="Parallel bitbake tasks (BB_NUMBER_THREADS). Default: one per CPU, capped by RAM. "
+    "PARALLEL_MAKE is chosen so that tasks x make jobs fit the RAM at 2 GiB each.",
 )
 @click.option(
     "--build-dir",
@@ -110,8 +110,7 @@ def build(
         jobs=jobs,
         build_dir=build_dir,
     )
-    cpus, capped = probes.cpu_count(), pf.auto_jobs(probes)
-    plan = make_plan(req, Project(repo_root()), auto_jobs=capped if jobs is None and capped < cpus else None)
+    plan = make_plan(req, Project(repo_root()), probes)
 
     if dry_run:
         problems = engine.preflight_problems(plan, probes, network=False)

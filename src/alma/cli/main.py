@@ -116,14 +116,14 @@ def usage_exit(code: int) -> Callable[[C], C]:
             try:
                 return make_context(*args, **kwargs)
             except click.UsageError as exc:
-                exc.exit_code = code
+                exc.exit_code = code  # type: ignore[misc]  # click reads it from the instance
                 raise
 
         def _invoke(ctx: click.Context) -> Any:
             try:
                 return invoke(ctx)
             except click.UsageError as exc:
-                exc.exit_code = code
+                exc.exit_code = code  # type: ignore[misc]  # click reads it from the instance
                 raise
             except UserError as exc:
                 exc.exit_code = code

@@ -78,28 +78,8 @@ class Outcome:
         }
 
 
-def disk_need_gb(plan: BuildPlan) -> int:
-    """Free disk a run needs: alma.toml [build] disk_gb (all machines) or the per-machine figure."""
-    if plan.request.check:
-        return pf.CHECK_DISK_NEED_GB
-    from alma.settings import config
-
-    build_cfg = config(plan.root).get("build", {})
-    if isinstance(build_cfg, dict) and isinstance(build_cfg.get("disk_gb"), int):
-        return int(build_cfg["disk_gb"])
-    return pf.DISK_NEED_GB.get(plan.request.machine, pf.DEFAULT_DISK_NEED_GB)
-
-
 def preflight_problems(plan: BuildPlan, probes: pf.Probes, network: bool = True) -> list[pf.Problem]:
-    problems = pf.check_user(probes) + pf.check_tools(probes) + pf.check_locale(probes)
-    problems += pf.check_disk(probes, plan.work_dir, disk_need_gb(plan))
-    if not plan.request.check and plan.request.jobs is not None:
-        problems += pf.check_ram(probes, plan.request.jobs)
-    elif not plan.request.check:
-        problems += pf.check_ram(probes, 1)
-    if network:
-        problems += pf.check_network(probes, plan.kas.repos(plan.work_dir))
-    return problems
+    return pf.problems(plan, probes, network)
 
 
 def require_preflight(plan: BuildPlan, probes: pf.Probes) -> None:
