@@ -173,3 +173,18 @@ def test_repo_root_found_from_subdir(tmp_path: Path, monkeypatch: pytest.MonkeyP
     settings._config.cache_clear()
     assert settings.tool("initrd-flash", tmp_path) == "/lab/initrd-flash"
     assert settings.tool("bitbake", tmp_path) == "bitbake"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"), [(b"[build]\ndisk_gb = \xff\n", "not UTF-8"), (b"[build\n", "not valid TOML")]
+)
+def test_a_broken_alma_toml_is_exit_2_naming_it(tmp_path: Path, content: bytes, needle: str) -> None:
+    from alma import settings
+    from alma.errors import ConfigError
+
+    (tmp_path / "alma.toml").write_bytes(content)
+    settings._config.cache_clear()
+    with pytest.raises(ConfigError) as ei:
+        settings.config(tmp_path)
+    assert str(tmp_path / "alma.toml") in ei.value.message and needle in ei.value.message
+    assert ei.value.exit_code == 2
