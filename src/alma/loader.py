@@ -89,7 +89,7 @@ def compose_yaml(
     ``line_offset`` is added to reported lines (front matter starts after a ``---`` line).
     """
     try:
-        if not aliases:
+        if not aliases and "*" in text:  # an alias is written *name: no "*", no alias
             # refuse before composing: the event stream is linear in the text
             for ev in yaml.parse(text, Loader=_Loader):
                 if isinstance(ev, yaml.AliasEvent):

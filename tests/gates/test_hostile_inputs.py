@@ -169,3 +169,30 @@ def test_split_line_prose_is_what_the_old_regexes_left(line: str) -> None:
     except ValueError:
         return
     assert prose == _OLD_COMMENT.sub(" ", _OLD.sub(" ", line)), line
+
+
+_WORDS = st.sampled_from(
+    ["cannot be built", "not buildable", "build fails", "never flashed", "not booted", "Prototype", "Booted",
+     "5.15.185-l4t-r36.5", "kernel 5.15", "Linux 6.1", "1.6 GB", "41 MiB", "12kB", "ıi", "BUİLT", "ſ", "K",
+     "text", " ", "\n", "\t", "build", "flash", "Gb", "tib"]
+)  # fmt: skip
+
+
+@given(st.lists(_WORDS, max_size=30).map("".join))
+def test_needle_prefilter_finds_what_every_line_search_finds(text: str) -> None:
+    from dataclasses import replace
+
+    from alma.gates import patterns as pt
+    from alma.gates.doc import Prose
+
+    pats = pt.defaults()
+    fast = pt.scan(Prose(text, 7), pats)
+    slow = pt.scan(Prose(text, 7), [replace(p, needles=()) for p in pats])
+    assert [(h.line, h.pattern.name, h.text) for h in fast] == [(h.line, h.pattern.name, h.text) for h in slow]
+    per_line = [
+        (7 + i, p.name, m.group(0))
+        for i, line in enumerate(text.split("\n"))
+        for p in pats
+        if (m := p.regex.search(line))
+    ]
+    assert [(h.line, h.pattern.name, h.text) for h in slow] == per_line

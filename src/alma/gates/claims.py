@@ -119,25 +119,24 @@ def normalize(name: str, expected: Any) -> Any:
         _known_components([name[len(COMPONENT_PREFIX) :]])
     if is_unknown(expected):
         return None
-    bad = ConfigError(f"claim {name!r}: {expected!r} is not a valid {kind}", hint="see docs/gates.md, 'Claims'")
     if kind == "bool":
         if isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and expected.strip().lower() in ("yes", "true", "no", "false"):
             return expected.strip().lower() in ("yes", "true")
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "size":
         if isinstance(expected, int) and not isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and (s := parse_size(expected)):
             return s
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "int":
         if isinstance(expected, int) and not isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and expected.strip().isdigit():
             return int(expected)
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "label":
         if expected in LABELS:
             return expected
@@ -145,15 +144,22 @@ def normalize(name: str, expected: Any) -> Any:
     if kind == "sha":
         if isinstance(expected, str) and re.fullmatch(r"[0-9a-f]{8,64}", expected.strip()):
             return expected.strip()
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "components":
         if isinstance(expected, dict) and all(isinstance(v, bool) for v in expected.values()):
             _known_components(list(expected))
             return expected
-        raise bad
+        raise _Invalid(name, expected, kind)
     if isinstance(expected, bool | dict | list):
-        raise bad
+        raise _Invalid(name, expected, kind)
     return str(expected)
+
+
+class _Invalid(ConfigError):
+    """A claim value its kind cannot mean (built only when raised: normalize runs per claim)."""
+
+    def __init__(self, name: str, expected: Any, kind: str) -> None:
+        super().__init__(f"claim {name!r}: {expected!r} is not a valid {kind}", hint="see docs/gates.md, 'Claims'")
 
 
 def _known_components(names: list[str]) -> None:

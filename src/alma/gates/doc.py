@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from alma.gates.patterns import IGNORE_MARK
 _OPEN_AT = re.compile(r"<!--\s*fact:")
 _CLOSE_AT = re.compile(r"<!--\s*/fact\s*-->")
 _EXPR = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)\s*(?:\|\s*(?P<filter>.+))?$")
+_FRONT_END = re.compile(r"^(?:---|\.\.\.)\r?$", re.M)
 FRONT_KEYS = {"gate", "machine", "image", "claims", "facts", "title", "owner", "description"}
 UNMATCHED = "unmatched fact marker (open and close on the same line: <!-- fact:NAME -->value<!-- /fact -->)"
 
@@ -116,17 +118,40 @@ class Claim:
     filter: str | None = None  # inline only: a jinja2 filter applied to the fact when rendering
 
 
+@dataclass(frozen=True)
+class Prose:
+    """The body as the unmarked-claim patterns see it: markers and comments blanked, lines
+    marked ``<!-- gates:ignore -->`` emptied, every line where it was (``first_line`` is the
+    body's first line number)."""
+
+    text: str
+    first_line: int
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their endings, split at "\n" only (what editors and the marker scan count)."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
 @dataclass
 class GateDoc:
     path: Path
-    lines: list[str]  # with their line endings
+    text: str
     gate: str
     machine: str
     image: str
     facts: str | None
     claims: list[Claim] = field(default_factory=list)
     body_start: int = 0  # index of the first body line
-    prose: list[tuple[int, str]] = field(default_factory=list)  # (line, text without markers and comments)
+    prose: Prose = Prose("", 1)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return split_lines(self.text)
 
     def body(self) -> list[tuple[int, str]]:
         return [(i + 1, self.lines[i]) for i in range(self.body_start, len(self.lines))]
@@ -150,13 +175,16 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
     path = Path(path)
     if text is None:
         text = loader.read_text(path, what="gate document", hint="save it as UTF-8; format: docs/gates.md")
-    lines = text.splitlines(keepends=True)
-    if not lines or lines[0].rstrip("\r\n") != "---":
+    first_nl = text.find("\n")
+    first = text if first_nl < 0 else text[:first_nl]
+    if first.rstrip("\r") != "---":
         raise _err(path, 1, "no YAML front matter (the file must start with a '---' line)")
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip("\r\n") in ("---", "...")), None)
-    if end is None:
+    close = _FRONT_END.search(text, first_nl + 1) if first_nl >= 0 else None
+    if close is None:
         raise _err(path, 1, "front matter is not closed (no second '---' line)")
-    fm = "".join(lines[1:end])
+    fm = text[first_nl + 1 : close.start()]
+    body_offset = close.end() + 1 if close.end() < len(text) else close.end()
+    end = text.count("\n", 0, close.start())  # index of the closing line
     # no aliases: a gate doc is reviewed text, and an alias bomb must never expand
     node = loader.compose_yaml(
         fm, path, aliases=False, line_offset=1, hint="fix the front matter; format: docs/gates.md"
@@ -175,7 +203,7 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
     facts = data.get("facts")
     if facts is not None and not isinstance(facts, str):
         raise _err(path, 2, "facts: must be a path to a facts manifest")
-    doc = GateDoc(path, lines, data["gate"], data["machine"], data["image"], facts, body_start=end + 1)
+    doc = GateDoc(path, text, data["gate"], data["machine"], data["image"], facts, body_start=end + 1)
 
     claims_node = None
     for k, v in node.value:
@@ -194,26 +222,48 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
                 continue
             doc.claims.append(_front_claim(path, name, vnode, data["claims"][knode.value]))
 
-    for lineno, line in doc.body():
+    doc.prose = _scan_body(doc, text, body_offset)
+    if not doc.claims:
+        raise _err(path, 2, "the document makes no checkable claim (no claims: and no fact markers)")
+    return doc
+
+
+def _scan_body(doc: GateDoc, text: str, offset: int) -> Prose:
+    """Claims from the fact markers of the body, and its prose: only lines holding "<!--" are
+    visited (found with str.find), so a body of plain prose costs one pass in C."""
+    pieces: list[str] = []
+    done = offset  # text[offset:done] is already in pieces
+    lineno = doc.body_start + 1
+    counted = offset  # lineno is the line of text[counted]
+    pos = text.find("<!--", offset)
+    while pos >= 0:
+        start = text.rfind("\n", 0, pos) + 1
+        stop = text.find("\n", pos)
+        stop = len(text) if stop < 0 else stop + 1
+        lineno += text.count("\n", counted, start)
+        counted = start
+        line = text[start:stop]
         try:
             markers, prose = split_line(line)
         except ValueError as exc:
-            raise _err(path, lineno, str(exc)) from None
-        if IGNORE_MARK not in line:  # the author's "this line claims nothing"
-            doc.prose.append((lineno, prose))
+            raise _err(doc.path, lineno, str(exc)) from None
+        if IGNORE_MARK in line:  # the author's "this line claims nothing"
+            prose = "\n" if line.endswith("\n") else ""
+        pieces += [text[done:start], prose]
+        done = stop
         for m in markers:
             em = _EXPR.match(m.expr)
             if not em:
-                raise _err(path, lineno, f"bad fact marker expression {m.expr[:80]!r} (want NAME or NAME | filter)")
+                raise _err(doc.path, lineno, f"bad fact marker expression {m.expr[:80]!r} (want NAME or NAME | filter)")
             name = em.group("name")
             try:
                 expected = normalize(name, parse_inline_value(name, m.value))
             except ConfigError as exc:
-                raise _err(path, lineno, exc.message, exc.hint) from None
+                raise _err(doc.path, lineno, exc.message, exc.hint) from None
             doc.claims.append(Claim(name, m.value, expected, lineno, m.span, "inline", em.group("filter")))
-    if not doc.claims:
-        raise _err(path, 2, "the document makes no checkable claim (no claims: and no fact markers)")
-    return doc
+        pos = text.find("<!--", stop)
+    pieces.append(text[done:])
+    return Prose("".join(pieces), doc.body_start + 1)
 
 
 def _front_claim(path: Path, name: str, vnode: Any, raw: Any) -> Claim:
