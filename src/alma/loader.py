@@ -20,20 +20,27 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from alma.errors import ConfigError
+
+if TYPE_CHECKING:
+    import yaml
 
 # An expanded kas file of this project has ~200 nodes; 100k leaves room for any honest file
 # and stops a 9-level alias bomb (10^9 nodes) before anything walks it.
 MAX_YAML_NODES = 100_000
 
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _yaml() -> tuple[Any, Any]:
+    """(the yaml module, its fastest safe loader), imported on first use: JSON-only callers
+    (alma verify, the facts manifest) do not pay for PyYAML."""
+    import yaml
+
+    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class LoadError(ConfigError):
@@ -88,10 +95,11 @@ def compose_yaml(
 
     ``line_offset`` is added to reported lines (front matter starts after a ``---`` line).
     """
+    yaml, loader_class = _yaml()
     try:
         if not aliases and "*" in text:  # an alias is written *name: no "*", no alias
             # refuse before composing: the event stream is linear in the text
-            for ev in yaml.parse(text, Loader=_Loader):
+            for ev in yaml.parse(text, Loader=loader_class):
                 if isinstance(ev, yaml.AliasEvent):
                     raise _bad(
                         path,
@@ -99,7 +107,7 @@ def compose_yaml(
                         f"YAML alias *{ev.anchor} refused: aliases are not allowed here",
                         hint or "write the value out instead of referring to an &anchor",
                     )
-        loader = _Loader(text)
+        loader = loader_class(text)
         try:
             node = loader.get_single_node()
         finally:
@@ -119,6 +127,7 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
     Aliases share node objects, so the expanded size is computed per distinct node
     (memoised by identity): linear in the document, whatever the expansion would be.
     """
+    y, _ = _yaml()
     size: dict[int, int] = {}
     order: list[yaml.Node] = []
     stack: list[yaml.Node] = [root]
@@ -129,10 +138,10 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
             continue
         seen.add(id(node))
         order.append(node)
-        if isinstance(node, yaml.MappingNode):
+        if isinstance(node, y.MappingNode):
             keys: dict[str, int] = {}
             for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
+                if isinstance(k, y.ScalarNode) and k.tag != _MERGE_TAG:
                     first = keys.get(k.value)
                     keys.setdefault(k.value, k.start_mark.line + 1)
                     if first is not None:
@@ -144,12 +153,12 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
                             hint or "remove or merge one of the two",
                         )
                 stack += (k, v)
-        elif isinstance(node, yaml.SequenceNode):
+        elif isinstance(node, y.SequenceNode):
             stack += node.value
     for node in reversed(order):  # children before parents
-        if isinstance(node, yaml.MappingNode):
+        if isinstance(node, y.MappingNode):
             n = 1 + sum(size[id(k)] + size[id(v)] for k, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
+        elif isinstance(node, y.SequenceNode):
             n = 1 + sum(size[id(c)] for c in node.value)
         else:
             n = 1
@@ -167,7 +176,8 @@ def construct_yaml(node: yaml.Node | None) -> Any:
     """Python data (safe types only) of a node tree from :func:`compose_yaml`."""
     if node is None:
         return None
-    loader = _Loader("")
+    _, loader_class = _yaml()
+    loader = loader_class("")
     try:
         return loader.construct_document(node)
     finally:
@@ -180,6 +190,8 @@ def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NOD
 
 
 def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+    import tomllib
+
     text = read_text(path, what="TOML file", hint=hint)
     try:
         return tomllib.loads(text)
