@@ -126,8 +126,8 @@ def main() -> int:
         setup(root, args.docs)
         env = {**os.environ, "ALMA_ROOT": str(root)}
         new_env, old_env = env_for(None, env), env_for(old, env)
-        check = [*alma_argv(None), "gates", "check"]
-        t_start, _ = best([*alma_argv(None), "--version"], new_env)
+        check = [*alma_argv(), "gates", "check"]
+        t_start, _ = best([*alma_argv(), "--version"], new_env)
         t_check, code = best(check, new_env)
         if code != 0:
             out = subprocess.run(check, env=new_env, capture_output=True, text=True, check=False)

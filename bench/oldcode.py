@@ -31,7 +31,7 @@ def old_src(rev: str, into: Path) -> Path | None:
     return into / "src"
 
 
-def alma_argv(src: Path | None) -> list[str]:
+def alma_argv() -> list[str]:
     return [str(PYTHON), "-m", "alma"]
 
 
