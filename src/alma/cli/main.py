@@ -12,8 +12,6 @@ import importlib
 import logging
 import os
 import sys
-import tempfile
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -149,6 +147,9 @@ def crash_dir() -> Path:
 
 def _keep_traceback(exc: BaseException, argv: list[str] | None) -> str:
     """Write the traceback to a new private file; its path (never the traceback) goes to the user."""
+    import tempfile  # only on the error path: start-up of every verb stays light
+    import traceback
+
     from alma.ground import utc_iso, utc_stamp
 
     text = (
