@@ -148,7 +148,7 @@ def main() -> int:
         print(f"alma --version (anchor: CLI start-up)        {t_start:7.3f} s")
         line = f"gates check, {args.docs} docs, {claims} claims"
         if old:
-            t_old, t_check = best_pair(check, old_env, new_env, runs=7)
+            t_old, t_check = best_pair(check, old_env, new_env, runs=15)
             print(f"{line:<44} old {t_old:7.3f} s   new {t_check:7.3f} s   new/old {t_check / t_old:5.2f} x")
         else:
             print(f"{line:<44} new {t_check:7.3f} s")
