@@ -1,4 +1,4 @@
-"""Test isolation for the whole suite (see ARCHITECTURE.md, "Tests are isolated").
+"""Test isolation for the whole suite (see docs/architecture.md, "Conventions").
 
 Every test gets a temp HOME, no ALMA_*/KAS_* variables from the developer's shell, and a
 dead proxy so nothing reaches the network by accident.

@@ -1,17 +1,25 @@
-"""One exception hierarchy for the whole toolchain.
+"""One exception hierarchy for the whole toolchain, and the exit codes it maps to.
 
 Code below the CLI raises these and never calls ``sys.exit``; ``alma.cli.main`` maps
 them to exit codes. Every user-facing error carries a ``hint`` ("try: ...") naming the
 next step, so the user never has to read a traceback.
+
+Exit codes, the same for every verb (docs/cli.md, "Exit codes"):
 """
 
 from __future__ import annotations
+
+EXIT_OK = 0  # the verb did what was asked and the verdict is positive
+EXIT_NEGATIVE = 1  # the verdict is negative: stale gate doc, lint findings, failed build/flash
+EXIT_USAGE = 2  # usage or precondition error: bad option, bad input file, host not ready (with the fix)
+EXIT_INTERNAL = 70  # a bug in alma (EX_SOFTWARE): traceback kept in a log file, its path printed
+EXIT_INTERRUPTED = 130  # Ctrl-C: work stopped cleanly (128 + SIGINT)
 
 
 class AlmaError(Exception):
     """Base of every error the toolchain raises on purpose."""
 
-    exit_code = 1
+    exit_code = EXIT_NEGATIVE
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -25,7 +33,7 @@ class AlmaError(Exception):
 class UserError(AlmaError):
     """Bad input, bad config or a missing precondition the user can fix. Exit 2."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class ConfigError(UserError):
@@ -45,10 +53,10 @@ class PreflightError(UserError):
 
 
 class ToolError(AlmaError):
-    """An external tool (kas, bitbake, initrd-flash, ssh, ...) failed.
+    """An external tool (kas, bitbake, initrd-flash, ssh, ...) failed: a negative verdict, exit 1.
 
-    ``returncode`` is the tool's own exit code; the CLI passes it on when it is
-    meaningful (1..125), otherwise exits 1.
+    ``returncode`` is the tool's own exit code. It is reported (in the message, the log and
+    --json), never passed through as alma's: kas's 2 is not alma's "usage error".
     """
 
     def __init__(
@@ -62,8 +70,6 @@ class ToolError(AlmaError):
         super().__init__(message, hint=hint)
         self.returncode = returncode
         self.log_path = log_path
-        if returncode is not None and 0 < returncode < 126:
-            self.exit_code = returncode
 
 
 class ToolNotFound(UserError):
@@ -77,4 +83,4 @@ class ToolTimeout(ToolError):
 class Interrupted(AlmaError):
     """The user pressed Ctrl-C; work was stopped cleanly. Exit 130."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED

@@ -3,6 +3,8 @@
 Every part of ``alma`` that writes a file others read (manifests, records, snapshots, pages,
 udev rules) writes it through :func:`write_atomic`, and every timestamp it stores or prints
 comes from :func:`utc_iso` / :func:`utc_stamp`, so two parts never disagree on a format.
+Reading is the sibling module's: every input file (text, YAML, TOML, JSON) goes through
+:mod:`alma.loader`.
 """
 
 from __future__ import annotations

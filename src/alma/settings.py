@@ -7,11 +7,10 @@ bare name as default, so a lab can point ``initrd-flash`` or ``kas`` somewhere e
 from __future__ import annotations
 
 import os
-import tomllib
 from functools import cache
 from pathlib import Path
 
-from alma.errors import ConfigError
+from alma import loader
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -34,11 +33,7 @@ def _config(root: Path) -> dict[str, object]:
     path = root / "alma.toml"
     if not path.exists():
         return {}
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}", hint=f"fix the TOML syntax in {path}") from exc
+    return loader.load_toml(path, hint=f"fix {path} (TOML, UTF-8)")
 
 
 def config(root: Path | None = None) -> dict[str, object]:

@@ -139,8 +139,11 @@ def build_deploy(
     components: tuple[str, ...] = COMPONENTS,
     payload: int = 200_000,
     kernel_size: int = 3 << 20,
+    topdir: Path | None = None,
 ) -> Deploy:
-    d = base / "build" / "tmp" / "deploy" / "images" / machine
+    # where a real run puts it: kas TOPDIR = KAS_BUILD_DIR = build/<machine> (alma build),
+    # TMPDIR = ${TOPDIR}/tmp-glibc (oe-core scarthgap defaultsetup.conf, non-poky distro)
+    d = (topdir or base / "build" / machine) / "tmp-glibc" / "deploy" / "images" / machine
     d.mkdir(parents=True, exist_ok=True)
     real = f"{image}-{machine}.rootfs-{stamp}"
     link = f"{image}-{machine}.rootfs"

@@ -159,7 +159,7 @@ def test_failure_leaves_existing_manifest_untouched(project: Path, alma) -> None
 
 def test_no_deploy_dir_points_at_absent(project: Path, alma) -> None:
     r = alma("verify", "--machine", "jetson-orin-nano-devkit")
-    _fails(r, "no deploy dir found", "build/tmp/deploy/images/jetson-orin-nano-devkit")
+    _fails(r, "no deploy dir found", "build/jetson-orin-nano-devkit/tmp-glibc/deploy/images/jetson-orin-nano-devkit")
     assert "--absent" in r.err
     _fails(alma("verify", project / "nowhere"), "deploy dir not found")
 
@@ -175,7 +175,34 @@ def test_absent_records_unknown_not_false(project: Path, alma) -> None:
 
 def test_absent_refuses_when_artefacts_exist(project: Path, alma) -> None:
     build_deploy(project)
+    before = sorted((project / "facts").glob("*.json")) if (project / "facts").exists() else []
     _fails(alma("verify", "--absent"), "refusing to record that nothing is built")
+    assert (sorted((project / "facts").glob("*.json")) if (project / "facts").exists() else []) == before
+
+
+def test_absent_refuses_even_an_empty_deploy_dir(project: Path, alma) -> None:
+    # a deploy dir says a build ran here (bitbake creates it before the image task finishes)
+    d = project / "build" / "jetson-orin-nano-devkit" / "tmp-glibc" / "deploy" / "images" / "jetson-orin-nano-devkit"
+    d.mkdir(parents=True)
+    _fails(alma("verify", "--absent"), "refusing to record that nothing is built")
+
+
+def test_verify_without_arguments_verifies_every_machine_built(project: Path, alma) -> None:
+    build_deploy(project, "jetson-orin-nano-devkit")
+    build_deploy(project, "jetson-agx-orin-devkit")
+    r = alma("verify")
+    assert r.code == 0, r.err
+    assert _manifest(project, "jetson-orin-nano-devkit").value("env_machine") == "jetson-orin-nano-devkit"
+    assert _manifest(project, "jetson-agx-orin-devkit").value("env_machine") == "jetson-agx-orin-devkit"
+    assert not manifest_path(project, IMAGE, "jetson-orin-nano-devkit-nvme").exists()
+
+
+def test_one_bad_machine_writes_no_manifest(project: Path, alma) -> None:
+    build_deploy(project, "jetson-orin-nano-devkit")
+    d = build_deploy(project, "jetson-agx-orin-devkit")
+    (d.dir / f"{IMAGE}-jetson-agx-orin-devkit.rootfs.manifest").unlink()
+    _fails(alma("verify"), "no image manifest")
+    assert not manifest_path(project, IMAGE, "jetson-orin-nano-devkit").exists()
 
 
 def test_hash_cache_hit_and_rehash(project: Path, alma) -> None:

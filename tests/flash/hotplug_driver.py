@@ -3,7 +3,7 @@ libudev/sysfs redirection). Used by tests/flash/test_hotplug.py and bench/bench_
 
     umockdev-wrapper python hotplug_driver.py SCENARIO
 
-Prints one JSON object. The testbed is created before any pyudev monitor (FIELD-NOTES §4)
+Prints one JSON object. The testbed is created before any pyudev monitor (umockdev must exist first)
 and a device is removed by sending "remove" first, then removing it from the testbed.
 """
 

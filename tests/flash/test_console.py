@@ -52,7 +52,7 @@ def board() -> Iterator[FakeBoard]:
 
 def _watch(board: FakeBoard) -> ConsoleWatcher:
     w = ConsoleWatcher(board.port)
-    w.start()  # open the port before the board writes (FIELD-NOTES §4)
+    w.start()  # open the port before the board writes (docs/flash.md)
     return w
 
 

@@ -188,7 +188,7 @@ def test_rules_cover_every_recovery_pid_and_the_gadget() -> None:
         for pair in ln.split(", "):
             assert _PAIR.match(pair), (pair, ln)
         assert 'GROUP="plugdev"' in ln and 'MODE="0660"' in ln
-    # pinned from FIELD-NOTES (APX ids, vendor 0955), not from the code under test
+    # pinned from docs/flash.md (APX ids, vendor 0955), not from the code under test
     recovery = {"7023", "7223", "7323", "7423", "7523", "7623", "7019", "7e19", "7f21", "7c18"}
     assert recovery <= set(MODULES)
     for pid in recovery:

@@ -1,4 +1,6 @@
-"""The CLI's error mapping: user errors exit 2 with a hint and no traceback, Ctrl-C 130."""
+"""The CLI's error mapping (docs/cli.md, "Exit codes"): 0 ok, 1 negative verdict, 2 usage or
+precondition with a hint and no traceback, 70 internal error with the traceback in a file,
+130 Ctrl-C; a tool's own code is reported, never passed through."""
 
 from __future__ import annotations
 
@@ -35,13 +37,80 @@ def test_user_error_exits_2_with_try_hint(monkeypatch: pytest.MonkeyPatch, capsy
     assert "Traceback" not in err
 
 
-def test_tool_error_passes_the_tools_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("tool_code", [1, 2, 64, 125, 255])
+def test_a_tools_code_is_reported_never_passed_through(
+    tool_code: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # kas exits 2 on a checkout failure: as alma's 2 it would read "bad option"
     @click.command()
     def probe() -> None:
-        raise ToolError("bitbake exited with code 1", returncode=1)
+        raise ToolError(f"build failed: kas exited with code {tool_code}", returncode=tool_code)
 
-    code, _ = _run_with(probe, monkeypatch, capsys)
+    code, err = _run_with(probe, monkeypatch, capsys)
     assert code == 1
+    assert f"kas exited with code {tool_code}" in err
+
+
+def test_a_bug_exits_70_with_the_traceback_in_a_file_not_on_screen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    @click.command()
+    def probe() -> None:
+        {}["no such key"]  # the bug under test
+
+    code, err = _run_with(probe, monkeypatch, capsys)
+    assert code == 70
+    assert "Traceback" not in err
+    assert "internal error (a bug in alma): KeyError" in err
+    [log] = (tmp_path / "state" / "alma" / "crash").glob("alma-crash-*.log")
+    assert str(log) in err
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "no such key" in text and "argv: ['alma', 'probe']" in text
+    assert log.stat().st_mode & 0o077 == 0  # a traceback may show paths and values: private
+
+
+def test_a_bug_with_no_writable_state_dir_still_exits_70(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(blocker))  # mkdir under a file fails
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+    @click.command()
+    def probe() -> None:
+        raise RuntimeError("boom")
+
+    code, err = _run_with(probe, monkeypatch, capsys)
+    assert code == 70
+    assert list((tmp_path / "tmp").glob("alma-crash-*.log"))
+
+
+def test_a_verb_can_declare_its_own_usage_error_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fleet health speaks Nagios: a usage or config error is UNKNOWN (3), not 2 (CRITICAL)
+    @climain.usage_exit(3)
+    @click.command()
+    @click.option("--count", type=int)
+    def probe(count: int | None) -> None:
+        raise UserError("inventory not found", hint="alma fleet health --inventory FILE")
+
+    code, err = _run_with(probe, monkeypatch, capsys)
+    assert code == 3 and "inventory not found" in err
+    monkeypatch.setattr(climain.LazyGroup, "get_command", lambda self, ctx, name: probe if name == "probe" else None)
+    with pytest.raises(SystemExit) as ei:
+        climain.main(["probe", "--count", "many"])
+    assert ei.value.code == 3
+    with pytest.raises(SystemExit) as ei:
+        climain.main(["probe", "--bogus"])
+    assert ei.value.code == 3
 
 
 def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,3 +173,18 @@ def test_repo_root_found_from_subdir(tmp_path: Path, monkeypatch: pytest.MonkeyP
     settings._config.cache_clear()
     assert settings.tool("initrd-flash", tmp_path) == "/lab/initrd-flash"
     assert settings.tool("bitbake", tmp_path) == "bitbake"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"), [(b"[build]\ndisk_gb = \xff\n", "not UTF-8"), (b"[build\n", "not valid TOML")]
+)
+def test_a_broken_alma_toml_is_exit_2_naming_it(tmp_path: Path, content: bytes, needle: str) -> None:
+    from alma import settings
+    from alma.errors import ConfigError
+
+    (tmp_path / "alma.toml").write_bytes(content)
+    settings._config.cache_clear()
+    with pytest.raises(ConfigError) as ei:
+        settings.config(tmp_path)
+    assert str(tmp_path / "alma.toml") in ei.value.message and needle in ei.value.message
+    assert ei.value.exit_code == 2

@@ -38,7 +38,7 @@ def test_streams_lines_in_order_and_logs_command(tmp_path: Path) -> None:
 def test_nonzero_exit_raises_tool_error_with_code(tmp_path: Path) -> None:
     with pytest.raises(ToolError) as ei:
         runner.run([PY, "-c", "raise SystemExit(7)"])
-    assert ei.value.returncode == 7 and ei.value.exit_code == 7
+    assert ei.value.returncode == 7 and ei.value.exit_code == 1  # the tool's code is reported, alma exits 1
     res = runner.run([PY, "-c", "raise SystemExit(7)"], check=False)
     assert res.returncode == 7
 

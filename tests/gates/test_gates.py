@@ -19,7 +19,7 @@ from alma.flash import records
 MACHINE, IMAGE = "jetson-orin-nano-devkit", "alma-image"
 SHA = "ab" * 32
 
-LAB = {  # the lab's first ALMA-OS build (FIELD-NOTES §1)
+LAB = {  # the lab's first ALMA-OS build (docs/architecture.md, "What the toolchain encodes from the field")
     "image_buildable": True,
     "kernel_version": "5.15.185-l4t-r36.5-1033.33+g9c6d5c8154",
     "kernel_image_bytes": 41_287_168,

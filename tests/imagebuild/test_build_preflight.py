@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from support import REPO, require_tool
 from support_build import mark_checked_out, read_record
 
@@ -38,7 +40,7 @@ def test_root_is_refused_with_how_to_run_as_a_user(project, fakes, probes, alma)
 
 def test_root_without_sudo_user_suggests_creating_one(project, probes):
     p = probes(euid=lambda: 0, env={})
-    [(what, fix)] = pf.check_user(p)
+    [(what, fix)] = pf.check_user(None, p)
     assert "useradd -m builder" in fix
 
 
@@ -62,7 +64,7 @@ def test_hosttools_table_covers_oe_core_scarthgap_list():
 
 def test_kas_missing(project, probes):
     p = probes(find_kas=lambda: None)
-    assert [w for w, _ in pf.check_tools(p)] == ["kas is not installed"]
+    assert [w for w, _ in pf.check_tools(None, p)] == ["kas is not installed"]
 
 
 def test_low_disk_reports_the_real_figure_and_the_need(project, fakes, probes, alma):
@@ -99,7 +101,7 @@ def test_jobs_beyond_ram_suggest_a_smaller_jobs(project, fakes, probes, alma):
 
 def test_missing_locale(project, probes):
     p = probes(locales=lambda: {"c", "c.utf8", "posix"})
-    [(what, fix)] = pf.check_locale(p)
+    [(what, fix)] = pf.check_locale(None, p)
     assert "en_US.UTF-8" in what and "locale-gen" in fix
 
 
@@ -133,7 +135,7 @@ def test_real_network_probe_through_a_dead_proxy_fails_fast_and_clearly(project,
     p = probes(ls_remote=pf._ls_remote)
     repos = [pf.RepoPin("bitbake", "https://git.openembedded.org/bitbake", None, "2.8", project / "build" / "bitbake")]
     t0 = time.monotonic()
-    [(what, fix)] = pf.check_network(p, repos, timeout=10)
+    [(what, fix)] = pf.unreachable_repos(p, repos, timeout=10)
     assert time.monotonic() - t0 < 12
     assert "repository bitbake (https://git.openembedded.org/bitbake) is not checked out and cannot be reached" in what
     assert "git clone -b 2.8 https://git.openembedded.org/bitbake" in fix
@@ -162,3 +164,85 @@ def test_readme_main_command_offline_ends_with_an_actionable_statement(tmp_path)
     assert "cannot be reached" in res.stderr  # repos not checked out in tmp_path, no network
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "build" / "jetson-orin-nano-devkit" / "alma-build.conf").exists()
+
+
+# --- an honest preflight (issue 13) ---------------------------------------------------------
+
+
+def test_disk_estimate_knows_rm_work_and_names_the_override(project, fakes, probes, alma):
+    mark_checked_out(project)
+    base = project / "kas" / "alma.yml"
+    base.write_text(base.read_text().replace('INHERIT += "buildhistory"', 'INHERIT += "buildhistory rm_work"'))
+    probes(disk_free=lambda p: 40 * pf.GB)
+    code, _, err = alma("build")
+    assert code == 2
+    assert "this build needs ~90 GB (a full image with rm_work (inherited by the kas files))" in err
+    assert "alma.toml: [build] disk_gb = N" in err
+    probes(disk_free=lambda p: 100 * pf.GB)  # enough with rm_work, not without (150)
+    assert alma("build")[0] == 0
+
+
+def test_disk_estimate_without_rm_work_is_the_full_figure(project, fakes, probes, alma):
+    mark_checked_out(project)
+    probes(disk_free=lambda p: 100 * pf.GB)
+    code, _, err = alma("build")
+    assert code == 2 and "needs ~150 GB (a full image without rm_work)" in err
+
+
+def test_jobs_suggestion_fits_the_cpus(project, fakes, probes, alma):
+    mark_checked_out(project)
+    probes(cpu_count=lambda: 2, mem_total=lambda: 22 * pf.GIB)
+    code, _, err = alma("build", "--jobs", "64")
+    assert code == 2
+    assert "fix: alma build --jobs 2" in err and "--jobs 11" not in err
+    assert "--jobs 64 on 2 CPUs" in err
+
+
+@pytest.mark.parametrize(("cpus", "gib"), [(16, 32), (64, 16), (2, 4), (8, 64), (32, 256)])
+def test_threads_times_parallel_make_fits_the_ram(project, probes, alma, cpus, gib):
+    probes(cpu_count=lambda: cpus, mem_total=lambda: gib * pf.GIB)
+    code, out, _ = alma("build", "--dry-run", "--json")
+    assert code == 0
+    import json as _json
+
+    plan = _json.loads(out)
+    threads, make = plan["jobs"], plan["parallel_make"]
+    assert f'BB_NUMBER_THREADS = "{threads}"' in plan["config"] and f'PARALLEL_MAKE = "-j {make}"' in plan["config"]
+    assert threads * make * pf.RAM_PER_TASK_GIB <= gib, (threads, make)
+    assert 1 <= make <= cpus and 1 <= threads <= cpus
+
+
+@given(cpus=st.integers(1, 256), gib=st.integers(2, 2048), jobs=st.integers(1, 512))
+def test_parallel_make_never_overcommits_ram_for_jobs_that_fit(cpus, gib, jobs):
+    p = pf.Probes(cpu_count=lambda: cpus, mem_total=lambda: gib * pf.GIB)
+    make = pf.parallel_make(p, jobs)
+    assert 1 <= make <= cpus
+    slots = gib // pf.RAM_PER_TASK_GIB
+    if jobs <= slots:  # a --jobs beyond the RAM is refused by check_ram
+        assert jobs * make <= slots
+    assert pf.suggest_jobs(p) <= cpus and pf.suggest_jobs(p) <= max(1, slots)
+
+
+def test_build_tree_not_writable_by_the_build_user_is_a_preflight_problem(project, fakes, probes, alma):
+    mark_checked_out(project)
+    build = (project / "build").resolve()
+    probes(access=lambda p, m: not Path(p).is_relative_to(build), owner=lambda p: 0)
+    code, out, err = alma("build")
+    assert code == 2 and "Traceback" not in out + err and "PermissionError" not in err
+    assert f"{build} is not writable by builder (owned by root)" in err
+    assert f"fix: sudo chown -R builder: {build}" in err
+    assert_nothing_ran(project, fakes)
+
+
+def test_build_tree_owned_by_another_user_is_named(project, fakes, probes, alma):
+    mark_checked_out(project)
+    build = (project / "build").resolve()
+    probes(owner=lambda p: 0 if Path(p) == build else 1000)
+    code, _, err = alma("build")
+    assert code == 2 and f"{build} is owned by root, not builder" in err
+
+
+def test_unwritable_parent_of_a_new_build_dir(project, fakes, probes, alma, tmp_path):
+    probes(access=lambda p, m: False, owner=lambda p: 0)
+    code, _, err = alma("build", "--build-dir", tmp_path / "ro" / "alma")
+    assert code == 2 and "is not writable by builder" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def test_failed_compile_exits_with_bitbakes_code_and_lists_the_task_log(project,
     assert f"busybox_1.36.1:do_compile  log: {log}" in out
     assert "tasks: 45 attempted, 25 run, 20 reused" in out
     assert "bitbake reported 2 ERROR message(s)" in out
-    assert "kas/bitbake exited with code 1" in err
+    assert "bitbake exited with code 1" in err
     assert "try: read the failed tasks' logs" in err
     full = (project / "build" / MACHINE / "alma-build-latest.log").read_text()
     assert "| libbb/appletlib.c:42:10: fatal error" in full  # bitbake's raw output is kept
@@ -81,7 +82,7 @@ def test_json_summary(project, alma, monkeypatch):
     code, out, _ = alma("build", "--json")
     assert code == 1
     data = json.loads(out)
-    assert data["status"] == "failed" and data["returncode"] == 1
+    assert data["status"] == "failed" and data["tool_returncode"] == 1 and data["failed_in"] == "bitbake"
     assert data["tasks_attempted"] == 45 and data["tasks_reused"] == 20 and data["tasks_run"] == 25
     assert data["sstate"]["match_percent"] == 76
     assert data["failed_tasks"][0]["task"].endswith("busybox_1.36.1.bb:do_compile")
@@ -98,7 +99,8 @@ def test_shared_cache_options_reach_bitbake_through_the_generated_conf(project, 
     assert 'BB_SIGNATURE_HANDLER = "OEEquivHash"' in conf
     assert 'BB_HASHSERVE = "auto"' in conf
     assert 'BB_HASHSERVE_UPSTREAM = "hashserv.lab:8686"' in conf
-    assert 'BB_NUMBER_THREADS = "4"' in conf and 'PARALLEL_MAKE = "-j 4"' in conf
+    # 8 CPUs, 64 GiB = 32 compilers at 2 GiB: 4 tasks x make -j 8 (not bitbake's 4 x 8 CPUs unbounded)
+    assert 'BB_NUMBER_THREADS = "4"' in conf and 'PARALLEL_MAKE = "-j 8"' in conf
     bb = next(c for c in read_record(fakes) if c["tool"] == "bitbake")
     assert bb["argv"][:2] == ["-R", str(project / "build" / MACHINE / "alma-build.conf")]
 
@@ -137,6 +139,48 @@ def test_check_parses_and_computes_the_task_graph_without_compiling(project, fak
     assert bbs == [["-R", str(conf), "-p"], ["-R", str(conf), "-g", "alma-image"]]
     assert (project / "build" / "jetson-agx-orin-devkit" / "pn-buildlist").exists()
     assert "check succeeded" in out and "recipes parsed: 2174" in out
+    assert "graph: alma-image needs 11 recipes, 79 tasks" in out
+    assert "alma components: 4 of 4 in the graph" in out
+    assert "kernel: linux-jammy-nvidia-tegra 5.15.185+git-r0" in out
+
+
+def test_check_never_needs_the_network(project, fakes, alma, monkeypatch):
+    # a CI host with cached repos and no internet: sanity.bbclass's connectivity check fails
+    # unless BB_NO_NETWORK is set (parse and graph never fetch)
+    monkeypatch.setenv("FAKE_NO_NETWORK", "1")
+    code, out, err = alma("build", "--check")
+    assert code == 0, out + err
+    conf = (project / "build" / MACHINE / "alma-build.conf").read_text()
+    assert 'BB_NO_NETWORK = "1"' in conf
+    code, out, err = alma("build")  # a real build fetches: no BB_NO_NETWORK there
+    assert "BB_NO_NETWORK" not in (project / "build" / MACHINE / "alma-build.conf").read_text()
+    assert code == 1 and "connectivity.html" in out
+
+
+def test_check_json_reports_the_graph(project, fakes, alma):
+    code, out, err = alma("build", "--check", "--json")
+    assert code == 0, err
+    g = json.loads(out)["graph"]
+    assert g["recipes"] == 11 and g["tasks"] == 79
+    assert g["components"] == {"alma-guard": True, "alma-watchdog-config": True, "alma-health": True, "eran-grid": True}
+    assert g["kernel"] == {"recipe": "linux-jammy-nvidia-tegra", "version": "5.15.185+git-r0"}
+
+
+def test_check_fails_when_a_component_is_not_in_the_graph(project, fakes, alma, monkeypatch):
+    monkeypatch.setenv("FAKE_BITBAKE_SCENARIO", "missing-component")
+    code, out, err = alma("build", "--check")
+    assert code == 1
+    assert "MISSING: eran-grid" in out
+    assert "alma-image would lack ALMA components: eran-grid" in err
+    assert "IMAGE_INSTALL" in err
+
+
+def test_a_stale_graph_is_not_reported_as_this_runs(project, fakes, alma, monkeypatch):
+    assert alma("build", "--check")[0] == 0
+    monkeypatch.setenv("FAKE_BITBAKE_SCENARIO", "parse-error")
+    code, out, err = alma("build", "--check")
+    assert code == 1 and "graph:" not in out
+    assert not (project / "build" / MACHINE / "pn-buildlist").exists()
 
 
 def test_check_reports_a_parse_error_with_bitbakes_exit_code(project, alma, monkeypatch):
@@ -144,7 +188,7 @@ def test_check_reports_a_parse_error_with_bitbakes_exit_code(project, alma, monk
     code, out, err = alma("build", "--check")
     assert code == 1
     assert "check failed" in out
-    assert "kas/bitbake exited with code 1" in err
+    assert "bitbake exited with code 1" in err and "ERROR lines above" in err
 
 
 def test_features_are_appended_in_order(project, fakes, alma):
@@ -222,7 +266,9 @@ def test_kas_failing_before_bitbake_shows_its_last_words(project, fakes, alma, m
     # a config file vanishes between alma's checks and kas's: kas refuses it with exit 2
     monkeypatch.setenv("FAKE_KAS_DROP", "1")
     code, out, err = alma("build")
-    assert code == 2
+    assert code == 1  # kas's own 2 is reported, not passed on as alma's "usage error"
     assert "build failed" in out
     assert "last output:" in out and "Configuration file not found: kas/features/vanished.yml" in out
-    assert "kas/bitbake exited with code 2" in err
+    assert "kas exited with code 2" in err
+    assert "kas stopped before bitbake started" in err
+    assert "failed tasks' logs" not in err  # none are listed: the hint must not point at them

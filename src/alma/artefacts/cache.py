@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from alma import loader
+from alma.errors import ConfigError
 from alma.ground import write_atomic
 
 VERSION = 1
@@ -37,10 +39,10 @@ class Cache:
     def _load(self) -> dict[str, Any]:
         if self._data is None:
             try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
+                data = loader.load_json(self.path)  # finite numbers only, like every input
                 ok = isinstance(data, dict) and data.get("version") == VERSION and isinstance(data.get("entries"), dict)
                 self._data = data if ok else {"version": VERSION, "entries": {}}
-            except (OSError, ValueError):
+            except ConfigError:  # missing, unreadable or corrupt: it is only a cache
                 self._data = {"version": VERSION, "entries": {}}
         return self._data
 

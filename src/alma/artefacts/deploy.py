@@ -1,4 +1,5 @@
-"""Where meta-tegra (scarthgap) puts artefacts and what they are called.
+"""What meta-tegra (scarthgap) names its artefacts inside a deploy dir (where the deploy dir
+is: :mod:`alma.buildtree`).
 
 ``tmp/deploy/images/<MACHINE>/`` (DEPLOY_DIR_IMAGE) holds, per oe-core image-artifact-names:
 IMAGE_LINK_NAME = ``<image>-<machine>.rootfs`` (symlinks) and
@@ -23,12 +24,6 @@ from alma.ground import utc_iso
 BUNDLE_EXTS = (".tegraflash.tar.gz", ".tegraflash.zip")
 KERNEL_NAMES = ("Image-{machine}.bin", "Image", "Image.gz-{machine}.bin", "Image.gz")
 STAMP = re.compile(r"\.rootfs-(\d{14})\.")
-
-
-def default_deploy_dirs(root: Path, machine: str) -> list[Path]:
-    """kas builds in ``<root>/build``; TMPDIR is ``tmp`` (poky-style) or ``tmp-glibc``
-    (oe-core's TCLIBCAPPEND default for non-poky distros)."""
-    return [root / "build" / tmp / "deploy" / "images" / machine for tmp in ("tmp", "tmp-glibc")]
 
 
 @dataclass

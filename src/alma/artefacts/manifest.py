@@ -10,15 +10,92 @@ Stable API (other parts import it): ``manifest_path``, ``load_manifest``, ``Mani
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alma import loader
+from alma.artefacts.rootfs import COMPONENTS
 from alma.errors import ConfigError
-from alma.ground import utc_iso
+from alma.ground import parse_utc, utc_iso
 
 SCHEMA = "alma.facts/1"
 FACTS_DIR = Path("facts")
+
+# Every fact a manifest carries and its kind: the one list (alma verify writes them, the
+# gate claims are judged by kind, the loader checks types). docs/formats.md#facts-manifest.
+FACT_KINDS: dict[str, str] = {
+    "image_buildable": "bool",
+    "kernel_version": "version",
+    "kernel_banner": "text",
+    "kernel_image_bytes": "size",
+    "kernel_image_path": "text",
+    "kernel_package": "text",
+    "bundle_bytes": "size",
+    "bundle_sha256": "sha",
+    "bundle_path": "text",
+    "rootfs_bytes": "size",
+    "rootfs_path": "text",
+    "build_time": "time",
+    "env_machine": "text",
+    "env_chipid": "text",
+    "env_rootfs_device": "text",
+    "env_bootdev": "text",
+    "package_count": "int",
+    "components": "components",
+    # derived from the flash records (alma.artefacts.status), never read from artefacts
+    "flashed": "bool",
+    "booted": "bool",
+    "status": "label",
+}
+STATUS_FACTS = ("flashed", "booted", "status")
+LABELS = ("Prototype", "Flashed", "Booted")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_time(v: Any) -> bool:
+    try:
+        parse_utc(v)
+    except ValueError:
+        return False
+    return True
+
+
+_VALID: dict[str, tuple[str, Any]] = {
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "size": ("a whole number of bytes (>= 0)", lambda v: _is_int(v) and v >= 0),
+    "int": ("a whole number (>= 0)", lambda v: _is_int(v) and v >= 0),
+    "version": ("a version string", lambda v: isinstance(v, str)),
+    "text": ("a string", lambda v: isinstance(v, str)),
+    "sha": ("64 lowercase hex digits", lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None),
+    "time": ("an ISO 8601 time with a zone", _is_time),
+    "label": (" or ".join(LABELS), lambda v: v in LABELS),
+    "components": (
+        "a mapping of ALMA component -> true/false",
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(b, bool) for k, b in v.items()),
+    ),
+}
+
+
+def fact_type_error(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be fact ``name`` (None: it can; null is always "unknown")."""
+    kind = FACT_KINDS.get(name)
+    if kind is None or value is None:
+        return None
+    want, ok = _VALID[kind]
+    if not ok(value):
+        shown = json.dumps(value)[:60]
+        return f"fact {name!r} is {shown}, want {want} (or null)"
+    if kind == "components":
+        unknown = sorted(set(value) - set(COMPONENTS))
+        if unknown:
+            return f"fact 'components' names unknown component(s) {', '.join(unknown)} (known: {', '.join(COMPONENTS)})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,8 +151,6 @@ class Manifest:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
-
-
 def manifest_path(root: Path, image: str, machine: str) -> Path:
     """``<root>/facts/<image>-<machine>.json``."""
     return Path(root) / FACTS_DIR / f"{image}-{machine}.json"
@@ -103,6 +178,9 @@ def parse_manifest(data: Any, path: Path) -> Manifest:
     for name, entry in raw.items():
         if not isinstance(entry, dict) or "value" not in entry or not isinstance(entry.get("source"), str):
             raise _bad(path, f"fact {name!r} must be {{'value': ..., 'source': '<where it came from>'}}")
+        why = fact_type_error(name, entry["value"])
+        if why:
+            raise _bad(path, why)
         facts[name] = Fact(entry["value"], entry["source"])
     return Manifest(
         machine=data["machine"],
@@ -116,22 +194,13 @@ def parse_manifest(data: Any, path: Path) -> Manifest:
 def load_manifest(path: Path) -> Manifest:
     """Read and validate a facts manifest. Missing or malformed -> ConfigError with a hint."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(
             f"facts manifest not found: {path}",
             hint="alma verify [DEPLOY_DIR] --machine MACHINE --image IMAGE  (writes it)",
-        ) from None
-    except OSError as exc:
-        raise _bad(path, f"cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise _bad(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _bad(path, f"not valid JSON (line {exc.lineno}: {exc.msg})") from exc
-    return parse_manifest(data, path)
+        )
+    hint = f"regenerate it: alma verify  (writes {path}); facts manifests are never edited by hand"
+    return parse_manifest(loader.load_json(path, hint=hint), path)
 
 
 def find_manifests(root: Path) -> list[Path]:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alma.artefacts.manifest import Manifest
+from alma.artefacts.manifest import STATUS_FACTS, Manifest
 from alma.flash import records
-
-STATUS_FACTS = ("flashed", "booted", "status")
 
 
 def records_dir(facts_dir: Path) -> Path:

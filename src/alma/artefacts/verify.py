@@ -19,38 +19,17 @@ from alma.artefacts import deploy as dp
 from alma.artefacts.bundle import ENV_MEMBER, REQUIRED_MEMBERS, BundleScan, Progress, scan_bundle
 from alma.artefacts.cache import Cache, file_key
 from alma.artefacts.kernel import KernelFacts, read_kernel
-from alma.artefacts.manifest import Manifest
+from alma.artefacts.manifest import FACT_KINDS, STATUS_FACTS, Manifest
 from alma.artefacts.rootfs import COMPONENTS, legitimize, read_rootfs_manifest
 from alma.artefacts.status import derive_status
+from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree
 from alma.errors import UserError
 from alma.ground import utc_iso
 
 log = logging.getLogger("alma.verify")
 
-DEFAULT_IMAGE = "alma-image"
-DEFAULT_MACHINE = "jetson-orin-nano-devkit"
-
 # Every fact `alma verify` writes: a manifest always carries all of them (null = unknown).
-ARTEFACT_FACTS = (
-    "image_buildable",
-    "kernel_version",
-    "kernel_banner",
-    "kernel_image_bytes",
-    "kernel_image_path",
-    "kernel_package",
-    "bundle_bytes",
-    "bundle_sha256",
-    "bundle_path",
-    "rootfs_bytes",
-    "rootfs_path",
-    "build_time",
-    "env_machine",
-    "env_chipid",
-    "env_rootfs_device",
-    "env_bootdev",
-    "package_count",
-    "components",
-)
+ARTEFACT_FACTS = tuple(name for name in FACT_KINDS if name not in STATUS_FACTS)
 
 
 class ArtefactError(UserError):
@@ -90,7 +69,7 @@ def _cached_kernel(path: Path, cache: Cache, rehash: bool) -> KernelFacts:
     return kf
 
 
-def resolve_deploy(deploy: Path | None, machine: str | None, root: Path) -> tuple[Path, str]:
+def resolve_deploy(deploy: Path | None, machine: str | None, tree: BuildTree) -> tuple[Path, str]:
     if deploy is not None:
         deploy = Path(deploy)
         if not deploy.is_dir():
@@ -101,15 +80,31 @@ def resolve_deploy(deploy: Path | None, machine: str | None, root: Path) -> tupl
             )
         return deploy, machine or deploy.resolve().name
     machine = machine or DEFAULT_MACHINE
-    cands = dp.default_deploy_dirs(root, machine)
-    for c in cands:
-        if c.is_dir():
-            return c, machine
-    raise UserError(
-        "no deploy dir found (looked in: " + ", ".join(str(c) for c in cands) + ")",
-        hint="alma verify PATH/TO/tmp/deploy/images/<MACHINE>, or record honestly that nothing is "
-        "built on this machine: alma verify --absent",
-    )
+    found = tree.deploy_dir(machine)
+    if found is not None:
+        return found, machine
+    raise NoDeployDir(tree, machine)
+
+
+class NoDeployDir(UserError):
+    def __init__(self, tree: BuildTree, machine: str | None) -> None:
+        where = tree.deploy_dirs(machine) if machine else [tree.work_dir / "<machine>" / "tmp-glibc/deploy/images"]
+        built = ", ".join(tree.built()) or "none"
+        super().__init__(
+            "no deploy dir found (looked in: " + ", ".join(str(c) for c in where) + f"; machines built here: {built})",
+            hint="build first (alma build --machine MACHINE), pass the deploy dir (alma verify PATH), or record "
+            "honestly that nothing is built on this machine: alma verify --absent",
+        )
+
+
+def targets(deploy: Path | None, machine: str | None, tree: BuildTree) -> list[tuple[Path, str]]:
+    """(deploy dir, machine) pairs to verify: the one given, or every machine the build tree holds."""
+    if deploy is not None or machine is not None:
+        return [resolve_deploy(deploy, machine, tree)]
+    built = tree.built()
+    if not built:
+        raise NoDeployDir(tree, DEFAULT_MACHINE)
+    return [(d, m) for m, d in built.items()]
 
 
 def verify(
@@ -122,8 +117,9 @@ def verify(
     cache: Cache | None = None,
     progress: Progress | None = None,
     on_cache: Callable[[str, bool], None] | None = None,
+    tree: BuildTree | None = None,
 ) -> Manifest:
-    deploy, machine = resolve_deploy(deploy, machine, root)
+    deploy, machine = resolve_deploy(deploy, machine, tree or build_tree(root))
     cache = cache or Cache()
     problems: list[str] = []
 
@@ -276,11 +272,12 @@ def stamp_set(m: Manifest) -> bool:
 
 
 def absent(root: Path, machine: str, image: str, searched: list[Path]) -> Manifest:
-    """The honest manifest for 'nothing built/verified here'. Refuses when artefacts exist."""
+    """The honest manifest for 'nothing built/verified here'. Refuses when a deploy dir exists:
+    even an empty one says a build ran here, and its manifest is not "nothing built"."""
     for d in searched:
-        if d.is_dir() and (dp.images_in(d, machine) or any(d.iterdir())):
+        if d.is_dir():
             raise UserError(
-                f"{d} exists and is not empty: refusing to record that nothing is built",
+                f"{d} exists: refusing to record that nothing is built for {machine}",
                 hint=f"verify it instead: alma verify {d}",
             )
     host = socket.gethostname()

@@ -12,11 +12,12 @@ if TYPE_CHECKING:
     from alma.imagebuild.plan import BuildPlan
 
 EXIT_CODES = (
-    "Exit codes: 0 build (or --check) succeeded; 2 bad option, unknown machine/image, invalid kas file, "
-    "a release image without an admin key (or a malformed/private --admin-key file), "
-    "or a preflight problem (each listed with the command that fixes it); 130 interrupted with Ctrl-C "
-    "(bitbake stopped cleanly); any other code is bitbake's (or kas's) own exit code after a failed run "
-    "(usually 1), printed with the failed tasks and their logs."
+    "Exit codes: 0 build (or --check) succeeded; 1 the build or check failed: kas or bitbake failed (their "
+    "own exit code is printed, with the failed tasks and their logs or kas's last words), or --check found "
+    "an ALMA component missing from the image's graph; 2 bad option, unknown machine/image, invalid kas "
+    "file, a release image without an admin key (or a malformed/private --admin-key file), "
+    "or a preflight problem (each listed with the command that fixes it); 70 internal error; "
+    "130 interrupted with Ctrl-C (bitbake stopped cleanly)."
 )
 
 
@@ -43,8 +44,9 @@ EXIT_CODES = (
 @click.option(
     "--check",
     is_flag=True,
-    help="Check out, parse and compute the task graph (bitbake -p, -g) "
-    "without compiling: what CI with cached repositories runs.",
+    help="Check out, parse and compute the task graph (bitbake -p, -g) offline (BB_NO_NETWORK) "
+    "without compiling, and report the image's recipes, tasks, ALMA components and kernel: "
+    "what CI with cached repositories runs.",
 )
 @click.option(
     "--sstate-mirror",
@@ -62,8 +64,8 @@ EXIT_CODES = (
     "-j",
     type=int,
     default=None,
-    help="Parallel bitbake tasks (BB_NUMBER_THREADS, "
-    "PARALLEL_MAKE). Default: one per CPU, capped at 2 GiB RAM per task.",
+    help="Parallel bitbake tasks (BB_NUMBER_THREADS). Default: one per CPU, capped by RAM. "
+    "PARALLEL_MAKE is chosen so that tasks x make jobs fit the RAM at 2 GiB each.",
 )
 @click.option(
     "--build-dir",
@@ -127,13 +129,12 @@ def build(
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
     )
-    cpus, capped = probes.cpu_count(), pf.auto_jobs(probes)
-    plan = make_plan(req, Project(repo_root()), auto_jobs=capped if jobs is None and capped < cpus else None)
+    plan = make_plan(req, Project(repo_root()), probes)
 
     if dry_run:
         problems = engine.preflight_problems(plan, probes, network=False)
         if as_json:
-            emit_json({**plan.to_json(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
+            emit_json({**plan.to_dict(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
         else:
             _print_dry_run(plan, problems)
         return
@@ -146,7 +147,7 @@ def build(
     )
     out = engine.execute(plan, display)
     if as_json:
-        emit_json(out.to_json())
+        emit_json(out.to_dict())
     else:
         for line in engine.summary_lines(out):
             click.echo(line)
@@ -156,11 +157,9 @@ def build(
             hint=f"run the same command again to continue where it stopped (log: {out.log_path})",
         )
     if out.status == "failed":
+        why = out.reason or f"{out.failed_in} exited with code {out.returncode}"
         raise ToolError(
-            f"{plan.mode} failed: kas/bitbake exited with code {out.returncode}",
-            returncode=out.returncode,
-            log_path=str(out.log_path),
-            hint=f"read the failed tasks' logs listed above; full output: {out.log_path}",
+            f"{plan.mode} failed: {why}", returncode=out.returncode, log_path=str(out.log_path), hint=out.hint()
         )
 
 

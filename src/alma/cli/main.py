@@ -1,9 +1,9 @@
 """Entry point of ``alma``. Verbs load lazily so ``alma --help`` starts fast.
 
-Exit codes (all commands): 0 success, 2 usage/config/precondition error (with a "try:"
-hint), 130 interrupted (Ctrl-C), 1 internal error (a bug: traceback shown). A failed
-external tool passes on its own code where meaningful. Commands document their own
-additional codes (gates: 1 stale; fleet health: Nagios severities).
+Every exception ends here and becomes one of the exit codes of :data:`EXIT_CODES_DOC`
+(defined in ``alma.errors``): a verb never calls ``sys.exit`` with a code of its own making,
+except through :func:`usage_exit`, which lets a verb whose callers expect another
+convention (``alma fleet health``: Nagios, UNKNOWN = 3) declare its usage-error code.
 """
 
 from __future__ import annotations
@@ -12,11 +12,37 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
 from alma import __version__
-from alma.errors import AlmaError
+from alma.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NEGATIVE, EXIT_OK, EXIT_USAGE, AlmaError, UserError
+
+EXIT_CODES: list[tuple[int, str]] = [
+    (EXIT_OK, "ok: the verb did what was asked and the verdict is positive (claims hold, lint clean, build done)"),
+    (
+        EXIT_NEGATIVE,
+        "negative verdict: a gate document is stale, lint has findings, the build (kas/bitbake) or the flash "
+        "failed; the tool's own exit code is printed, never passed on as alma's",
+    ),
+    (
+        EXIT_USAGE,
+        "usage or precondition error: bad option, unknown machine/fact/component, an input file that is "
+        "unreadable, not UTF-8, malformed or hostile, a host that is not ready; each printed with its fix",
+    ),
+    (EXIT_INTERNAL, "internal error: a bug in alma; the traceback is kept in a log file whose path is printed"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); work was stopped cleanly"),
+]
+EXIT_CODES_DOC = (
+    "| code | meaning |\n|---|---|\n"
+    + "".join(f"| {code} | {meaning} |\n" for code, meaning in EXIT_CODES)
+    + "\nA verb whose callers expect another convention declares it (alma.cli.main.usage_exit) and lists it in\n"
+    "its help: `alma fleet health` (and the on-board `alma-health`) follow the Nagios plugin convention\n"
+    "(0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN: a usage or configuration error is UNKNOWN, 3).\n"
+)
 
 # verb -> (module, attribute, one-line help). Help text lives here so `alma --help`
 # does not import every verb's dependencies.
@@ -59,8 +85,9 @@ class LazyGroup(click.Group):
 @click.group(
     cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog="Exit codes: 0 ok, 2 usage or precondition error, 130 interrupted, "
-    "1 internal error; see each command's help for its own codes.",
+    epilog="Exit codes: 0 ok; 1 negative verdict (stale, findings, failed build); 2 usage or precondition "
+    "error (with its fix); 70 internal error (traceback saved to a log file); 130 interrupted. "
+    "Exceptions are listed in a command's help (fleet health: Nagios).",
 )
 @click.version_option(__version__, prog_name="alma")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
@@ -70,10 +97,76 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
 
 
+C = TypeVar("C", bound=click.Command)
+
+
+def usage_exit(code: int) -> Callable[[C], C]:
+    """Declare that ``cmd`` exits ``code`` instead of 2 on usage and precondition errors.
+
+    Applied on top of ``@click.command``: option parsing errors (click) and UserErrors the
+    command raises both carry the code to :func:`main`, which exits with it.
+    """
+
+    def apply(cmd: C) -> C:
+        make_context, invoke = cmd.make_context, cmd.invoke
+
+        def _make_context(*args: Any, **kwargs: Any) -> click.Context:
+            try:
+                return make_context(*args, **kwargs)
+            except click.UsageError as exc:
+                exc.exit_code = code  # type: ignore[misc]  # click reads it from the instance
+                raise
+
+        def _invoke(ctx: click.Context) -> Any:
+            try:
+                return invoke(ctx)
+            except click.UsageError as exc:
+                exc.exit_code = code  # type: ignore[misc]  # click reads it from the instance
+                raise
+            except UserError as exc:
+                exc.exit_code = code
+                raise
+
+        cmd.__dict__.update(make_context=_make_context, invoke=_invoke, usage_exit_code=code)
+        return cmd
+
+    return apply
+
+
 def _report(exc: AlmaError) -> None:
     click.secho(f"error: {exc.message}", fg="red", err=True)
     if exc.hint:
         click.echo(f"  try: {exc.hint}", err=True)
+
+
+def crash_dir() -> Path:
+    """Where tracebacks of internal errors are kept: $XDG_STATE_HOME/alma/crash."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "alma" / "crash"
+
+
+def _keep_traceback(exc: BaseException, argv: list[str] | None) -> str:
+    """Write the traceback to a new private file; its path (never the traceback) goes to the user."""
+    import tempfile  # only on the error path: start-up of every verb stays light
+    import traceback
+
+    from alma.ground import utc_iso, utc_stamp
+
+    text = (
+        f"alma {__version__} internal error at {utc_iso()}\n"
+        f"argv: {['alma', *(argv if argv is not None else sys.argv[1:])]}\n\n"
+        + "".join(traceback.format_exception(exc))
+    )
+    for where in (crash_dir(), Path(tempfile.gettempdir())):
+        try:
+            where.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, path = tempfile.mkstemp(prefix=f"alma-crash-{utc_stamp()}-", suffix=".log", dir=where)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            return path
+        except OSError:
+            continue
+    return "(could not be saved: no writable state or temp directory)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,26 +174,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = cli.main(args=argv, prog_name="alma", standalone_mode=False)
         # In non-standalone mode click returns ctx.exit(code)'s code, or the command's value.
-        return rv if isinstance(rv, int) else 0
+        return rv if isinstance(rv, int) else EXIT_OK
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+        sys.exit(exc.exit_code if isinstance(exc, click.UsageError) else EXIT_USAGE)
     except AlmaError as exc:
         _report(exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         # `alma ... | head`: not an error; silence the flush at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(0)
+        sys.exit(EXIT_OK)
+    except Exception as exc:  # a bug: keep the traceback, say where, exit 70
+        path = _keep_traceback(exc, argv)
+        click.secho(f"internal error (a bug in alma): {type(exc).__name__}: {exc}", fg="red", err=True)
+        click.echo(f"  traceback saved to {path}; please report it with that file", err=True)
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

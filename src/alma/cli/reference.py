@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from alma.cli.main import cli
+from alma.cli.main import EXIT_CODES_DOC, cli
 
 
 def _walk(cmd: click.Command, path: list[str], ctx_parent: click.Context | None) -> list[str]:
@@ -31,6 +31,11 @@ def render() -> str:
         "",
         "Generated from the click app by `python -m alma.cli.reference`; do not edit by hand.",
         "",
+        "## Exit codes",
+        "",
+        "The same for every verb (defined in `alma.errors`, mapped in `alma.cli.main`):",
+        "",
+        EXIT_CODES_DOC,
     ]
     return "\n".join(head + _walk(cli, ["alma"], None)).rstrip() + "\n"
 

@@ -58,19 +58,34 @@ class _Progress:
 
 
 @click.command(
-    epilog="Exit codes: 0 manifest written; 2 missing or inconsistent artefacts (every problem is "
-    "listed, nothing is written), no deploy dir, or a bad option; 130 interrupted.",
+    epilog="Exit codes: 0 manifest(s) written; 2 missing or inconsistent artefacts (every problem is "
+    "listed, nothing is written), no deploy dir, --absent while a deploy dir exists, or a bad option; "
+    "130 interrupted.",
 )
 @click.argument("deploy_dir", required=False, type=click.Path(path_type=Path))
-@click.option("--machine", "-m", help="MACHINE (default: the deploy dir's name, else jetson-orin-nano-devkit).")
+@click.option(
+    "--machine",
+    "-m",
+    help="MACHINE (default: the deploy dir's name; with no DEPLOY_DIR, every machine `alma build` built).",
+)
 @click.option("--image", "-i", help="Image recipe (default: the only image with a bundle in the deploy dir).")
 @click.option("--rehash", is_flag=True, help="Ignore the hash cache and read the bundle again.")
-@click.option("--absent", is_flag=True, help="Record that nothing is built/verified on this machine (all facts null).")
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
+@click.option(
+    "--absent",
+    is_flag=True,
+    help="Record that nothing is built/verified on this machine (all facts null); refused when a deploy dir exists.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest(s) as JSON on stdout.")
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the manifest here instead of facts/<image>-<machine>.json."
 )
 @click.option("--root", type=click.Path(path_type=Path, file_okay=False), help="Project root (default: this checkout).")
+@click.option(
+    "--build-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The build tree `alma build --build-dir` used. Default: <root>/build.",
+)
 def verify(
     deploy_dir: Path | None,
     machine: str | None,
@@ -80,9 +95,12 @@ def verify(
     as_json: bool,
     out: Path | None,
     root: Path | None,
+    build_dir: Path | None,
 ) -> None:
-    """Read the artefacts of a meta-tegra build (DEPLOY_DIR = tmp/deploy/images/<MACHINE>) and
-    write the facts manifest facts/<image>-<machine>.json, each fact with its source.
+    """Read the artefacts of a meta-tegra build (DEPLOY_DIR_IMAGE, by default where `alma build`
+    put it: build/<MACHINE>/tmp-glibc/deploy/images/<MACHINE>) and write the facts manifest
+    facts/<image>-<machine>.json, each fact with its source. With no DEPLOY_DIR and no
+    --machine, every machine the build tree holds is verified.
 
     Facts: kernel version (from the kernel image's banner), kernel/bundle/rootfs sizes, the
     bundle's sha256 (cached by path, size, mtime and inode; --rehash reads again), build
@@ -92,30 +110,48 @@ def verify(
     """
     from alma import settings
     from alma.artefacts import verify as v
-    from alma.artefacts.deploy import default_deploy_dirs
-    from alma.artefacts.manifest import manifest_path
+    from alma.artefacts.manifest import Manifest, manifest_path
+    from alma.buildtree import DEFAULT_IMAGE, DEFAULT_MACHINE, build_tree
+    from alma.errors import UserError
     from alma.ground import write_atomic
 
     root = (root or settings.repo_root()).resolve()
+    tree = build_tree(root, build_dir)
+    manifests: list[Manifest] = []
     if absent:
-        mach = machine or (deploy_dir.name if deploy_dir else v.DEFAULT_MACHINE)
-        searched = [deploy_dir] if deploy_dir else default_deploy_dirs(root, mach)
-        manifest = v.absent(root, mach, image or v.DEFAULT_IMAGE, searched)
+        mach = machine or (deploy_dir.name if deploy_dir else DEFAULT_MACHINE)
+        searched = [deploy_dir] if deploy_dir else tree.deploy_dirs(mach)
+        manifests.append(v.absent(root, mach, image or DEFAULT_IMAGE, searched))
     else:
-        prog = _Progress("hashing bundle")
-        try:
-            manifest = v.verify(deploy_dir, root=root, machine=machine, image=image, rehash=rehash, progress=prog)
-        finally:
-            prog.close()
-    target = out or manifest_path(root, manifest.image, manifest.machine)
-    write_atomic(target, manifest.to_json())
-    target.chmod(0o644)  # a committed file, readable like any other
+        todo = v.targets(deploy_dir, machine, tree)
+        if out is not None and len(todo) > 1:
+            raise UserError(
+                f"--out names one file, but the build tree holds {len(todo)} machines: "
+                + ", ".join(m for _, m in todo),
+                hint=f"alma verify --machine {todo[0][1]} --out {out}",
+            )
+        for deploy, mach in todo:  # every manifest is read before any is written
+            prog = _Progress(f"hashing bundle ({mach})")
+            try:
+                manifests.append(v.verify(deploy, root=root, machine=mach, image=image, rehash=rehash, progress=prog))
+            finally:
+                prog.close()
+    written = []
+    for manifest in manifests:
+        target = out or manifest_path(root, manifest.image, manifest.machine)
+        write_atomic(target, manifest.to_json())
+        target.chmod(0o644)  # a committed file, readable like any other
+        written.append(target)
     if as_json:
-        emit_json(json.loads(manifest.to_json()))
+        docs = [json.loads(m.to_json()) for m in manifests]
+        emit_json(docs[0] if len(docs) == 1 else docs)
         return
-    width = max(len(k) for k in manifest.facts)
-    for name in sorted(manifest.facts):
-        f = manifest.facts[name]
-        val = json.dumps(f.value) if not isinstance(f.value, str) else f.value
-        click.echo(f"{name:<{width}}  {val}" + (f"    [{f.source}]" if is_tty() else ""))
-    click.echo(f"wrote {target}", err=True)
+    for manifest, target in zip(manifests, written, strict=True):
+        width = max(len(k) for k in manifest.facts)
+        if len(manifests) > 1:
+            click.echo(f"# {manifest.image} for {manifest.machine}")
+        for name in sorted(manifest.facts):
+            f = manifest.facts[name]
+            val = json.dumps(f.value) if not isinstance(f.value, str) else f.value
+            click.echo(f"{name:<{width}}  {val}" + (f"    [{f.source}]" if is_tty() else ""))
+        click.echo(f"wrote {target}", err=True)

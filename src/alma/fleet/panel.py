@@ -1,6 +1,6 @@
 """The public status panel: a static, sanitized page rendered from the last health snapshot.
 
-Honesty rules (FIELD-NOTES §1): every node green, red or grey; the time of the data on the
+Honesty rules (docs/fleet.md): every node green, red or grey; the time of the data on the
 page; a staleness banner decided IN THE PAGE from the embedded data time (so a page served
 long after it was rendered still warns), and also at render time for readers without JS;
 published figures exactly as configured. Privacy: nodes appear only under their configured

@@ -15,7 +15,7 @@ from typing import Any
 from alma.errors import ConfigError, UserError
 from alma.gates import patterns as pt
 from alma.gates.claims import HOLDS, STALE, UNBACKED, Size, fact_of, fact_value, judge, kind_of, parse_size, show
-from alma.gates.doc import MARKER, Claim, GateDoc, parse
+from alma.gates.doc import Claim, GateDoc, parse
 from alma.gates.facts import FactsStore
 from alma.gates.render import inline_text, yaml_text
 
@@ -96,6 +96,7 @@ def judge_doc(doc: GateDoc, store: FactsStore) -> list[Judged]:
     m = store.for_doc(doc)
     facts = {k: f.value for k, f in m.facts.items()}
     out = []
+    rendered: dict[tuple[str, str], str] = {}  # a filter's text depends only on the fact: render it once
     for c in doc.claims:
         fname = fact_of(c.name)
         if not m.has(fname):
@@ -107,7 +108,10 @@ def judge_doc(doc: GateDoc, store: FactsStore) -> list[Judged]:
         fact = fact_value(c.name, m.fact(fname).value)
         source = m.fact(fname).source
         if c.where == "inline" and c.filter:
-            want = inline_text(c.name, fact, c.expected, c.filter, facts)
+            key = (c.name, c.filter)
+            if key not in rendered:
+                rendered[key] = inline_text(c.name, fact, c.expected, c.filter, facts)
+            want = rendered[key]
             if kind_of(c.name) == "size" and isinstance(c.expected, Size) and parse_size(want):
                 verdict = judge(c.name, c.expected, fact)
             elif fact is None:
@@ -155,7 +159,7 @@ def check(paths: list[Path], *, root: Path, facts_dir: Path | None = None, stric
                 f.message = f"{c.name}: the doc says {written!r}, but the manifest cannot back it (fact unknown)"
                 f.fix = f"{fix}  (states 'unknown'), or verify the artefacts: alma verify DEPLOY_DIR"
             report.findings.append(f)
-        for hit in pt.scan(doc.body(), pats, MARKER):
+        for hit in pt.scan(doc.prose, pats):
             report.findings.append(
                 Finding(
                     name,
@@ -207,5 +211,5 @@ def render(paths: list[Path], *, root: Path, facts_dir: Path | None = None) -> l
         doc = parse(path)
         judged = judge_doc(doc, store)
         facts = {k: f.value for k, f in store.for_doc(doc).facts.items()}
-        out.append((path, "".join(doc.lines), rerender(doc, judged, facts)))
+        out.append((path, doc.text, rerender(doc, judged, facts)))
     return out

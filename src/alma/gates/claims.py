@@ -14,34 +14,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from alma.artefacts.manifest import FACT_KINDS, LABELS
+from alma.artefacts.rootfs import COMPONENTS
 from alma.errors import ConfigError
 
 HOLDS, STALE, UNBACKED = "holds", "stale", "unbacked"
 
-KINDS: dict[str, str] = {
-    "image_buildable": "bool",
-    "flashed": "bool",
-    "booted": "bool",
-    "status": "label",
-    "kernel_version": "version",
-    "kernel_banner": "text",
-    "kernel_package": "text",
-    "kernel_image_bytes": "size",
-    "kernel_image_path": "text",
-    "bundle_bytes": "size",
-    "bundle_sha256": "sha",
-    "bundle_path": "text",
-    "rootfs_bytes": "size",
-    "rootfs_path": "text",
-    "build_time": "time",
-    "env_machine": "text",
-    "env_chipid": "text",
-    "env_rootfs_device": "text",
-    "env_bootdev": "text",
-    "package_count": "int",
-    "components": "components",
-}
-LABELS = ("Prototype", "Flashed", "Booted")
+KINDS = FACT_KINDS  # one claim kind per fact, defined with the manifest
 COMPONENT_PREFIX = "components."
 
 # Decimal units as printed by humans and `du --si`; binary ones as `ls -lh` prints (1.6G).
@@ -136,27 +115,28 @@ def normalize(name: str, expected: Any) -> Any:
             f"unknown claim {name!r}",
             hint="known claims: " + ", ".join(sorted(KINDS)) + ", components.<name>; see docs/gates.md",
         )
+    if name.startswith(COMPONENT_PREFIX):
+        _known_components([name[len(COMPONENT_PREFIX) :]])
     if is_unknown(expected):
         return None
-    bad = ConfigError(f"claim {name!r}: {expected!r} is not a valid {kind}", hint="see docs/gates.md, 'Claims'")
     if kind == "bool":
         if isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and expected.strip().lower() in ("yes", "true", "no", "false"):
             return expected.strip().lower() in ("yes", "true")
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "size":
         if isinstance(expected, int) and not isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and (s := parse_size(expected)):
             return s
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "int":
         if isinstance(expected, int) and not isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and expected.strip().isdigit():
             return int(expected)
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "label":
         if expected in LABELS:
             return expected
@@ -164,14 +144,32 @@ def normalize(name: str, expected: Any) -> Any:
     if kind == "sha":
         if isinstance(expected, str) and re.fullmatch(r"[0-9a-f]{8,64}", expected.strip()):
             return expected.strip()
-        raise bad
+        raise _Invalid(name, expected, kind)
     if kind == "components":
         if isinstance(expected, dict) and all(isinstance(v, bool) for v in expected.values()):
+            _known_components(list(expected))
             return expected
-        raise bad
+        raise _Invalid(name, expected, kind)
     if isinstance(expected, bool | dict | list):
-        raise bad
+        raise _Invalid(name, expected, kind)
     return str(expected)
+
+
+class _Invalid(ConfigError):
+    """A claim value its kind cannot mean (built only when raised: normalize runs per claim)."""
+
+    def __init__(self, name: str, expected: Any, kind: str) -> None:
+        super().__init__(f"claim {name!r}: {expected!r} is not a valid {kind}", hint="see docs/gates.md, 'Claims'")
+
+
+def _known_components(names: list[str]) -> None:
+    """A misspelt component ("alma-gaurd") would read as absent, a false fact: refuse it."""
+    unknown = [n for n in names if n not in COMPONENTS]
+    if unknown:
+        raise ConfigError(
+            f"unknown component {', '.join(map(repr, unknown))}; valid components: {', '.join(COMPONENTS)}",
+            hint="fix the name (the components ALMA-OS bakes in: layers/meta-alma/recipes-alma/)",
+        )
 
 
 def fact_value(name: str, value: Any) -> Any:

@@ -14,27 +14,97 @@ The kernel is <!-- fact:kernel_version -->5.15.185-l4t-r36.5<!-- /fact -->.
 
 Every claim keeps its line (and the column span of its value) so ``check`` can point at
 it and ``render`` can rewrite exactly that value in place, leaving the prose alone.
+
+Threat model (docs/gates.md, "Threat model"): a gate document is text anyone can edit in a
+pull request. It is read through ``alma.loader`` (UTF-8 only; YAML aliases refused in the
+front matter, so an alias bomb never expands; duplicate keys refused), and markers are
+found by one left-to-right scan per line (:func:`split_line`), linear in the line's length
+whatever it holds (20,000 unclosed ``<!-- fact:x`` took 41 s with the old regex).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from alma import loader
 from alma.errors import ConfigError
 from alma.gates.claims import COMPONENT_PREFIX, kind_of, normalize
+from alma.gates.patterns import IGNORE_MARK
 
-MARKER = re.compile(r"<!--\s*fact:\s*(?P<expr>.*?)\s*-->(?P<value>.*?)<!--\s*/fact\s*-->")
-_OPEN = re.compile(r"<!--\s*fact:")
-_CLOSE = re.compile(r"<!--\s*/fact\s*-->")
+# Anchored at a "<!--" found by str.find: each is tried once, at one position.
+_OPEN_AT = re.compile(r"<!--\s*fact:")
+_CLOSE_AT = re.compile(r"<!--\s*/fact\s*-->")
 _EXPR = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)\s*(?:\|\s*(?P<filter>.+))?$")
+_FRONT_END = re.compile(r"^(?:---|\.\.\.)\r?$", re.M)
 FRONT_KEYS = {"gate", "machine", "image", "claims", "facts", "title", "owner", "description"}
+UNMATCHED = "unmatched fact marker (open and close on the same line: <!-- fact:NAME -->value<!-- /fact -->)"
 
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+@dataclass(frozen=True)
+class Marker:
+    expr: str  # NAME or NAME | filter, stripped
+    value: str  # the text between the markers
+    span: tuple[int, int]  # columns of the value within the line
+
+
+def split_line(line: str) -> tuple[list[Marker], str]:
+    """The fact markers of one line and its prose (markers, then HTML comments, blanked out).
+
+    Two passes with str.find from cursors that only move forward: linear in len(line),
+    whatever it holds. Raises ValueError(UNMATCHED) for an open marker without its close
+    (or a close without its open).
+    """
+    if "<!--" not in line:
+        return [], line
+    markers: list[Marker] = []
+    kept: list[str] = []  # the line without its markers
+    i = 0
+    while True:
+        j = line.find("<!--", i)
+        if j < 0:
+            break
+        opened = _OPEN_AT.match(line, j)
+        if opened is None:
+            if _CLOSE_AT.match(line, j):
+                raise ValueError(UNMATCHED)
+            kept.append(line[i : j + 4])  # a plain comment: pass 2 blanks it
+            i = j + 4
+            continue
+        k = line.find("-->", opened.end())
+        if k < 0:
+            raise ValueError(UNMATCHED)
+        start = k + 3
+        c = line.find("<!--", start)
+        while c >= 0 and not _CLOSE_AT.match(line, c):
+            if _OPEN_AT.match(line, c):
+                raise ValueError(UNMATCHED)  # a marker opened inside another's value
+            c = line.find("<!--", c + 4)
+        if c < 0:
+            raise ValueError(UNMATCHED)
+        close = _CLOSE_AT.match(line, c)
+        assert close is not None
+        markers.append(Marker(line[opened.end() : k].strip(), line[start:c], (start, c)))
+        kept += [line[i:j], " "]
+        i = close.end()
+    kept.append(line[i:])
+    rest = "".join(kept)
+    prose: list[str] = []
+    i = 0
+    while True:  # HTML comments, leftmost first, each to its first "-->"
+        j = rest.find("<!--", i)
+        end = rest.find("-->", j + 4) if j >= 0 else -1
+        if end < 0:
+            break
+        prose += [rest[i:j], " "]
+        i = end + 3
+    prose.append(rest[i:])
+    return markers, "".join(prose)
 
 
 @dataclass
@@ -48,16 +118,40 @@ class Claim:
     filter: str | None = None  # inline only: a jinja2 filter applied to the fact when rendering
 
 
+@dataclass(frozen=True)
+class Prose:
+    """The body as the unmarked-claim patterns see it: markers and comments blanked, lines
+    marked ``<!-- gates:ignore -->`` emptied, every line where it was (``first_line`` is the
+    body's first line number)."""
+
+    text: str
+    first_line: int
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their endings, split at "\n" only (what editors and the marker scan count)."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
 @dataclass
 class GateDoc:
     path: Path
-    lines: list[str]  # with their line endings
+    text: str
     gate: str
     machine: str
     image: str
     facts: str | None
     claims: list[Claim] = field(default_factory=list)
     body_start: int = 0  # index of the first body line
+    prose: Prose = Prose("", 1)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return split_lines(self.text)
 
     def body(self) -> list[tuple[int, str]]:
         return [(i + 1, self.lines[i]) for i in range(self.body_start, len(self.lines))]
@@ -80,29 +174,23 @@ def parse_inline_value(name: str, text: str) -> Any:
 def parse(path: Path, text: str | None = None) -> GateDoc:
     path = Path(path)
     if text is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise _err(path, None, "no such gate document", hint="alma gates check docs/gates/") from None
-    lines = text.splitlines(keepends=True)
-    if not lines or lines[0].rstrip("\r\n") != "---":
+        text = loader.read_text(path, what="gate document", hint="save it as UTF-8; format: docs/gates.md")
+    first_nl = text.find("\n")
+    first = text if first_nl < 0 else text[:first_nl]
+    if first.rstrip("\r") != "---":
         raise _err(path, 1, "no YAML front matter (the file must start with a '---' line)")
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip("\r\n") in ("---", "...")), None)
-    if end is None:
+    close = _FRONT_END.search(text, first_nl + 1) if first_nl >= 0 else None
+    if close is None:
         raise _err(path, 1, "front matter is not closed (no second '---' line)")
-    fm = "".join(lines[1:end])
-    try:
-        loader = _Loader(fm)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 2 if mark is not None else 1
-        raise _err(path, line, f"front matter is not valid YAML: {getattr(exc, 'problem', exc)}") from exc
-    if not isinstance(data, dict):
+    fm = text[first_nl + 1 : close.start()]
+    body_offset = close.end() + 1 if close.end() < len(text) else close.end()
+    end = text.count("\n", 0, close.start())  # index of the closing line
+    # no aliases: a gate doc is reviewed text, and an alias bomb must never expand
+    node = loader.compose_yaml(
+        fm, path, aliases=False, line_offset=1, hint="fix the front matter; format: docs/gates.md"
+    )
+    data = loader.construct_yaml(node)
+    if not isinstance(data, dict) or node is None:
         raise _err(path, 2, "front matter must be a mapping (gate:, machine:, image:, claims:)")
     unknown = sorted(set(map(str, data)) - FRONT_KEYS)
     if unknown:
@@ -115,7 +203,7 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
     facts = data.get("facts")
     if facts is not None and not isinstance(facts, str):
         raise _err(path, 2, "facts: must be a path to a facts manifest")
-    doc = GateDoc(path, lines, data["gate"], data["machine"], data["image"], facts, body_start=end + 1)
+    doc = GateDoc(path, text, data["gate"], data["machine"], data["image"], facts, body_start=end + 1)
 
     claims_node = None
     for k, v in node.value:
@@ -134,28 +222,48 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
                 continue
             doc.claims.append(_front_claim(path, name, vnode, data["claims"][knode.value]))
 
-    for lineno, line in doc.body():
-        rest = MARKER.sub("", line)
-        if _OPEN.search(rest) or _CLOSE.search(rest):
-            raise _err(
-                path,
-                lineno,
-                "unmatched fact marker (open and close on the same line: <!-- fact:NAME -->value<!-- /fact -->)",
-            )
-        for m in MARKER.finditer(line):
-            em = _EXPR.match(m.group("expr"))
-            if not em:
-                raise _err(path, lineno, f"bad fact marker expression {m.group('expr')!r} (want NAME or NAME | filter)")
-            name = em.group("name")
-            raw = m.group("value")
-            try:
-                expected = normalize(name, parse_inline_value(name, raw))
-            except ConfigError as exc:
-                raise _err(path, lineno, exc.message, exc.hint) from None
-            doc.claims.append(Claim(name, raw, expected, lineno, m.span("value"), "inline", em.group("filter")))
+    doc.prose = _scan_body(doc, text, body_offset)
     if not doc.claims:
         raise _err(path, 2, "the document makes no checkable claim (no claims: and no fact markers)")
     return doc
+
+
+def _scan_body(doc: GateDoc, text: str, offset: int) -> Prose:
+    """Claims from the fact markers of the body, and its prose: only lines holding "<!--" are
+    visited (found with str.find), so a body of plain prose costs one pass in C."""
+    pieces: list[str] = []
+    done = offset  # text[offset:done] is already in pieces
+    lineno = doc.body_start + 1
+    counted = offset  # lineno is the line of text[counted]
+    pos = text.find("<!--", offset)
+    while pos >= 0:
+        start = text.rfind("\n", 0, pos) + 1
+        stop = text.find("\n", pos)
+        stop = len(text) if stop < 0 else stop + 1
+        lineno += text.count("\n", counted, start)
+        counted = start
+        line = text[start:stop]
+        try:
+            markers, prose = split_line(line)
+        except ValueError as exc:
+            raise _err(doc.path, lineno, str(exc)) from None
+        if IGNORE_MARK in line:  # the author's "this line claims nothing"
+            prose = "\n" if line.endswith("\n") else ""
+        pieces += [text[done:start], prose]
+        done = stop
+        for m in markers:
+            em = _EXPR.match(m.expr)
+            if not em:
+                raise _err(doc.path, lineno, f"bad fact marker expression {m.expr[:80]!r} (want NAME or NAME | filter)")
+            name = em.group("name")
+            try:
+                expected = normalize(name, parse_inline_value(name, m.value))
+            except ConfigError as exc:
+                raise _err(doc.path, lineno, exc.message, exc.hint) from None
+            doc.claims.append(Claim(name, m.value, expected, lineno, m.span, "inline", em.group("filter")))
+        pos = text.find("<!--", stop)
+    pieces.append(text[done:])
+    return Prose("".join(pieces), doc.body_start + 1)
 
 
 def _front_claim(path: Path, name: str, vnode: Any, raw: Any) -> Claim:

@@ -18,6 +18,7 @@ from alma import runner
 from alma.errors import Interrupted, PreflightError
 from alma.ground import utc_stamp, write_atomic
 from alma.imagebuild import preflight as pf
+from alma.imagebuild.graph import BUILDLIST, TASK_DOT, Graph, read_graph
 from alma.imagebuild.plan import BuildPlan
 from alma.imagebuild.progress import BitbakeParser, Failure, Phase, Stats, TaskStarted, short_task
 
@@ -40,42 +41,45 @@ class Outcome:
     stats: Stats
     log_path: Path
     tail: list[str] = field(default_factory=list)  # the last output lines, shown when nothing else explains a failure
+    graph: Graph | None = None  # --check: what bitbake -g says the image needs
+    reason: str | None = None  # why a run that exited 0 is still a negative verdict
 
-    def to_json(self) -> dict[str, Any]:
+    @property
+    def failed_in(self) -> str:
+        """Which tool stopped: "kas" (checkout, config: bitbake never spoke) or "bitbake"."""
+        st = self.stats
+        spoke = st.recipes_parsed is not None or st.task_total or st.error_messages is not None or st.failures
+        return "bitbake" if spoke else "kas"
+
+    def hint(self) -> str:
+        """The next step after a failed run, matching what failed."""
+        full = f"full output: {self.log_path}"
+        if self.reason:
+            return f"add the missing components to the image (IMAGE_INSTALL), then: alma build --check; {full}"
+        if self.stats.failures:
+            return f"read the failed tasks' logs listed above; {full}"
+        if self.failed_in == "kas":
+            return f"kas stopped before bitbake started (checkout or config): its last output above says why; {full}"
+        return f"bitbake stopped before running tasks (parse or dependency error): see the ERROR lines above; {full}"
+
+    def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "mode": self.plan.mode,
             "machine": self.plan.request.machine,
             "image": self.plan.request.image,
-            "returncode": self.returncode,
+            "tool_returncode": self.returncode,
+            "failed_in": self.failed_in if self.status == "failed" and self.returncode else None,
+            "reason": self.reason,
             "duration_s": round(self.duration_s, 3),
             "log": str(self.log_path),
+            "graph": self.graph.to_dict() if self.graph else None,
             **self.stats.summary(),
         }
 
 
-def disk_need_gb(plan: BuildPlan) -> int:
-    """Free disk a run needs: alma.toml [build] disk_gb (all machines) or the per-machine figure."""
-    if plan.request.check:
-        return pf.CHECK_DISK_NEED_GB
-    from alma.settings import config
-
-    build_cfg = config(plan.root).get("build", {})
-    if isinstance(build_cfg, dict) and isinstance(build_cfg.get("disk_gb"), int):
-        return int(build_cfg["disk_gb"])
-    return pf.DISK_NEED_GB.get(plan.request.machine, pf.DEFAULT_DISK_NEED_GB)
-
-
 def preflight_problems(plan: BuildPlan, probes: pf.Probes, network: bool = True) -> list[pf.Problem]:
-    problems = pf.check_user(probes) + pf.check_tools(probes) + pf.check_locale(probes)
-    problems += pf.check_disk(probes, plan.work_dir, disk_need_gb(plan))
-    if not plan.request.check and plan.request.jobs is not None:
-        problems += pf.check_ram(probes, plan.request.jobs)
-    elif not plan.request.check:
-        problems += pf.check_ram(probes, 1)
-    if network:
-        problems += pf.check_network(probes, plan.kas.repos(plan.work_dir))
-    return problems
+    return pf.problems(plan, probes, network)
 
 
 def require_preflight(plan: BuildPlan, probes: pf.Probes) -> None:
@@ -100,6 +104,12 @@ def summary_lines(out: Outcome) -> list[str]:
     lines = [f"{out.plan.mode} {out.status} after {dur}: {out.plan.request.image} for {out.plan.request.machine}"]
     if st.recipes_parsed is not None:
         lines.append(f"  recipes parsed: {st.recipes_parsed}")
+    if out.graph is not None:
+        lines += out.graph.summary()
+    if out.reason:
+        lines.append(f"  {out.reason}")
+    if out.status == "failed" and out.returncode:
+        lines.append(f"  {out.failed_in} exited with code {out.returncode}")
     if s["tasks_attempted"] is not None:
         lines.append(
             f"  tasks: {s['tasks_attempted']} attempted, {s['tasks_run']} run, "
@@ -146,6 +156,9 @@ def execute(
     bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
+    if plan.request.check:  # a graph left by an earlier run must not pass for this one's
+        for name in (BUILDLIST, TASK_DOT):
+            (plan.machine_dir / name).unlink(missing_ok=True)
     started = clock()
     stamp = utc_stamp(started)
     log_path = plan.machine_dir / f"alma-build-{stamp}.log"
@@ -194,6 +207,13 @@ def execute(
     finally:
         display.close()
     out = Outcome(plan, status, code, time.monotonic() - t0, stats, log_path, list(tail))
+    if plan.request.check and status == "succeeded":
+        out.graph = read_graph(plan.machine_dir, plan.request.image)
+        if out.graph is None:
+            out.status, out.reason = "failed", f"bitbake -g wrote no {BUILDLIST}/{TASK_DOT} in {plan.machine_dir}"
+        elif out.graph.missing:
+            out.status = "failed"
+            out.reason = f"{plan.request.image} would lack ALMA components: {', '.join(out.graph.missing)}"
     with log_path.open("a", encoding="utf-8") as fh:
         if status == "interrupted" and code is None:
             fh.write("# alma: interrupted (Ctrl-C); bitbake was sent SIGINT and stopped\n")

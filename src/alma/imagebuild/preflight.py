@@ -1,23 +1,31 @@
-"""Checks before anything slow: host tools, kas, disk, RAM, user, locale, network.
+"""Checks before anything slow: host tools, kas, disk, RAM, user, build tree, locale, network.
 
-Every check returns problems as ``(what is missing, the command that fixes it)`` and all of
-them run, so the user sees every problem at once. The machine is reached only through
+Every check is one function ``check_x(plan, probes) -> list[Problem]`` listed in
+:data:`CHECKS` (offline ones) or :data:`NETWORK_CHECKS`; a problem is ``(what is wrong,
+the command that fixes it)`` and all checks run, so the user sees every problem at once.
+Adding a check is adding one function to a list. The machine is reached only through
 ``Probes``, whose fields tests replace.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import shutil
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alma import runner
 from alma.errors import ToolError, ToolNotFound, ToolTimeout
 from alma.imagebuild.project import RepoPin
+
+if TYPE_CHECKING:
+    from alma.imagebuild.plan import BuildPlan
 
 GIB = 1 << 30
 GB = 10**9
@@ -60,16 +68,21 @@ _TOOLS_BY_PACKAGE: dict[str, str] = {
 }
 HOSTTOOLS_DEBIAN: dict[str, str] = {t: pkg for pkg, tools in _TOOLS_BY_PACKAGE.items() for t in tools.split()}
 
-# A full image for these Orin machines (meta-tegra R36, no rm_work): tmp/ ~110 GB,
-# downloads ~15 GB, sstate-cache ~25 GB. All three share the tegra234 SoC and the same BSP.
+# A full image for these Orin machines (meta-tegra R36): without rm_work tmp/ keeps every
+# recipe's work dir, ~110 GB, plus downloads ~15 GB and sstate-cache ~25 GB. With rm_work
+# (kas/alma.yml inherits it) a recipe's work dir is removed once its outputs are in sstate:
+# tmp/ holds deploy, sysroots and the largest work dirs in flight, ~50 GB. All three
+# machines share the tegra234 SoC and the same BSP; alma.toml [build] disk_gb overrides.
 DISK_NEED_GB: dict[str, int] = {
     "jetson-orin-nano-devkit": 150,
     "jetson-orin-nano-devkit-nvme": 150,
     "jetson-agx-orin-devkit": 150,
 }
 DEFAULT_DISK_NEED_GB = 150
+RM_WORK_SAVES_GB = 60
 CHECK_DISK_NEED_GB = 10  # --check: repositories + parse cache only
-RAM_PER_TASK_GIB = 2
+RAM_PER_TASK_GIB = 2  # one compiler process of a big C++ unit; bounds BB_NUMBER_THREADS x PARALLEL_MAKE
+_RM_WORK = re.compile(r"""^\s*INHERIT\s*(?:\+=|\.=|=|\?=|\?\?=|:append\s*=)\s*["'][^"']*\brm_work\b""", re.M)
 LS_REMOTE_TIMEOUT_S = 15.0
 
 
@@ -117,6 +130,20 @@ def _ls_remote(url: str, timeout: float) -> str | None:
     return said[-1] if said else f"git ls-remote exited with code {res.returncode}"
 
 
+def _owner(path: Path) -> int | None:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def _find_kas() -> str | None:
     from alma.settings import tool
 
@@ -143,22 +170,43 @@ class Probes:
     cpu_count: Callable[[], int] = lambda: os.cpu_count() or 1
     locales: Callable[[], set[str] | None] = _locales
     ls_remote: Callable[[str, float], str | None] = _ls_remote
+    access: Callable[[Path, int], bool] = os.access
+    owner: Callable[[Path], int | None] = _owner
+    user_name: Callable[[int], str] = _user_name
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def ram_slots(probes: Probes) -> int | None:
+    """How many compilers the RAM holds at RAM_PER_TASK_GIB each (None: unknown)."""
+    mem = probes.mem_total()
+    return None if mem is None else mem // (RAM_PER_TASK_GIB * GIB)
 
 
 def auto_jobs(probes: Probes) -> int:
     """bitbake's default parallelism (one task per CPU), capped so each task has RAM_PER_TASK_GIB."""
     cpus = max(1, probes.cpu_count())
-    mem = probes.mem_total()
-    if mem is None:
-        return cpus
-    return max(1, min(cpus, mem // (RAM_PER_TASK_GIB * GIB)))
+    slots = ram_slots(probes)
+    return cpus if slots is None else max(1, min(cpus, slots))
+
+
+def parallel_make(probes: Probes, jobs: int) -> int:
+    """PARALLEL_MAKE's -j for ``jobs`` bitbake tasks: every task may run make at once, so
+    jobs x make must fit the RAM (and make never exceeds the CPUs)."""
+    cpus = max(1, probes.cpu_count())
+    slots = ram_slots(probes)
+    per_task = cpus if slots is None else slots // max(1, jobs)
+    return max(1, min(cpus, per_task))
+
+
+def suggest_jobs(probes: Probes) -> int:
+    """A --jobs this host can run: no more tasks than CPUs, and RAM for each."""
+    return auto_jobs(probes)
 
 
 Problem = tuple[str, str]
 
 
-def check_user(probes: Probes) -> list[Problem]:
+def check_user(plan: BuildPlan | None, probes: Probes) -> list[Problem]:
     if probes.euid() != 0:
         return []
     user = probes.env.get("SUDO_USER")
@@ -175,7 +223,7 @@ def _argv_for_hint() -> list[str]:
     return argv if argv and argv[0].endswith("alma") else ["alma", "build"]
 
 
-def check_tools(probes: Probes) -> list[Problem]:
+def check_tools(plan: BuildPlan | None, probes: Probes) -> list[Problem]:
     missing = [t for t in HOSTTOOLS_DEBIAN if probes.which(t) is None]
     problems: list[Problem] = []
     if missing:
@@ -191,7 +239,7 @@ def check_tools(probes: Probes) -> list[Problem]:
     return problems
 
 
-def check_locale(probes: Probes) -> list[Problem]:
+def check_locale(plan: BuildPlan | None, probes: Probes) -> list[Problem]:
     have = probes.locales()
     if have is None or "en_us.utf8" in have:
         return []
@@ -204,42 +252,126 @@ def check_locale(probes: Probes) -> list[Problem]:
     ]
 
 
-def check_disk(probes: Probes, build_dir: Path, need_gb: int) -> list[Problem]:
+def uses_rm_work(plan: BuildPlan) -> bool:
+    """Whether the merged kas config inherits rm_work (kas/alma.yml's local_conf_header does)."""
+    blocks = plan.kas.data.get("local_conf_header") or {}
+    return isinstance(blocks, dict) and any(isinstance(b, str) and _RM_WORK.search(b) for b in blocks.values())
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    gb: int
+    why: str  # how the figure was arrived at, shown with it
+
+
+def disk_need(plan: BuildPlan) -> DiskNeed:
+    """Free disk a run needs: alma.toml [build] disk_gb, else the machine's figure (less with rm_work)."""
+    from alma.settings import config
+
+    build_cfg = config(plan.root).get("build", {})
+    if isinstance(build_cfg, dict) and isinstance(build_cfg.get("disk_gb"), int):
+        return DiskNeed(int(build_cfg["disk_gb"]), "alma.toml [build] disk_gb")
+    if plan.request.check:
+        return DiskNeed(CHECK_DISK_NEED_GB, "--check: repositories and the parse cache")
+    full = DISK_NEED_GB.get(plan.request.machine, DEFAULT_DISK_NEED_GB)
+    if uses_rm_work(plan):
+        return DiskNeed(full - RM_WORK_SAVES_GB, "a full image with rm_work (inherited by the kas files)")
+    return DiskNeed(full, "a full image without rm_work")
+
+
+def check_disk(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    need = disk_need(plan)
+    build_dir = plan.work_dir
     free = probes.disk_free(build_dir)
-    if free >= need_gb * GB:
+    if free >= need.gb * GB:
         return []
     return [
         (
-            f"free disk at {_existing_parent(build_dir)}: {free / GB:.1f} GB, this build needs ~{need_gb} GB",
-            f"free {need_gb - free / GB:.0f} GB there, or build elsewhere: alma build --build-dir /big/disk/alma",
+            f"free disk at {_existing_parent(build_dir)}: {free / GB:.1f} GB, this build needs ~{need.gb} GB "
+            f"({need.why})",
+            f"free {need.gb - free / GB:.0f} GB there, or build elsewhere: alma build --build-dir /big/disk/alma; "
+            "if you know this build needs less, set it in alma.toml: [build] disk_gb = N",
         )
     ]
 
 
-def check_ram(probes: Probes, jobs: int) -> list[Problem]:
+def check_ram(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    if plan.request.check:
+        return []  # parsing runs one bitbake server, no compilers
     mem = probes.mem_total()
-    if mem is None:
+    slots = ram_slots(probes)
+    if mem is None or slots is None:
         return []
-    fits = mem // (RAM_PER_TASK_GIB * GIB)
-    if fits < 1:
+    if slots < 1:
         return [
             (
                 f"RAM {mem / GIB:.1f} GiB is under the {RAM_PER_TASK_GIB} GiB one bitbake task needs",
                 "build on a host with at least 8 GiB of RAM",
             )
         ]
-    if jobs > fits:
+    jobs = plan.request.jobs or 1
+    if jobs > slots:
         return [
             (
                 f"--jobs {jobs} needs ~{jobs * RAM_PER_TASK_GIB} GiB RAM ({RAM_PER_TASK_GIB} GiB per bitbake task), "
                 f"this host has {mem / GIB:.1f} GiB",
-                f"alma build --jobs {fits}",
+                f"alma build --jobs {suggest_jobs(probes)}",
             )
         ]
     return []
 
 
-def check_network(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S) -> list[Problem]:
+def check_cpus(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    jobs, cpus = plan.request.jobs, max(1, probes.cpu_count())
+    if plan.request.check or jobs is None or jobs <= cpus:
+        return []
+    return [
+        (
+            f"--jobs {jobs} on {cpus} CPU{'s' if cpus != 1 else ''}: tasks would only wait for each other",
+            f"alma build --jobs {suggest_jobs(probes)}",
+        )
+    ]
+
+
+def check_build_tree(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    """The build user must be able to write every directory of the tree that exists, and the
+    nearest existing parent of those that do not (a root build leaves root-owned dirs)."""
+    uid = probes.euid()
+    user = probes.user_name(uid)
+    tree = plan.tree
+    dirs = [tree.work_dir, tree.downloads, tree.sstate, plan.machine_dir, plan.machine_dir / "conf"]
+    problems: list[Problem] = []
+    seen: set[Path] = set()
+    for d in dirs:
+        target = _existing_parent(d)
+        if target in seen:
+            continue
+        seen.add(target)
+        owner = probes.owner(target)
+        if not probes.access(target, os.W_OK | os.X_OK):
+            who = f" (owned by {probes.user_name(owner)})" if owner is not None and owner != uid else ""
+            fix = (
+                f"sudo chown -R {user}: {target}"
+                if target == d or target.is_relative_to(tree.work_dir)
+                else f"alma build --build-dir /a/dir/{user}/can/write"
+            )
+            problems.append((f"{target} is not writable by {user}{who}: the build would stop there", fix))
+        elif target == d and owner is not None and owner != uid and uid != 0:
+            problems.append(
+                (
+                    f"{target} is owned by {probes.user_name(owner)}, not {user}: files another user's build left "
+                    "there cannot be replaced",
+                    f"sudo chown -R {user}: {target}",
+                )
+            )
+    return problems
+
+
+def check_network(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    return unreachable_repos(probes, plan.kas.repos(plan.work_dir))
+
+
+def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S) -> list[Problem]:
     todo = [r for r in repos if r.url and not r.checked_out]
     if not todo:
         return []
@@ -257,6 +389,16 @@ def check_network(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMO
             )
         )
     return problems
+
+
+Check = Callable[["BuildPlan", Probes], list[Problem]]
+# Offline checks (also shown by --dry-run), then the ones that reach the network.
+CHECKS: list[Check] = [check_user, check_tools, check_locale, check_build_tree, check_disk, check_cpus, check_ram]
+NETWORK_CHECKS: list[Check] = [check_network]
+
+
+def problems(plan: BuildPlan, probes: Probes, network: bool = True) -> list[Problem]:
+    return [p for check in (*CHECKS, *(NETWORK_CHECKS if network else ())) for p in check(plan, probes)]
 
 
 def default_probes() -> Probes:

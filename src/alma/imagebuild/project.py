@@ -1,8 +1,8 @@
 """The kas project on disk: machines, features, images, and the merged kas configuration.
 
-Everything here is offline. Files are validated with kas's own schema and header-version
-check (``kas.includehandler.ConfigFile.load``) and merged with kas's own include handler,
-so what ``alma build`` believes about the project is what kas will believe.
+Everything here is offline. Files are read and validated by :mod:`alma.imagebuild.kasfile`
+(the loader ``alma lint`` uses too) and merged with kas's own include handler, so what
+``alma build`` believes about the project is what kas will believe.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alma.buildtree import DEFAULT_IMAGE, DEFAULT_MACHINE
 from alma.errors import ConfigError, UserError
+from alma.imagebuild import kasfile
 
 BASE_FILE = "kas/alma.yml"
 MACHINES_DIR = "kas/machines"
 FEATURES_DIR = "kas/features"
-DEFAULT_MACHINE = "jetson-orin-nano-devkit"
-DEFAULT_IMAGE = "alma-image"
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -100,100 +100,6 @@ class Project:
         return files
 
 
-def yaml_line(path: Path, keys: list[Any]) -> int:
-    """1-based line of the YAML node at ``keys`` (a jsonschema error path); 0 if unknown."""
-    import yaml
-
-    try:
-        node = yaml.compose(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return 0
-    line = node.start_mark.line + 1 if node is not None else 0
-    for key in keys:
-        if isinstance(node, yaml.MappingNode):
-            for knode, vnode in node.value:
-                if knode.value == str(key):
-                    line = knode.start_mark.line + 1
-                    node = vnode
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
-@dataclass(frozen=True)
-class SchemaProblem:
-    path: Path
-    line: int
-    message: str
-
-
-def schema_problems(path: Path) -> list[SchemaProblem]:
-    """Every kas-schema and header-version problem of one kas file, with line numbers.
-
-    The schema errors come from iterating kas.CONFIGSCHEMA's validator ourselves (kas only
-    logs them); the header-version verdict comes from kas's own ConfigFile.load.
-    """
-    import yaml
-    from jsonschema.validators import validator_for
-    from kas.includehandler import ConfigFile, LoadConfigException
-
-    import kas
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        return [SchemaProblem(path, 0, f"cannot read: {exc.strerror}")]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        return [SchemaProblem(path, mark.line + 1 if mark else 0, f"not valid YAML: {exc}")]
-    schema = vars(kas)["CONFIGSCHEMA"]  # set at import time by kas.configschema
-    validator = validator_for(schema)(schema)
-    problems = []
-    for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
-        err = _explain(err)
-        keys = list(err.absolute_path)
-        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-            known = err.schema.get("properties", {})
-            extra = [k for k in err.instance if k not in known]
-            keys += extra[:1]  # point at the unexpected key itself
-        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-        problems.append(SchemaProblem(path, yaml_line(path, keys), f"kas schema: at {where}: {err.message}"))
-    if problems:
-        return problems
-    kas_log = logging.getLogger()
-    level = kas_log.level
-    kas_log.setLevel(logging.CRITICAL)  # kas logs what we already report
-    try:
-        ConfigFile.load(str(path))
-    except LoadConfigException as exc:
-        msg = str(exc).replace(f": {path}", "")
-        return [SchemaProblem(path, yaml_line(path, ["header", "version"]), f"kas header: {msg}")]
-    finally:
-        kas_log.setLevel(level)
-    return []
-
-
-def _explain(err: Any) -> Any:
-    """The most telling sub-error of an anyOf/oneOf failure (kas's repo entries are
-    "an object or null", so the raw message is just "not valid under any of the given schemas")."""
-    while err.context:
-        subs = [
-            c
-            for c in err.context
-            if c.validator != "const" and not (c.validator == "type" and c.validator_value == "null")
-        ]
-        if not subs:
-            break
-        err = max(subs, key=lambda c: len(c.absolute_path))
-    return err
-
-
 @dataclass
 class KasConfig:
     """The merged configuration of a chain of kas files (what kas itself computes)."""
@@ -220,15 +126,20 @@ class KasConfig:
 
 
 def load_kas(project: Project, files: list[Path]) -> KasConfig:
-    """Validate each file of the chain (and its includes) and merge them like kas does.
+    """Validate the chain (each file, its includes, the machine) and merge it like kas does.
 
-    Raises ConfigError listing every schema problem with ``path:line``.
+    Raises ConfigError listing every problem with ``path:line`` (the same ones ``alma lint``
+    reports: both use :mod:`alma.imagebuild.kasfile`).
     """
     from kas.includehandler import IncludeHandler, KasUserError
 
-    problems = [p for f in files for p in schema_problems(f)]
+    chain = kasfile.load_chain(project.root, files)
+    problems = list(chain.problems)
+    machine_files = [f for f in files if f.resolve().parent == (project.root / MACHINES_DIR).resolve()]
+    if machine_files and not problems:
+        problems += kasfile.machine_problems(project.root, machine_files[0], chain)
     if problems:
-        _raise_schema(project, problems)
+        _raise_problems(project, problems)
 
     class _OfflineIncludes(IncludeHandler):
         # kas asks git for the repo root of every top file (needs a kas context);
@@ -236,6 +147,7 @@ def load_kas(project: Project, files: list[Path]) -> KasConfig:
         def ensure_from_same_repo(self) -> None:
             return None
 
+    # safe to hand to kas now: every file is bounded, schema-valid and its includes resolve
     handler = _OfflineIncludes([str(f) for f in files], use_lock=True)
     handler.__dict__["top_repo_path"] = str(project.root)
     kas_log = logging.getLogger()
@@ -244,10 +156,6 @@ def load_kas(project: Project, files: list[Path]) -> KasConfig:
     try:
         data, missing = handler.get_config()
     except KasUserError as exc:
-        # An included file failed: validate it on its own for a precise message.
-        bad = [p for cf in _included_paths(str(exc)) for p in schema_problems(cf)]
-        if bad:
-            _raise_schema(project, bad)
         raise ConfigError(f"kas: {exc}", hint="alma lint") from exc
     finally:
         kas_log.setLevel(level)
@@ -259,15 +167,9 @@ def load_kas(project: Project, files: list[Path]) -> KasConfig:
     return KasConfig(files=files, data=data, loaded=[Path(cf.filename) for cf in handler.config_files])
 
 
-def _included_paths(message: str) -> list[Path]:
-    # kas's messages end with ": <filename>"
-    tail = message.rsplit(": ", 1)[-1].strip()
-    return [Path(tail)] if tail.endswith((".yml", ".yaml", ".json")) and Path(tail).exists() else []
-
-
-def _raise_schema(project: Project, problems: list[SchemaProblem]) -> None:
+def _raise_problems(project: Project, problems: list[kasfile.KasProblem]) -> None:
     lines = []
-    for p in problems:
+    for p in sorted(set(problems)):
         try:
             shown: Path = p.path.resolve().relative_to(project.root.resolve())
         except ValueError:
@@ -275,5 +177,5 @@ def _raise_schema(project: Project, problems: list[SchemaProblem]) -> None:
         lines.append(f"{shown}:{p.line}: {p.message}")
     raise ConfigError(
         "kas files are invalid:\n  " + "\n  ".join(lines),
-        hint="fix the keys above (kas reference: https://kas.readthedocs.io), then: alma lint",
+        hint="fix the lines above (kas reference: https://kas.readthedocs.io), then: alma lint",
     )

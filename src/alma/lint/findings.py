@@ -27,7 +27,7 @@ class Finding:
                 shown = self.path
         return f"{shown}:{self.line}: {self.message} [{self.check}]"
 
-    def to_json(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["path"] = str(self.path)
         return data

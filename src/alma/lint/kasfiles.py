@@ -1,4 +1,6 @@
-"""kas files: kas's own schema and header-version check, and pinned commits.
+"""kas files: everything ``alma build`` would refuse (the same loader, alma.imagebuild.kasfile:
+encoding, YAML safety, duplicate keys, kas's schema and header version, includes, the
+machine a machine file builds), and pinned commits.
 
 kas's schema accepts ``commit: main`` and a repo with only a ``branch``; a reproducible
 build needs a full 40-hex commit, either in the file or in the lock file kas applies next
@@ -10,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from alma.imagebuild.project import FULL_SHA, schema_problems, yaml_line
+from alma.imagebuild import kasfile
+from alma.imagebuild.project import FULL_SHA
 from alma.lint.findings import Finding
 
 
@@ -23,17 +26,36 @@ def lock_file_for(path: Path) -> Path:
 
 
 def _load(path: Path) -> dict[str, Any] | None:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
+    kf = kasfile.read(path)  # a schema problem is reported elsewhere; pins are still checked
+    return kf.data if isinstance(kf.data, dict) else None
 
 
-def check_schema(files: list[Path]) -> list[Finding]:
-    return [Finding(p.path, p.line, p.message, "kas-schema") for f in files for p in schema_problems(f)]
+def yaml_line(path: Path, keys: list[Any]) -> int:
+    return kasfile.read(path).line(keys)
+
+
+def check_files(root: Path, files: list[Path]) -> list[Finding]:
+    """What build's loader says about every kas file: each file alone, each machine's chain
+    (base, includes, machine file) and each feature on top of the default machine."""
+    kas_dir = root / "kas"
+    machines = sorted((kas_dir / "machines").glob("*.yml"))
+    features = sorted((kas_dir / "features").glob("*.yml"))
+    lock = [f for f in files if f.stem.endswith(".lock")]
+    problems: set[kasfile.KasProblem] = set()
+    for f in files:
+        if f not in lock:
+            problems |= set(kasfile.load_chain(root, [f]).problems)
+    base = kas_dir / "alma.yml"
+    for m in machines:
+        chain = kasfile.load_chain(root, [base, m] if base.is_file() else [m])
+        problems |= set(chain.problems)
+        if not chain.problems:
+            problems |= set(kasfile.machine_problems(root, m, chain))
+        for feat in features:  # a feature that sets machine: would move every build
+            fchain = kasfile.load_chain(root, [*([base] if base.is_file() else []), m, feat])
+            if not fchain.problems:
+                problems |= set(kasfile.machine_problems(root, m, fchain))
+    return [Finding(p.path, p.line, p.message, p.check) for p in sorted(problems)]
 
 
 def check_pins(files: list[Path]) -> list[Finding]:

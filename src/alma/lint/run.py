@@ -19,10 +19,10 @@ class Report:
     checked: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "root": str(self.root),
-            "findings": [f.to_json() for f in sorted(self.findings)],
+            "findings": [f.to_dict() for f in sorted(self.findings)],
             "checked": self.checked,
             "skipped": self.skipped,
         }
@@ -65,7 +65,7 @@ def lint(root: Path, *, oelint: bool = True) -> Report:
     files = kasfiles.kas_files(kas_dir)
     if not files:
         raise UserError(f"{kas_dir}: no kas files (*.yml) to check", hint="restore kas/alma.yml from git")
-    report.findings += kasfiles.check_schema(files)
+    report.findings += kasfiles.check_files(root, files)
     report.findings += kasfiles.check_pins(files)
     report.checked["kas_files"] = len(files)
 

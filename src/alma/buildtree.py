@@ -1,0 +1,87 @@
+"""The build tree, defined once: where kas and bitbake put everything ``alma build`` makes.
+
+``alma build`` runs kas with ``KAS_WORK_DIR = <build dir>`` and ``KAS_BUILD_DIR =
+<build dir>/<machine>``, so (default build dir ``<checkout>/build``)::
+
+    build/<repo>/                              repositories kas checks out (bitbake, openembedded-core, ...)
+    build/downloads/                           DL_DIR, shared by every machine
+    build/sstate-cache/                        SSTATE_DIR, shared by every machine
+    build/<machine>/                           TOPDIR of that machine: conf/, the bitbake server, logs
+    build/<machine>/<tmp>/                     TMPDIR: tmp-glibc (oe-core's TCLIBCAPPEND for a non-poky
+                                               distro such as alma), or tmp when a distro clears it
+    build/<machine>/<tmp>/deploy/images/<machine>/   DEPLOY_DIR_IMAGE: what ``alma verify`` reads
+
+``alma build`` (plan), ``alma verify`` (deploy dirs), ``alma flash`` (through the facts
+manifest's ``bundle_path``, written from here) and the gate documents all take their paths
+from this module; docs/architecture.md shows the same tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BUILD_DIR_NAME = "build"
+DEFAULT_MACHINE = "jetson-orin-nano-devkit"
+DEFAULT_IMAGE = "alma-image"
+# oe-core scarthgap: TMPDIR ?= "${TOPDIR}/tmp", then defaultsetup.conf appends TCLIBCAPPEND
+# ("-glibc") unless the distro clears it (poky does; alma does not).
+TMPDIR_NAMES = ("tmp-glibc", "tmp")
+DOWNLOADS = "downloads"
+SSTATE = "sstate-cache"
+
+
+@dataclass(frozen=True)
+class BuildTree:
+    work_dir: Path  # KAS_WORK_DIR
+
+    @property
+    def downloads(self) -> Path:
+        return self.work_dir / DOWNLOADS
+
+    @property
+    def sstate(self) -> Path:
+        return self.work_dir / SSTATE
+
+    def repo_dir(self, name: str) -> Path:
+        return self.work_dir / name
+
+    def machine_dir(self, machine: str) -> Path:
+        """KAS_BUILD_DIR (bitbake's TOPDIR) for ``machine``."""
+        return self.work_dir / machine
+
+    def tmp_dirs(self, machine: str) -> list[Path]:
+        return [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
+
+    def deploy_dirs(self, machine: str) -> list[Path]:
+        """Every place DEPLOY_DIR_IMAGE of ``machine`` can be, most likely first."""
+        return [t / "deploy" / "images" / machine for t in self.tmp_dirs(machine)]
+
+    def deploy_dir(self, machine: str) -> Path | None:
+        """The deploy dir a build of ``machine`` made, or None."""
+        return next((d for d in self.deploy_dirs(machine) if d.is_dir()), None)
+
+    def built(self) -> dict[str, Path]:
+        """machine -> deploy dir, for every machine this tree holds a deploy dir of."""
+        out: dict[str, Path] = {}
+        if not self.work_dir.is_dir():
+            return out
+        for mdir in sorted(p for p in self.work_dir.iterdir() if p.is_dir()):
+            found = self.deploy_dir(mdir.name)
+            if found is not None:
+                out[mdir.name] = found
+        return out
+
+    def env(self) -> dict[str, str]:
+        """What kas is given so that it lays the tree out as above (KAS_BUILD_DIR is per machine)."""
+        return {"KAS_WORK_DIR": str(self.work_dir), "DL_DIR": str(self.downloads), "SSTATE_DIR": str(self.sstate)}
+
+
+def build_tree(root: Path, build_dir: Path | None = None) -> BuildTree:
+    """The tree of checkout ``root`` (``--build-dir`` overrides ``<root>/build``)."""
+    return BuildTree((Path(build_dir) if build_dir else Path(root) / BUILD_DIR_NAME).resolve())
+
+
+def deploy_dir_hint(machine: str) -> str:
+    """The deploy dir of ``machine`` relative to the checkout, as docs and hints write it."""
+    return f"{BUILD_DIR_NAME}/{machine}/{TMPDIR_NAMES[0]}/deploy/images/{machine}"

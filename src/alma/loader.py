@@ -1,0 +1,225 @@
+"""Every input file ``alma`` reads goes through here: text, YAML, TOML and JSON, read once, safely.
+
+Threat model (docs/architecture.md, "Input files"): an input file may be in the wrong
+encoding, truncated, hostile (a YAML alias bomb, ``1e400``, NaN) or merely mistyped. Each
+reader turns every such case into a :class:`~alma.errors.ConfigError` (exit 2) that names
+the file and, where it can, the line; nothing here raises anything else for bad content.
+
+- :func:`read_text`: UTF-8 only (a BOM is tolerated); another encoding names the byte.
+- :func:`load_yaml`: PyYAML's safe constructors (no Python objects), duplicate keys refused
+  with both lines, and aliases either refused (``aliases=False``: gate front matter) or
+  bounded (``max_nodes``: the expanded tree may not exceed that many nodes, the classic
+  "billion laughs" is refused before anything expands it).
+- :func:`load_toml`: tomllib on decoded text.
+- :func:`load_json`: finite numbers only (``NaN``, ``Infinity`` and ``1e400`` are refused).
+
+The composed YAML node tree is returned too (``compose_yaml``) so callers can point at lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alma.errors import ConfigError
+
+if TYPE_CHECKING:
+    import yaml
+
+# An expanded kas file of this project has ~200 nodes; 100k leaves room for any honest file
+# and stops a 9-level alias bomb (10^9 nodes) before anything walks it.
+MAX_YAML_NODES = 100_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _yaml() -> tuple[Any, Any]:
+    """(the yaml module, its fastest safe loader), imported on first use: JSON-only callers
+    (alma verify, the facts manifest) do not pay for PyYAML."""
+    import yaml
+
+    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class LoadError(ConfigError):
+    """An input file that cannot be used; ``path``, ``line`` (0: unknown) and ``why`` apart."""
+
+    def __init__(self, path: Path | str, line: int | None, why: str, hint: str | None) -> None:
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {why}", hint=hint or f"fix {path}")
+        self.path, self.line, self.why = Path(path), line or 0, why
+
+
+def _bad(path: Path | str, line: int | None, why: str, hint: str | None) -> LoadError:
+    return LoadError(path, line, why, hint)
+
+
+def read_text(path: Path, *, what: str = "file", hint: str | None = None) -> str:
+    """The file's text. Missing, unreadable or not UTF-8 -> ConfigError naming it."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise _bad(path, None, f"{what} not found", hint) from None
+    except IsADirectoryError:
+        raise _bad(path, None, f"{what} is a directory", hint) from None
+    except OSError as exc:
+        raise _bad(path, None, f"cannot read {what}: {exc.strerror}", hint) from None
+    return decode(data, path, what=what, hint=hint)
+
+
+def decode(data: bytes, path: Path | str, *, what: str = "file", hint: str | None = None) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise _bad(
+            path,
+            line,
+            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            hint or f"save {path} as UTF-8 (iconv -f LATIN1 -t UTF-8), then run again",
+        ) from None
+
+
+def compose_yaml(
+    text: str,
+    path: Path | str,
+    *,
+    aliases: bool = True,
+    max_nodes: int = MAX_YAML_NODES,
+    line_offset: int = 0,
+    hint: str | None = None,
+) -> yaml.Node | None:
+    """The node tree of one YAML document, checked: no duplicate keys, aliases refused or bounded.
+
+    ``line_offset`` is added to reported lines (front matter starts after a ``---`` line).
+    """
+    yaml, loader_class = _yaml()
+    try:
+        if not aliases and "*" in text:  # an alias is written *name: no "*", no alias
+            # refuse before composing: the event stream is linear in the text
+            for ev in yaml.parse(text, Loader=loader_class):
+                if isinstance(ev, yaml.AliasEvent):
+                    raise _bad(
+                        path,
+                        (ev.start_mark.line + 1 + line_offset) if ev.start_mark else None,
+                        f"YAML alias *{ev.anchor} refused: aliases are not allowed here",
+                        hint or "write the value out instead of referring to an &anchor",
+                    )
+        loader = loader_class(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 + line_offset if mark is not None else None
+        raise _bad(path, line, f"not valid YAML: {getattr(exc, 'problem', None) or exc}", hint) from None
+    if node is not None:
+        _check_tree(node, path, max_nodes, line_offset, hint)
+    return node
+
+
+def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: int, hint: str | None) -> None:
+    """Duplicate keys, and the size the tree has once every alias is expanded.
+
+    Aliases share node objects, so the expanded size is computed per distinct node
+    (memoised by identity): linear in the document, whatever the expansion would be.
+    """
+    y, _ = _yaml()
+    size: dict[int, int] = {}
+    order: list[yaml.Node] = []
+    stack: list[yaml.Node] = [root]
+    seen: set[int] = set()
+    while stack:  # iterative post-order: deep nesting cannot hit the recursion limit
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        if isinstance(node, y.MappingNode):
+            keys: dict[str, int] = {}
+            for k, v in node.value:
+                if isinstance(k, y.ScalarNode) and k.tag != _MERGE_TAG:
+                    first = keys.get(k.value)
+                    keys.setdefault(k.value, k.start_mark.line + 1)
+                    if first is not None:
+                        raise _bad(
+                            path,
+                            k.start_mark.line + 1 + line_offset,
+                            f"duplicate key {k.value!r} (first at line {first + line_offset}); YAML keeps only "
+                            "the last one, so the first is silently ignored",
+                            hint or "remove or merge one of the two",
+                        )
+                stack += (k, v)
+        elif isinstance(node, y.SequenceNode):
+            stack += node.value
+    for node in reversed(order):  # children before parents
+        if isinstance(node, y.MappingNode):
+            n = 1 + sum(size[id(k)] + size[id(v)] for k, v in node.value)
+        elif isinstance(node, y.SequenceNode):
+            n = 1 + sum(size[id(c)] for c in node.value)
+        else:
+            n = 1
+        size[id(node)] = n
+        if n > max_nodes:
+            raise _bad(
+                path,
+                node.start_mark.line + 1 + line_offset,
+                f"YAML expands to more than {max_nodes} nodes through aliases (an alias bomb?); refused",
+                hint or "write the values out instead of nesting &anchor/*alias references",
+            )
+
+
+def construct_yaml(node: yaml.Node | None) -> Any:
+    """Python data (safe types only) of a node tree from :func:`compose_yaml`."""
+    if node is None:
+        return None
+    _, loader_class = _yaml()
+    loader = loader_class("")
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NODES, hint: str | None = None) -> Any:
+    text = read_text(path, what="YAML file", hint=hint)
+    return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint))
+
+
+def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+    import tomllib
+
+    text = read_text(path, what="TOML file", hint=hint)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _bad(path, None, f"not valid TOML: {exc}", hint) from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range (not a finite double)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_json(text: str, path: Path | str, *, hint: str | None = None) -> Any:
+    try:
+        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise _bad(path, exc.lineno, f"not valid JSON: {exc.msg}", hint) from None
+    except ValueError as exc:
+        raise _bad(path, None, f"not valid JSON: {exc}", hint) from None
+    except RecursionError:
+        raise _bad(path, None, "not valid JSON: nested too deeply", hint) from None
+
+
+def load_json(path: Path, *, hint: str | None = None) -> Any:
+    return loads_json(read_text(path, what="JSON file", hint=hint), path, hint=hint)
