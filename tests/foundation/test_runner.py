@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
