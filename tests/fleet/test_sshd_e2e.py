@@ -382,3 +382,33 @@ def test_escapes_from_a_node_never_reach_the_terminal(sshd: Sshd, tmp_path: Path
         if fmt == ["--nagios"]:
             (line,) = r.stdout.splitlines()
             assert line.count("|") == 1 and "e+" not in line and "inf" not in line
+
+
+def test_each_run_is_appended_to_the_history_beside_the_snapshot(
+    sshd: Sshd, boards: dict[str, Path], tmp_path: Path
+) -> None:
+    import sqlite3
+
+    f = fleet_file(tmp_path, sshd, [("node-a", "board", health_cmd(boards["ok"])), ("dead-node", "board", "true")])
+    snap = tmp_path / "state" / "fleet-health.json"
+    for _ in range(2):
+        r = alma("fleet", "health", "--fleet", str(f), "--json", "--snapshot", str(snap))
+        assert r.returncode == 3, r.stderr
+    db = snap.with_name("fleet-history.sqlite")
+    with sqlite3.connect(db) as conn:
+        sql = "SELECT s.node, s.status FROM samples s JOIN runs r ON r.id = s.run_id ORDER BY r.id, s.node"
+        rows = conn.execute(sql)
+        assert list(rows) == [("dead-node", "UNKNOWN"), ("node-a", "OK")] * 2
+    other = tmp_path / "elsewhere.sqlite"
+    r = alma("fleet", "health", "--fleet", str(f), "--no-save", "--history", str(other))
+    assert not other.exists()  # --no-save saves neither
+    r = alma("fleet", "health", "--fleet", str(f), "--snapshot", str(snap), "--history", str(other))
+    assert other.exists() and r.returncode == 3
+    out = tmp_path / "site"
+    p = alma("panel", "--fleet", str(f), "--snapshot", str(snap), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    st = json.loads((out / "status.json").read_text())
+    assert [n["alias"] for n in st["nodes"]] == ["Node 1", "Node 2"]  # no aliases configured: no names either
+    assert st["nodes"][0]["uptime_percent"]["24h"] == 100.0 and st["nodes"][1]["uptime_percent"]["24h"] == 0.0
+    for name in ("node-a", "dead-node"):
+        assert all(name not in x.read_text() for x in out.iterdir())

@@ -337,3 +337,17 @@ def test_axe_core_finds_no_serious_or_critical_violation(fleet: Fleet, tmp_path:
     bad = [v for v in violations if v["impact"] in ("serious", "critical")]
     assert bad == [], bad
 
+
+@pytest.mark.slow
+def test_chromium_decides_future_data_is_stale_by_itself(fleet: Fleet, tmp_path: Path) -> None:
+    """Rendered by a host whose clock agreed with the data, read where the data is 30 days ahead."""
+    future = datetime.now(UTC) + timedelta(days=30)
+    html = P.render(fleet, snap(future), now=future)
+    assert 'class="is-fresh"' in html  # fresh for the renderer
+    page = tmp_path / "index.html"
+    page.write_text(html)
+    dom = chromium(tmp_path, page.as_uri(), "--dump-dom")
+    banner = re.search(r'<div id="stale-banner"[^>]*>', dom)
+    assert banner is not None and "hidden" not in banner.group(0)
+    assert re.search(r'<p id="stale-future">', dom) and re.search(r'<p id="stale-old" hidden', dom)
+    assert "from the future: clocks disagree" in dom and "is-stale" in dom
