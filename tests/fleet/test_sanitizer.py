@@ -201,3 +201,15 @@ def test_alma_health_first_line_cannot_be_forged(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=60)  # fmt: skip
     json.loads(js.stdout, parse_constant=lambda c: (_ for _ in ()).throw(AssertionError(c)))
     assert Severity.parse(json.loads(js.stdout)["status"]) is not Severity.OK
+
+
+def test_alma_health_usage_and_config_errors_are_unknown_on_stderr(tmp_path: Path) -> None:
+    bad = tmp_path / "health.toml"
+    bad.write_text("[nosuch]\nx = 1\n")
+    for argv, needle in ((["--config", str(bad)], "unknown section [nosuch]"), (["--bogus"], "unrecognized arguments")):
+        r = subprocess.run([sys.executable, str(ALMA_HEALTH), "--root", str(tmp_path), *argv],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 3, (argv, r.returncode)
+        assert needle in r.stderr and "error" in r.stderr
+    r = subprocess.run([sys.executable, str(ALMA_HEALTH), "--help"], capture_output=True, text=True, timeout=60)
+    assert "Usage and configuration errors" in r.stdout and "exit 3 UNKNOWN" in " ".join(r.stdout.split())

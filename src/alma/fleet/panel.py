@@ -365,7 +365,9 @@ def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, 
         ],
         "figures": [{"label": f.label, "value": f.value, "unit": f.unit} for f in fleet.panel.figures],
     }
-    return T.dumps(doc, indent=2) + "\n"
+    # Not ASCII-escaped: the leak scan must see names as written (aliases are already
+    # sanitized, check names fixed), and UTF-8 JSON is what a badge script expects.
+    return T.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
 ATOM = "http://www.w3.org/2005/Atom"
