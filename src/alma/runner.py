@@ -2,8 +2,11 @@
 
 It logs ``cwd$ cmd``, streams every output line to a callback and a log file, enforces an
 overall timeout and optional per-phase deadlines (``Deadline``; NVIDIA's scripts have no
-timeouts of their own), stops the whole process group on timeout or Ctrl-C, and never uses
-a shell. Binary names resolve through ``alma.settings.tool`` so config can point elsewhere.
+timeouts of their own) whatever the output rate, optionally caps the output it will read
+(``max_output``), stops the whole process group on timeout, cap or Ctrl-C, and never uses
+a shell. One thread, one ``selectors`` loop: memory stays bounded by the cap and the line
+length limit, never by how fast the tool writes. Binary names resolve through
+``alma.settings.tool`` so config can point elsewhere.
 """
 
 from __future__ import annotations

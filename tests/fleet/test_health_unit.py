@@ -149,6 +149,8 @@ def test_forged_report_before_the_real_one_does_not_win() -> None:
         (report("OK", checks=[{"name": "disk", "status": "OK"}, {"name": "disk", "status": "OK"}]), "reported twice"),
         (report("OK", checks=[{"name": 7, "status": "OK"}]), "malformed"),
         ("   \n", "empty output"),
+        ("[" * 200_000, "nested too deeply"),  # a hostile node must not crash the fleet run
+        (report("OK") + "[" * 200_000, "trailing output"),
     ],
 )
 def test_exactly_one_report_with_checks(text: str, why: str) -> None:

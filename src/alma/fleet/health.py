@@ -159,6 +159,8 @@ def extract_report(text: str) -> Any:
         raise ReportError("empty output (no report)")
     try:
         obj, end = _DECODER.raw_decode(stripped)
+    except RecursionError:  # "[[[[..." a megabyte deep must not crash the whole fleet run
+        raise ReportError("unparsable health output: JSON nested too deeply") from None
     except json.JSONDecodeError:
         first = next((ln.strip() for ln in stripped.splitlines() if ln.strip()), "")
         raise ReportError(f"unparsable health output: {first[:200]}") from None
@@ -166,7 +168,7 @@ def extract_report(text: str) -> Any:
     if rest:
         try:
             _DECODER.raw_decode(rest)
-        except (json.JSONDecodeError, ReportError):
+        except (json.JSONDecodeError, ReportError, RecursionError):
             raise ReportError(f"trailing output after the report: {rest.splitlines()[0][:80]!r}") from None
         raise ReportError("two reports in the output (only exactly one is trusted)")
     return obj
@@ -387,7 +389,7 @@ def load_snapshot(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"no fleet health snapshot at {path}", hint="run `alma fleet health` first (it saves the snapshot)"
         ) from None
-    except (OSError, ValueError) as exc:  # JSONDecodeError, NaN/Infinity, bad UTF-8
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, NaN/Infinity, bad UTF-8
         raise ConfigError(f"cannot read snapshot {path}: {exc}", hint="run `alma fleet health` again") from exc
     if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA or not isinstance(data.get("nodes"), list):
         raise ConfigError(f"{path} is not an {SNAPSHOT_SCHEMA} snapshot", hint="run `alma fleet health` again")
