@@ -97,12 +97,16 @@ def test_malformed(tmp_path: Path, text: str, expect: str) -> None:
         parse_fleet(text, tmp_path / "fleet.toml")
 
 
-def test_cli_exit_2_with_line_and_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("verb", "code"), [(["fleet", "health"], 3), (["fleet", "inspect", "a1"], 2)])
+def test_cli_error_with_line_and_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: list[str], code: int
+) -> None:
+    """A bad fleet file: `fleet health` (a monitoring plugin) is UNKNOWN 3, the other verbs exit 2."""
     f = tmp_path / "fleet.toml"
     f.write_text('[[node]]\nname = "a1"\nrole = "toaster"\n')
     with pytest.raises(SystemExit) as exc:
-        main(["fleet", "health", "--fleet", str(f)])
-    assert exc.value.code == 2
+        main([*verb, "--fleet", str(f)])
+    assert exc.value.code == code
     err = capsys.readouterr().err
     assert f"{f}:3" in err and "unknown role" in err and "try: role must be one of: board, cluster, desktop" in err
 
