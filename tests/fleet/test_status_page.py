@@ -351,3 +351,11 @@ def test_chromium_decides_future_data_is_stale_by_itself(fleet: Fleet, tmp_path:
     assert banner is not None and "hidden" not in banner.group(0)
     assert re.search(r'<p id="stale-future">', dom) and re.search(r'<p id="stale-old" hidden', dom)
     assert "from the future: clocks disagree" in dom and "is-stale" in dom
+
+
+def test_a_host_named_like_a_status_json_key_can_still_publish(tmp_path: Path) -> None:
+    fl = parse_fleet(FLEET.replace('name = "cockpit"', 'name = "schema"'), tmp_path / "f.toml")
+    s = snap(NOW)
+    s["nodes"][2]["name"] = "schema"
+    pub = P.publish(fl, s, now=NOW)
+    assert json.loads(pub.status_json)["schema"] == "alma.status/1"

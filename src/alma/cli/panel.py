@@ -64,7 +64,9 @@ def panel(
         return
 
     def on_error(exc: Exception) -> None:
-        click.echo(f"re-render failed, still serving the previous page: {exc}", err=True)
+        from almaboard import text
+
+        click.echo(f"re-render failed, still serving the previous page: {text.terminal(exc)}", err=True)
 
     try:
         P.serve(out, bind, port, interval, render, on_error, ready=lambda url: click.echo(f"serving {url}", err=True))

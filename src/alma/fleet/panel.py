@@ -49,6 +49,10 @@ STATUS = "status.json"
 FEED = "feed.atom"
 FILES = {PAGE: "text/html; charset=utf-8", STATUS: "application/json", FEED: "application/atom+xml"}
 STATUS_SCHEMA = "alma.status/1"
+_STATUS_KEYS = ("schema", "alma.status", "generated_at", "data_time", "stale_after_s", "stale", "stale_reason",
+                "status", "last_known_status", "nodes", "alias", "role", "checks", "name", "uptime_percent",
+                "figures", "label", "value", "unit", "old", "future", "feed", "entry", "title", "updated",
+                "link", "href", "rel", "alternate", "author", "summary", "urn", "alma-os", "change")  # fmt: skip
 # Data this far in the future of the reader's clock is still "now" (NTP-level skew);
 # beyond it the clocks disagree and the page cannot vouch for the data's age: stale.
 CLOCK_SKEW_S = 60
@@ -145,6 +149,7 @@ def _page_vocabulary() -> set[str]:
     words: set[str] = {r.lower() for r in ROLES} | {c.lower() for c in PUBLIC_CHECKS}
     words |= {s.name.lower() for s in Severity}
     words |= {w.lower() for t in CHECK_HELP.values() for w in re.findall(r"[A-Za-z][\w.-]*", t)}
+    words |= set(_STATUS_KEYS)  # status.json's and feed.atom's own words
     for name in ("panel.html.j2", "panel.css", "panel.js.j2"):
         src, _, _ = env.loader.get_source(env, name)
         words |= {w.lower() for w in re.findall(r"[A-Za-z][\w.-]*", src)}
