@@ -89,3 +89,24 @@ def test_config_and_usage_errors_are_unknown_3(
         assert line.startswith("FLEET UNKNOWN - ")
     else:
         assert out == ""
+
+
+def test_unwritable_state_is_a_warning_never_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full or read-only state directory must not turn a verdict into exit 1 (WARNING)."""
+    from alma.fleet import health as H
+    from alma.fleet.severity import Severity
+
+    f = tmp_path / "fleet.toml"
+    f.write_text('[[node]]\nname = "n1"\nrole = "board"\n')
+    rep = H.FleetReport("2026-11-30T16:00:00Z", [H.NodeResult("n1", "board", None, Severity.CRITICAL, "hot")], 300)
+    monkeypatch.setattr(H, "run_fleet_health", lambda *a, **k: rep)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "health", "--fleet", str(f), "--nagios", "--snapshot", str(blocker / "snap.json")])
+    assert exc.value.code == 2  # the fleet's own verdict
+    out, err = capsys.readouterr()
+    assert out.startswith("FLEET CRITICAL") and "warning: snapshot not saved" in err
+    assert "warning: history not updated: cannot create the fleet history" in err

@@ -113,11 +113,16 @@ def health(
         report = H.run_fleet_health(fl, timeout=timeout)
 
     if not no_save:
+        # The verdict stands whatever the disk does: a full or read-only state directory is a
+        # warning, never a traceback (exit 1 would read as WARNING to a monitoring system).
         snap = snapshot or H.default_snapshot_path()
-        H.save_snapshot(report, snap)
+        try:
+            H.save_snapshot(report, snap)
+        except OSError as exc:
+            click.echo(f"warning: snapshot not saved: {snap}: {exc.strerror or exc}", err=True)
         try:
             Hist.append(history or Hist.default_history_path(snap), report)
-        except AlmaError as exc:  # the verdict matters more than the page's history
+        except AlmaError as exc:
             click.echo(f"warning: history not updated: {exc.message}", err=True)
     if nagios:
         click.echo(H.nagios_line(report))

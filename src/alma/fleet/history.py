@@ -53,9 +53,13 @@ def _connect(path: Path, *, create: bool) -> Iterator[sqlite3.Connection]:
     if not create and not path.exists():
         raise ConfigError(f"no fleet history at {path}", hint="run `alma fleet health` (it appends to the history)")
     if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as exc:
+            raise ConfigError(f"cannot create the fleet history {path}: {exc.strerror or exc}",
+                              hint="pass --history FILE in a writable directory") from exc  # fmt: skip
     try:
         with closing(sqlite3.connect(path, timeout=10)) as conn:
             conn.execute("PRAGMA foreign_keys = ON")
