@@ -359,3 +359,12 @@ def test_a_host_named_like_a_status_json_key_can_still_publish(tmp_path: Path) -
     s["nodes"][2]["name"] = "schema"
     pub = P.publish(fl, s, now=NOW)
     assert json.loads(pub.status_json)["schema"] == "alma.status/1"
+
+
+def test_an_unwritable_out_dir_is_a_clear_error(fleet: Fleet, tmp_path: Path) -> None:
+    s = tmp_path / "s.json"
+    s.write_text(json.dumps(snap(NOW)))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(P.UserError, match="cannot write"):
+        P.render_to(blocker / "site", fleet, s, now=NOW)

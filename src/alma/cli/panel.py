@@ -9,8 +9,8 @@ import click
 
 @click.command(
     epilog="Exit codes: 0 page written (or server stopped with Ctrl-C), 2 no snapshot / bad fleet "
-    "file / unreadable history / the page would leak an IP address or internal name (nothing written) "
-    "/ port in use, 130 interrupted before the server started."
+    "file / unreadable history / unwritable --out / the page would leak an IP address or internal "
+    "name (nothing written) / port in use, 130 interrupted before the server started."
 )
 @click.option(
     "--out",

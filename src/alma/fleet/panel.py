@@ -410,12 +410,13 @@ def atom_feed(fleet: Fleet, view: dict[str, Any], *, now: datetime) -> str:
 
 def write_panel(out_dir: Path, html: str | Published) -> Path:
     """Write the files (each atomically; the page last, so it never links a missing file)."""
-    if isinstance(html, str):
-        write_atomic(out_dir / PAGE, html)
-        return out_dir / PAGE
-    write_atomic(out_dir / STATUS, html.status_json)
-    write_atomic(out_dir / FEED, html.feed)
-    write_atomic(out_dir / PAGE, html.html)
+    files = {PAGE: html} if isinstance(html, str) else {STATUS: html.status_json, FEED: html.feed, PAGE: html.html}
+    for name, text in files.items():
+        try:
+            write_atomic(out_dir / name, text)
+        except OSError as exc:
+            raise UserError(f"cannot write {out_dir / name}: {exc.strerror or exc}",
+                            hint="pick a writable --out directory") from exc  # fmt: skip
     return out_dir / PAGE
 
 
