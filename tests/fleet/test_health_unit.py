@@ -227,7 +227,7 @@ def test_run_fleet_health_desktop_gets_the_rule(tmp_path: Path) -> None:
     fl = parse_fleet('[[node]]\nname="desk"\nrole="desktop"\n[[node]]\nname="b1"\nrole="board"\n', tmp_path / "f.toml")
     sent: list[tuple[str, str]] = []
 
-    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object) -> RemoteResult:
+    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object, **_: object) -> RemoteResult:
         sent.append((node.name, command))
         if command == desktop.PS_COMMAND:
             return RemoteResult(node.name, command, 0, rec("ps_desktop_ollama.txt").splitlines())

@@ -90,6 +90,8 @@ def test_good_file(tmp_path: Path) -> None:
         ('[nodes]\nx = 1\n[[node]]\nname="a1"\nrole="board"\n', r"unknown section\(s\): nodes"),
         ('[health]\ntimeout = -1\n[[node]]\nname="a1"\nrole="board"\n', r"timeout must be a positive number"),
         ('[[panel.figure]]\nlabel = "x"\n[[node]]\nname="a1"\nrole="board"\n', r"needs label"),
+        ('[health]\nmax_output = "1B"\n[[node]]\nname="a1"\nrole="board"\n', r"max_output must be between"),
+        ('[health]\nmax_output = "lots"\n[[node]]\nname="a1"\nrole="board"\n', r"expected a size"),
     ],
 )
 def test_malformed(tmp_path: Path, text: str, expect: str) -> None:
@@ -119,3 +121,9 @@ def test_missing_file_names_the_default(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("ALMA_FLEET", str(tmp_path / "x.toml"))
     with pytest.raises(ConfigError, match="x.toml"):
         load_fleet()
+
+
+def test_output_cap_default_and_setting(tmp_path: Path) -> None:
+    base = '[[node]]\nname="a1"\nrole="board"\n'
+    assert parse_fleet(base, tmp_path / "f.toml").max_output == 1 << 20
+    assert parse_fleet('[health]\nmax_output = "64KiB"\n' + base, tmp_path / "f.toml").max_output == 65536

@@ -307,7 +307,8 @@ def run_fleet_health(
     lock = threading.Lock()
 
     def call(node: Node, command: str) -> RemoteResult:
-        res: RemoteResult = remote(node, command, fleet.ssh, timeout=per_node, cancel=cancel)
+        res: RemoteResult = remote(node, command, fleet.ssh, timeout=per_node, cancel=cancel,
+                                   max_output=fleet.max_output)  # fmt: skip
         if on_done:
             with lock:
                 on_done(node.name)

@@ -92,7 +92,7 @@ def _send(node: Node, command: str, fleet: Fleet, timeout: float, cancel: runner
           remote: Callable[..., RemoteResult]) -> RemoteResult:  # fmt: skip
     if command not in ALLOWED_COMMANDS:
         raise NotAllowed(f"refusing to send {command!r}: not in the read-only allow-list")
-    res: RemoteResult = remote(node, command, fleet.ssh, timeout=timeout, cancel=cancel)
+    res: RemoteResult = remote(node, command, fleet.ssh, timeout=timeout, cancel=cancel, max_output=fleet.max_output)
     return res
 
 
