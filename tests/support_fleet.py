@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+AXE_JS = REPO / "build" / "axe" / "node_modules" / "axe-core" / "axe.min.js"  # npm-installed by .ci/run
 HEALTH = REPO / "tools" / "guard" / "alma-health"
 
 # 16 bench  "nodes" connect at once; the default MaxStartups 10:30:100 would drop some.
@@ -119,3 +120,28 @@ def stop_sshd(s: Sshd) -> None:
     except subprocess.TimeoutExpired:
         s.proc.kill()
         s.proc.wait()
+
+
+def chromium(tmp_path: Path, url: str, *extra: str, size: str = "1100,720") -> str:
+    """Run REAL headless Chromium on ``url`` (a file: URL); returns its stdout (--dump-dom)."""
+    from support import require_tool
+
+    exe = require_tool("chromium")
+    argv = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        f"--window-size={size}",
+        *extra,
+        url,
+    ]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout

@@ -33,8 +33,10 @@ ALMA_HEALTH = GUARD_DIR / "alma-health"
 ALMA_FABRIC = GUARD_DIR / "alma-fabric"
 UNITS_DIR = GUARD_DIR / "systemd"
 
-if str(GUARD_DIR) not in sys.path:
-    sys.path.insert(0, str(GUARD_DIR))  # the on-board package, as the scripts load it
+BOARD_DIR = REPO / "tools" / "board"
+for _d in (BOARD_DIR, GUARD_DIR):  # the on-board packages, as the scripts load them
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
 ORIN_ZONES = ("cpu-thermal", "gpu-thermal", "cv0-thermal", "cv1-thermal", "cv2-thermal",
               "soc0-thermal", "soc1-thermal", "soc2-thermal", "tj-thermal")  # fmt: skip

@@ -80,6 +80,10 @@ class ToolTimeout(ToolError):
     """An external tool ran past its (phase) deadline and was stopped."""
 
 
+class ToolOutputLimit(ToolError):
+    """An external tool printed more than the caller's output cap and was stopped."""
+
+
 class Interrupted(AlmaError):
     """The user pressed Ctrl-C; work was stopped cleanly. Exit 130."""
 

@@ -2,8 +2,11 @@
 
 It logs ``cwd$ cmd``, streams every output line to a callback and a log file, enforces an
 overall timeout and optional per-phase deadlines (``Deadline``; NVIDIA's scripts have no
-timeouts of their own), stops the whole process group on timeout or Ctrl-C, and never uses
-a shell. Binary names resolve through ``alma.settings.tool`` so config can point elsewhere.
+timeouts of their own) whatever the output rate, optionally caps the output it will read
+(``max_output``), stops the whole process group on timeout, cap or Ctrl-C, and never uses
+a shell. One thread, one ``selectors`` loop: memory stays bounded by the cap and the line
+length limit, never by how fast the tool writes. Binary names resolve through
+``alma.settings.tool`` so config can point elsewhere.
 """
 
 from __future__ import annotations
@@ -11,19 +14,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
+import selectors
 import shlex
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from alma.errors import Interrupted, ToolError, ToolNotFound, ToolTimeout
+from alma.errors import Interrupted, ToolError, ToolNotFound, ToolOutputLimit, ToolTimeout
 
 log = logging.getLogger("alma.runner")
 
@@ -93,42 +95,69 @@ def resolve(argv0: str, env: Mapping[str, str] | None = None) -> str:
     return found
 
 
-def _reader(stream: IO[bytes], tag: str, q: queue.Queue[tuple[str, bytes | None]]) -> None:
-    # Chunks, not lines: a prompt or a row of progress dots without a newline still arrives.
-    fd = stream.fileno()
-    while chunk := os.read(fd, 65536):
-        q.put((tag, chunk))
-    q.put((tag, None))
+# A line longer than this is handed on in pieces of this size: one unbroken 3 GB "line"
+# (``head -c 3G /dev/zero``) must not become one 3 GB buffer.
+MAX_LINE = 1 << 20
+_READ = 65536
 
 
 class _Lines:
-    """Splits one stream's chunks into lines; keeps the unfinished tail."""
+    """Splits one stream's chunks into lines; keeps the unfinished tail.
 
-    def __init__(self) -> None:
-        self.tail = b""
+    The tail is a list of pieces joined only when a line ends (or reaches ``max_line``), so
+    a long partial line costs O(its length), not a re-copy on every chunk.
+    """
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max(1, max_line)
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def _pieces(self, raw: bytes) -> list[str]:
+        if len(raw) <= self.max_line:
+            return [_decode(raw)]
+        return [_decode(raw[i : i + self.max_line]) for i in range(0, len(raw), self.max_line)]
 
     def feed(self, chunk: bytes) -> list[str]:
-        data = self.tail + chunk
-        *done, self.tail = data.split(b"\n")
-        return [_decode(b) for b in done]
+        out: list[str] = []
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start:nl]
+            if self._parts:
+                piece = b"".join([*self._parts, piece])
+                self._parts, self._size = [], 0
+            out += self._pieces(piece)
+            start = nl + 1
+        if start < len(chunk):
+            rest = chunk[start:] if start else chunk
+            self._parts.append(rest)
+            self._size += len(rest)
+            if self._size >= self.max_line:
+                joined = b"".join(self._parts)
+                whole = len(joined) - len(joined) % self.max_line
+                out += self._pieces(joined[:whole])
+                tail = joined[whole:]
+                self._parts, self._size = ([tail], len(tail)) if tail else ([], 0)
+        return out
 
     def flush(self) -> list[str]:
-        rest, self.tail = self.tail, b""
-        return [_decode(rest)] if rest else []
+        rest = b"".join(self._parts)
+        self._parts, self._size = [], 0
+        return self._pieces(rest) if rest else []
 
 
 def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", "replace").rstrip("\r")
 
 
-def _stop_group(proc: subprocess.Popen[bytes], first: int) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], first: int, grace: float = STOP_GRACE_S) -> None:
     """Signal the tool's whole process group, escalate to SIGKILL after a grace."""
     try:
         os.killpg(proc.pid, first)
     except ProcessLookupError:
         return
     try:
-        proc.wait(timeout=STOP_GRACE_S)
+        proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -149,12 +178,20 @@ def run(
     what: str | None = None,
     stderr: str = "merge",
     flush_partial_after: float | None = None,
+    max_output: int | None = None,
+    max_line: int = MAX_LINE,
+    stop_grace: float = STOP_GRACE_S,
 ) -> Result:
     """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
 
-    Raises ToolNotFound, ToolTimeout (with the phase that overran), Interrupted on Ctrl-C
-    (after stopping the tool's process group with SIGINT), and ToolError on a non-zero
-    exit when ``check`` is true.
+    Raises ToolNotFound, ToolTimeout (with the phase that overran), ToolOutputLimit (more
+    than ``max_output`` bytes on stdout+stderr), Interrupted on Ctrl-C (after stopping the
+    tool's process group with SIGINT), and ToolError on a non-zero exit when ``check``.
+
+    The deadline holds whatever the output rate (it is checked before every read, not only
+    when the tool is quiet) and memory stays O(``max_output``) with ``keep_lines``, or
+    O(``max_line``) without: a line longer than ``max_line`` bytes is handed on in pieces.
+    ``stop_grace`` is how long a stopped tool gets between SIGTERM and SIGKILL.
 
     ``stderr="separate"`` keeps stderr out of ``on_line`` (ssh delivers the remote side's
     stderr there; parsers must not see it spliced into stdout) and returns it in
@@ -195,15 +232,17 @@ def run(
         raise ToolError(f"{name}: cannot start: {exc}", hint="check the tool's installation") from exc
 
     assert proc.stdout is not None
-    q: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
     streams = {"out": proc.stdout} if proc.stderr is None else {"out": proc.stdout, "err": proc.stderr}
+    sel = selectors.DefaultSelector()
     for tag, stream in streams.items():
-        threading.Thread(target=_reader, args=(stream, tag, q), daemon=True).start()
-    splitters = {tag: _Lines() for tag in streams}
+        sel.register(stream.fileno(), selectors.EVENT_READ, tag)
+    splitters = {tag: _Lines(max_line) for tag in streams}
     lines: list[str] = []
     err_lines: list[str] = []
-    open_streams = len(streams)
     last_data = time.monotonic()
+    total = 0
+    log_hint = "see the log" + (f" {log_path}" if log_path else "")
+    log_str = str(log_path) if log_path else None
 
     def deliver(tag: str, batch: list[str]) -> None:
         for line in batch:
@@ -219,39 +258,60 @@ def run(
             if on_line:
                 on_line(line)
 
+    def timed_out() -> ToolTimeout:
+        _stop_group(proc, signal.SIGTERM, stop_grace)
+        return ToolTimeout(
+            f"{name}: no completion of phase '{deadline.phase}' within {deadline.seconds:.0f} s; stopped it",
+            hint=log_hint,
+            log_path=log_str,
+        )
+
     try:
-        while open_streams:
+        while sel.get_map():
+            if deadline.expired():  # before every read: a flood cannot starve the deadline
+                raise timed_out()
             rem = deadline.remaining()
-            wait = 0.2 if rem is None else max(0.0, min(0.2, rem))
-            try:
-                tag, chunk = q.get(timeout=wait)
-            except queue.Empty:
-                if deadline.expired():
-                    _stop_group(proc, signal.SIGTERM)
-                    raise ToolTimeout(
-                        f"{name}: no completion of phase '{deadline.phase}' within "
-                        f"{deadline.seconds:.0f} s; stopped it",
-                        hint="see the log" + (f" {log_path}" if log_path else ""),
-                        log_path=str(log_path) if log_path else None,
-                    ) from None
+            events = sel.select(0.2 if rem is None else max(0.0, min(0.2, rem)))
+            if not events:
                 if flush_partial_after is not None and time.monotonic() - last_data >= flush_partial_after:
                     deliver("out", splitters["out"].flush())
                 continue
-            if chunk is None:
-                open_streams -= 1
-                deliver(tag, splitters[tag].flush())
-                continue
-            last_data = time.monotonic()
-            deliver(tag, splitters[tag].feed(chunk))
-        proc.wait()
+            for key, _ in events:
+                tag = str(key.data)
+                chunk = os.read(key.fd, _READ)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    deliver(tag, splitters[tag].flush())
+                    continue
+                total += len(chunk)
+                if max_output is not None and total > max_output:
+                    _stop_group(proc, signal.SIGTERM, stop_grace)
+                    raise ToolOutputLimit(
+                        f"{name}: output over the limit of {max_output} bytes; stopped it", hint=log_hint,
+                        log_path=log_str,
+                    )  # fmt: skip
+                last_data = time.monotonic()
+                deliver(tag, splitters[tag].feed(chunk))
+        # Output closed; the tool may still be running (or hung in exit): same deadline.
+        while True:
+            rem = deadline.remaining()
+            try:
+                proc.wait(timeout=None if rem is None else max(0.01, rem))
+                break
+            except subprocess.TimeoutExpired:
+                if deadline.expired():
+                    raise timed_out() from None
     except KeyboardInterrupt:
-        _stop_group(proc, signal.SIGINT)
+        _stop_group(proc, signal.SIGINT, stop_grace)
         raise Interrupted(f"{name}: interrupted; stopped it cleanly") from None
     except BaseException:
         if proc.poll() is None:
-            _stop_group(proc, signal.SIGTERM)
+            _stop_group(proc, signal.SIGTERM, stop_grace)
         raise
     finally:
+        sel.close()
+        for stream in streams.values():
+            stream.close()
         if logf:
             logf.close()
     result = Result(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -105,7 +107,7 @@ def test_stale_and_future_reports_are_unknown() -> None:
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ("", "unparsable"),
+        ("", "empty output"),
         ("bash: line 1: alma-health: command not found", "unparsable health output: bash: line 1"),
         ('{"schema": "other/1"}', "not an alma.health/1 report"),
         ("[1, 2]", "not an alma.health/1 report"),
@@ -122,10 +124,46 @@ def test_unparsable_is_unknown(text: str, why: str) -> None:
     assert why in r.summary
 
 
-def test_json_after_stderr_noise() -> None:
-    # ssh merges the remote stderr into the stream; the report is found after it.
+def test_text_before_the_report_is_unknown() -> None:
+    # stderr arrives apart (runner stderr="separate"): stdout must be the report and nothing else.
     text = "warning: guard state 40 s old\n" + report("OK")
-    assert H.parse_report(text, NODE, now=NOW, stale_after=300).status is Severity.OK
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "unparsable health output: warning: guard state" in r.summary
+
+
+def test_forged_report_before_the_real_one_does_not_win() -> None:
+    forged = '{"schema":"alma.health/1","status":"OK","checks":[],"time":"2026-11-30T16:00:00Z"}'
+    real = report("CRITICAL")
+    r = H.parse_report(forged + "\n" + real, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "two reports" in r.summary
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (report("OK", checks=[]), "report with no checks"),
+        (report("OK") + "\nrm -rf junk", "trailing output after the report: 'rm -rf junk'"),
+        (report("OK") + "\n" + report("OK"), "two reports"),
+        (report("OK").replace("3.5", "NaN"), "not strict JSON: NaN"),
+        (report("OK").replace("3.5", "-Infinity"), "not strict JSON: -Infinity"),
+        (report("OK", checks=[{"name": "disk", "status": "OK"}, {"name": "disk", "status": "OK"}]), "reported twice"),
+        (report("OK", checks=[{"name": 7, "status": "OK"}]), "malformed"),
+        ("   \n", "empty output"),
+        ("[" * 200_000, "nested too deeply"),  # a hostile node must not crash the fleet run
+        (report("OK") + "[" * 200_000, "trailing output"),
+    ],
+)
+def test_exactly_one_report_with_checks(text: str, why: str) -> None:
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and why in r.summary, r.summary
+
+
+@pytest.mark.parametrize("value", ["1e400", "1" + "0" * 400, "1" + "0" * 300])
+def test_absurd_numbers_are_no_perf_value(value: str) -> None:
+    r = H.parse_report(report("OK").replace("3.5", value), NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.OK
+    line = H.nagios_line(H.FleetReport("2026-11-30T16:00:00Z", [r], 300))
+    assert "eth1_mcast_rate" not in line and "e+" not in line and "inf" not in line
 
 
 def test_unreachable_and_timeout_are_unknown() -> None:
@@ -189,7 +227,7 @@ def test_run_fleet_health_desktop_gets_the_rule(tmp_path: Path) -> None:
     fl = parse_fleet('[[node]]\nname="desk"\nrole="desktop"\n[[node]]\nname="b1"\nrole="board"\n', tmp_path / "f.toml")
     sent: list[tuple[str, str]] = []
 
-    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object) -> RemoteResult:
+    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object, **_: object) -> RemoteResult:
         sent.append((node.name, command))
         if command == desktop.PS_COMMAND:
             return RemoteResult(node.name, command, 0, rec("ps_desktop_ollama.txt").splitlines())
@@ -238,10 +276,17 @@ def test_nagios_line_format() -> None:
 
 
 def test_perf_item_quotes_and_units() -> None:
-    assert H.perf_item("a'b=c", 1.25, "C") == "'ab_c'=1.25;;;;"  # 'C' is not a Nagios UOM: dropped
+    assert H.perf_item("a'b=c", 1.25, "C") == "'a_b_c'=1.25;;;;"  # 'C' is not a Nagios UOM: dropped
     assert H.perf_item("t", 61.0, "%", 80, 90, 0, 100) == "'t'=61%;80;90;0;100"
-    assert H.perf_item("x", None) == "'x'=U;;;;"
+    assert H.perf_item("x", None) is None  # no value: the point is left out, not faked
     assert H.perf_item("free", 30.5, "%", 10, 5, 0, 100, low=True) == "'free'=30.5%;10:;5:;0;100"
+    # plain decimal, fixed precision: never exponent notation, nan, inf or 301 digits
+    assert H.perf_item("storm", 11184200.0) == "'storm'=11184200;;;;"
+    assert H.perf_item("tiny", 1e-9) == "'tiny'=0;;;;"
+    assert H.perf_item("third", 1 / 3) == "'third'=0.333;;;;"
+    for bad in (float("nan"), float("inf"), -float("inf"), 10**300, 1e300):
+        assert H.perf_item("bad", bad) is None
+    assert H.perf_item("t", 1.0, "", float("nan"), 10**300) == "'t'=1;;;;"  # bad thresholds: empty
 
 
 def test_lower_bound_thresholds_inferred_from_report() -> None:
@@ -270,6 +315,26 @@ def test_snapshot_roundtrip_and_atomic(tmp_path: Path) -> None:
     p.write_text("{not json")
     with pytest.raises(Exception, match="cannot read snapshot"):
         H.load_snapshot(p)
+    p.write_text(json.dumps({**data, "stale_after": float("nan")}))
+    with pytest.raises(Exception, match="cannot read snapshot.*NaN"):
+        H.load_snapshot(p)
+
+
+def test_snapshot_is_strict_json_even_when_a_node_sent_nonfinite_numbers(tmp_path: Path) -> None:
+    node = H.parse_report(report("OK"), NODE, now=NOW, stale_after=300)
+    node.checks[0].perfdata[0].value = float("nan")  # however it got there
+    node.duration_s = float("inf")
+    rep = H.FleetReport("2026-11-30T16:00:00Z", [node], float("inf"))
+    p = tmp_path / "snap.json"
+    H.save_snapshot(rep, p)
+    text = p.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    node_js = shutil.which("node")
+    if node_js:  # Node's JSON.parse is the strict reader the issue names
+        r = subprocess.run([node_js, "-e", "JSON.parse(require('fs').readFileSync(process.argv[1], 'utf8'))", str(p)],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert r.returncode == 0, r.stderr
 
 
 def test_desktop_rule_not_fooled_by_login_shell_noise() -> None:

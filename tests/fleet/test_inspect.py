@@ -44,7 +44,7 @@ ORIN_ANSWERS = {
 
 
 def fake_remote(answers: dict[str, dict[str, tuple[int, list[str]]]], sent: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
-    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object) -> RemoteResult:
+    def remote(node: Node, command: str, cfg: object, *, timeout: float, cancel: object, **_: object) -> RemoteResult:
         sent.append((node.name, command))
         if node.name not in answers:
             return RemoteResult(

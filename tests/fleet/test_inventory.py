@@ -90,6 +90,8 @@ def test_good_file(tmp_path: Path) -> None:
         ('[nodes]\nx = 1\n[[node]]\nname="a1"\nrole="board"\n', r"unknown section\(s\): nodes"),
         ('[health]\ntimeout = -1\n[[node]]\nname="a1"\nrole="board"\n', r"timeout must be a positive number"),
         ('[[panel.figure]]\nlabel = "x"\n[[node]]\nname="a1"\nrole="board"\n', r"needs label"),
+        ('[health]\nmax_output = "1B"\n[[node]]\nname="a1"\nrole="board"\n', r"max_output must be between"),
+        ('[health]\nmax_output = "lots"\n[[node]]\nname="a1"\nrole="board"\n', r"expected a size"),
     ],
 )
 def test_malformed(tmp_path: Path, text: str, expect: str) -> None:
@@ -97,12 +99,16 @@ def test_malformed(tmp_path: Path, text: str, expect: str) -> None:
         parse_fleet(text, tmp_path / "fleet.toml")
 
 
-def test_cli_exit_2_with_line_and_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("verb", "code"), [(["fleet", "health"], 3), (["fleet", "inspect", "a1"], 2)])
+def test_cli_error_with_line_and_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: list[str], code: int
+) -> None:
+    """A bad fleet file: `fleet health` (a monitoring plugin) is UNKNOWN 3, the other verbs exit 2."""
     f = tmp_path / "fleet.toml"
     f.write_text('[[node]]\nname = "a1"\nrole = "toaster"\n')
     with pytest.raises(SystemExit) as exc:
-        main(["fleet", "health", "--fleet", str(f)])
-    assert exc.value.code == 2
+        main([*verb, "--fleet", str(f)])
+    assert exc.value.code == code
     err = capsys.readouterr().err
     assert f"{f}:3" in err and "unknown role" in err and "try: role must be one of: board, cluster, desktop" in err
 
@@ -115,3 +121,9 @@ def test_missing_file_names_the_default(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("ALMA_FLEET", str(tmp_path / "x.toml"))
     with pytest.raises(ConfigError, match="x.toml"):
         load_fleet()
+
+
+def test_output_cap_default_and_setting(tmp_path: Path) -> None:
+    base = '[[node]]\nname="a1"\nrole="board"\n'
+    assert parse_fleet(base, tmp_path / "f.toml").max_output == 1 << 20
+    assert parse_fleet('[health]\nmax_output = "64KiB"\n' + base, tmp_path / "f.toml").max_output == 65536

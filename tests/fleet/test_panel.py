@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import REPO, require_tool
+from support import REPO
+from support_fleet import chromium
 
 from alma.fleet import panel as P
 from alma.fleet.inventory import Fleet, parse_fleet
@@ -61,8 +62,8 @@ BG = {
     "OK": "rgb(26, 127, 55)",
     "WARNING": "rgb(207, 34, 46)",
     "CRITICAL": "rgb(207, 34, 46)",
-    "UNKNOWN": "rgb(140, 149, 159)",
-    "not reported": "rgb(140, 149, 159)",
+    "UNKNOWN": "rgb(87, 96, 106)",
+    "not reported": "rgb(87, 96, 106)",
 }
 
 
@@ -115,7 +116,7 @@ def test_figures_exact_and_aliases_only(fleet: Fleet) -> None:
     assert '<span class="value">0</span>' in html
     assert '<span class="value">12.50</span> <span class="unit">h</span>' in html
     for alias in ("Edge A", "Cluster B", "Desk", "Node 3"):
-        assert f'<th scope="row">{alias}</th>' in html
+        assert f'<th scope="row"><bdi>{alias}</bdi></th>' in html
     for private in ("orin-01", "orin-03", "lab.internal", "operator", "cockpit", "eth1", "10.20.0.11"):
         assert private not in html
     assert not IPV4.search(html) and not IPV6.search(html)
@@ -172,11 +173,16 @@ def test_leaks_refused_nothing_written(tmp_path: Path, patch: str, leak: str) ->
     assert not (tmp_path / "out" / "index.html").exists()
 
 
-def test_internal_name_in_a_check_name_is_refused(fleet: Fleet) -> None:
+def test_report_check_names_never_become_public_headers(fleet: Fleet) -> None:
+    """The leak scan only knows the fleet file's names: a report's own names are not published at all."""
     snap = snapshot(NOW)
-    snap["nodes"][0]["checks"].append({"name": "orin-03", "status": "OK"})
-    with pytest.raises(P.LeakError, match="internal name 'orin-03'"):
-        P.render(fleet, snap, now=NOW)
+    snap["nodes"][0]["checks"] += [{"name": "orin-03", "status": "OK"}, {"name": "nas-backup01", "status": "OK"}]
+    html = P.render(fleet, snap, now=NOW)
+    assert "nas-backup01" not in html and "orin-03" not in html
+    headers = re.findall(r'<th scope="col"[^>]*>([^<]+)</th>', html)
+    assert [h for h in headers if h not in ("node", "role", "status") and not h.startswith("OK ")] == [
+        "storm", "memory", "thermal", "no-local-ai"
+    ]
 
 
 def test_host_named_like_a_page_word_can_still_publish(tmp_path: Path) -> None:
@@ -221,28 +227,6 @@ def test_missing_snapshot_is_exit_2(tmp_path: Path) -> None:
 
 
 # ---- real headless Chromium ----------------------------------------------------------------
-
-
-def chromium(tmp_path: Path, url: str, *extra: str) -> str:
-    exe = require_tool("chromium")
-    argv = [
-        exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1100,720",
-        *extra,
-        url,
-    ]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout
 
 
 class _States(HTMLParser):
@@ -291,7 +275,7 @@ def test_chromium_colours_match_states_and_no_ip(fleet: Fleet, tmp_path: Path) -
     for cell in st.cells:
         status = cell["data-status"]
         if status == "n/a":
-            assert cell["data-bg"] == "rgb(255, 255, 255)"
+            assert cell["data-bg"] == "rgba(0, 0, 0, 0)"  # no colour: the page background shows
             continue
         assert cell["data-bg"] == BG[str(status)], cell
     statuses = {c["data-status"] for c in st.cells}
@@ -380,7 +364,8 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
         s.write_text(json.dumps(snap))
         for _ in range(50):
             body = opener.open(url, timeout=5).read().decode()
-            if re.search(r"<th scope=\"row\">Edge A</th>\s*<td class=\"role\">board</td>\s*<td[^>]*CRITICAL", body):
+            row = r"<th scope=\"row\"><bdi>Edge A</bdi></th>\s*<td class=\"role\">board</td>\s*<td[^>]*CRITICAL"
+            if re.search(row, body):
                 break
             time.sleep(0.2)
         else:

@@ -41,3 +41,24 @@ def test_control_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_ssh_tool_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALMA_TOOL_SSH", "/opt/openssh/bin/ssh")
     assert ssh_argv(Node("n", "n", "board"), "true", SshConfig())[0] == "/opt/openssh/bin/ssh"
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["echo 'it'\"'\"'s' \"$HOME\" `x` $(y) ; | & > < *", "printf '%s\\n' a b", "alma-health --json"],
+)
+def test_remote_deadline_wrapper_keeps_the_command_exact(command: str, tmp_path: Path) -> None:
+    """The node's login shell runs the wrapper; the wrapped command must mean exactly what it did."""
+    import subprocess
+
+    from alma.fleet.ssh import remote_command
+
+    if command == "alma-health --json":
+        wrapped = ssh_argv(Node("n", "n", "board"), command, SshConfig(), remote_timeout=7.2)[-1]
+        assert wrapped.startswith("if command -v timeout") and "timeout -k 2 8 sh -c 'alma-health --json'" in wrapped
+        return
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    direct = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, cwd=tmp_path)
+    wrapped_r = subprocess.run(["sh", "-c", remote_command(command, 5)], capture_output=True, text=True, env=env,
+                               cwd=tmp_path)  # fmt: skip
+    assert (wrapped_r.returncode, wrapped_r.stdout) == (direct.returncode, direct.stdout)

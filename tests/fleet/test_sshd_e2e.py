@@ -130,7 +130,7 @@ def test_desktop_rule_names_a_real_model_server(sshd: Sshd, tmp_path: Path) -> N
             "node": "desk",
             "status": "OK",
             "code": 0,
-            "checks": [],
+            "checks": [{"name": "disk", "status": "OK", "summary": "/ 40 GiB free", "perfdata": []}],
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         rj = tmp_path / "report.json"
@@ -295,3 +295,120 @@ def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> No
     assert "interrupted" in err
     assert time.monotonic() - t0 < 12  # not the 20 s per-node timeout, not the 40 s sleep
     assert out == ""  # no half table
+
+
+# ---- hostile nodes (issue 12) -------------------------------------------------------------
+
+PEAK_RSS = """
+import json, resource, subprocess, sys, time
+t0 = time.monotonic()
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(json.dumps({"wall": time.monotonic() - t0, "rc": r.returncode, "out": r.stdout, "err": r.stderr,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+"""
+
+
+def test_3gb_flood_node_ends_in_time_with_bounded_memory(sshd: Sshd, boards: dict[str, Path], tmp_path: Path) -> None:
+    f = fleet_file(
+        tmp_path,
+        sshd,
+        [("node-flood", "board", "head -c 3000000000 /dev/zero"), ("node-ok", "board", health_cmd(boards["ok"]))],
+    )
+    argv = [*ALMA, "fleet", "health", "--fleet", str(f), "--json", "--no-save", "--timeout", "5"]
+    r = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
+    got = json.loads(r.stdout)
+    assert got["wall"] < 6.0, got["wall"]  # the alma process, start-up included
+    assert got["rss_mb"] < 100, got["rss_mb"]  # peak RSS of the largest child: alma (or ssh)
+    by = {n["name"]: n for n in json.loads(got["out"])["nodes"]}
+    assert by["node-flood"]["status"] == "UNKNOWN" and "output over limit" in by["node-flood"]["summary"]
+    assert by["node-ok"]["status"] == "OK"
+    assert got["rc"] == 3
+
+
+def _procs_with(marker: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("command", ["sleep 297.4{n}", "trap '' TERM HUP; sleep 296.4{n}; sleep 1"])
+def test_nothing_of_a_timed_out_run_remains_on_the_node(sshd: Sshd, tmp_path: Path, command: str) -> None:
+    """sshd does not stop a command when the client goes away: the node's own deadline must."""
+    marker = command.split("sleep ", 1)[1].split(";")[0].format(n=os.getpid())
+    cmd = command.format(n=os.getpid())
+    f = fleet_file(tmp_path, sshd, [("node-hang", "board", cmd)])
+    try:
+        t0 = time.monotonic()
+        r = alma("fleet", "health", "--fleet", str(f), "--json", "--no-save", "--timeout", "2")
+        assert r.returncode == 3 and time.monotonic() - t0 < 15
+        assert "timed out" in json.loads(r.stdout)["nodes"][0]["summary"]
+        deadline = time.monotonic() + 10  # remote deadline 2 s + SIGKILL 2 s later + slack
+        while _procs_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _procs_with(marker) == [], "the timed-out remote command is still running"
+    finally:
+        for pid in _procs_with(marker):  # only what this test started, found by its marker
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_forged_report_before_the_real_one_over_ssh(sshd: Sshd, boards: dict[str, Path], tmp_path: Path) -> None:
+    forged = '{"schema":"alma.health/1","status":"OK","checks":[],"time":"2030-01-01T00:00:00Z"}'
+    cmd = f"echo '{forged}'; {health_cmd(boards['crit'])}"
+    f = fleet_file(tmp_path, sshd, [("node-forge", "board", cmd)])
+    r = alma("fleet", "health", "--fleet", str(f), "--json", "--no-save")
+    (n,) = json.loads(r.stdout)["nodes"]
+    assert r.returncode == 3 and n["status"] == "UNKNOWN" and "two reports" in n["summary"]
+
+
+def test_escapes_from_a_node_never_reach_the_terminal(sshd: Sshd, tmp_path: Path) -> None:
+    rep = {
+        "schema": "alma.health/1", "status": "WARNING", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "checks": [{"name": "disk\x1b]0;t\x07", "status": "WARNING", "summary": "\x1b[2J\x1b]8;;http://x\x1b\\y\r",
+                    "perfdata": [{"label": "a\nb|c", "value": 7.5}]}],
+    }  # fmt: skip
+    rj = tmp_path / "r.json"
+    rj.write_text(json.dumps(rep).replace("7.5", "1e400"))  # valid JSON, not a finite float
+    f = fleet_file(tmp_path, sshd, [("node-esc", "board", f"cat {rj}")])
+    for fmt in ([], ["--nagios"], ["--json"]):
+        r = alma("fleet", "health", "--fleet", str(f), "--no-save", *fmt)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert not any(c in r.stdout for c in "\x1b\x07\r\x9b"), (fmt, r.stdout)
+        if fmt == ["--nagios"]:
+            (line,) = r.stdout.splitlines()
+            assert line.count("|") == 1 and "e+" not in line and "inf" not in line
+
+
+def test_each_run_is_appended_to_the_history_beside_the_snapshot(
+    sshd: Sshd, boards: dict[str, Path], tmp_path: Path
+) -> None:
+    import sqlite3
+
+    f = fleet_file(tmp_path, sshd, [("node-a", "board", health_cmd(boards["ok"])), ("dead-node", "board", "true")])
+    snap = tmp_path / "state" / "fleet-health.json"
+    for _ in range(2):
+        r = alma("fleet", "health", "--fleet", str(f), "--json", "--snapshot", str(snap))
+        assert r.returncode == 3, r.stderr
+    db = snap.with_name("fleet-history.sqlite")
+    with sqlite3.connect(db) as conn:
+        sql = "SELECT s.node, s.status FROM samples s JOIN runs r ON r.id = s.run_id ORDER BY r.id, s.node"
+        rows = conn.execute(sql)
+        assert list(rows) == [("dead-node", "UNKNOWN"), ("node-a", "OK")] * 2
+    other = tmp_path / "elsewhere.sqlite"
+    r = alma("fleet", "health", "--fleet", str(f), "--no-save", "--history", str(other))
+    assert not other.exists()  # --no-save saves neither
+    r = alma("fleet", "health", "--fleet", str(f), "--snapshot", str(snap), "--history", str(other))
+    assert other.exists() and r.returncode == 3
+    out = tmp_path / "site"
+    p = alma("panel", "--fleet", str(f), "--snapshot", str(snap), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    st = json.loads((out / "status.json").read_text())
+    assert [n["alias"] for n in st["nodes"]] == ["Node 1", "Node 2"]  # no aliases configured: no names either
+    assert st["nodes"][0]["uptime_percent"]["24h"] == 100.0 and st["nodes"][1]["uptime_percent"]["24h"] == 0.0
+    for name in ("node-a", "dead-node"):
+        assert all(name not in x.read_text() for x in out.iterdir())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -163,3 +164,111 @@ def test_unfinished_line_is_flushed_after_quiet_period() -> None:
 def test_bad_stderr_mode_is_rejected() -> None:
     with pytest.raises(ValueError):
         runner.run([PY, "-c", "pass"], stderr="discard")
+
+
+# ---- bounded, deadline-true reads (issue 12) ---------------------------------------------
+
+
+def isolated(code: str, hard_limit: float = 40.0) -> dict[str, object]:
+    """Run ``code`` (which prints one JSON line) in a fresh interpreter: its own peak RSS,
+    and a hard limit so a runner that never returns fails the test instead of hanging it."""
+    import json
+
+    prelude = textwrap.dedent(
+        """
+        import json, resource, sys, time
+        from alma import runner
+        from alma.errors import ToolOutputLimit, ToolTimeout
+        def rss_mb():
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        """
+    )
+    try:
+        r = subprocess.run([PY, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                           timeout=hard_limit)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the runner did not return within {hard_limit} s")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.slow
+def test_3gb_flood_with_timeout_5s_ends_within_6s_under_100mb() -> None:
+    got = isolated(
+        """
+        seen = [0]
+        t0 = time.monotonic()
+        outcome = "completed"
+        try:
+            runner.run(["head", "-c", "3000000000", "/dev/zero"], timeout=5,
+                       on_line=lambda s: seen.__setitem__(0, seen[0] + len(s)), check=False)
+        except ToolTimeout:
+            outcome = "timeout"
+        print(json.dumps({"wall": time.monotonic() - t0, "rss": rss_mb(), "outcome": outcome, "seen": seen[0]}))
+        """
+    )
+    assert float(got["wall"]) < 6.0, got  # type: ignore[arg-type]
+    assert float(got["rss"]) < 100, got  # type: ignore[arg-type]
+    # Either the deadline cut it, or this machine streamed all 3 GB in under 5 s.
+    assert got["outcome"] == "timeout" or got["seen"] == 3_000_000_000, got
+
+
+def test_fast_short_lines_cannot_starve_the_deadline() -> None:
+    """`yes` floods short lines: the old runner only looked at the clock when its queue was empty."""
+    got = isolated(
+        """
+        t0 = time.monotonic()
+        try:
+            runner.run(["yes"], timeout=1.5, on_line=lambda s: None)
+            outcome = "completed"
+        except ToolTimeout:
+            outcome = "timeout"
+        print(json.dumps({"wall": time.monotonic() - t0, "rss": rss_mb(), "outcome": outcome}))
+        """
+    )
+    assert got["outcome"] == "timeout" and float(got["wall"]) < 4.0, got  # type: ignore[arg-type]
+    assert float(got["rss"]) < 100, got  # type: ignore[arg-type]
+
+
+def test_output_cap_stops_the_tool_and_bounds_memory() -> None:
+    got = isolated(
+        """
+        t0 = time.monotonic()
+        try:
+            runner.run(["head", "-c", "3000000000", "/dev/zero"], timeout=30, keep_lines=True, max_output=1 << 20)
+            outcome = "completed"
+        except ToolOutputLimit as exc:
+            outcome = exc.message
+        print(json.dumps({"wall": time.monotonic() - t0, "rss": rss_mb(), "outcome": outcome}))
+        """
+    )
+    assert "output over the limit of 1048576 bytes" in str(got["outcome"]), got
+    assert float(got["wall"]) < 5 and float(got["rss"]) < 100, got  # type: ignore[arg-type]
+
+
+def test_tool_that_closes_its_output_and_hangs_still_times_out() -> None:
+    got = isolated(
+        """
+        t0 = time.monotonic()
+        try:
+            runner.run(["sh", "-c", "exec >&- 2>&-; sleep 30"], timeout=1.0)
+            outcome = "completed"
+        except ToolTimeout:
+            outcome = "timeout"
+        print(json.dumps({"wall": time.monotonic() - t0, "outcome": outcome}))
+        """
+    )
+    assert got["outcome"] == "timeout" and float(got["wall"]) < 4.0, got  # type: ignore[arg-type]
+
+
+def test_long_lines_are_split_into_bounded_pieces_without_loss() -> None:
+    lines = runner._Lines(max_line=10)
+    out = lines.feed(b"abc") + lines.feed(b"defghijklmnop") + lines.feed(b"q\nshort\r\nx" + b"y" * 25)
+    out += lines.flush()
+    assert out == ["abcdefghij", "klmnopq", "short", "xyyyyyyyyy", "yyyyyyyyyy", "yyyyyy"]
+    assert all(len(s) <= 10 for s in out)
+    # a line split across many chunks arrives whole when it is short enough
+    lines = runner._Lines()
+    got = [s for ch in (b'{"a"', b": 1", b"}\n") for s in lines.feed(ch)]
+    assert got == ['{"a": 1}']

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+from almaboard import text as T
 
-from alma.cli.output import emit_json, is_tty
-from alma.errors import UserError
+from alma.cli.output import is_tty
+from alma.errors import AlmaError, Interrupted, UserError
 
 FLEET_OPT = click.option(
     "--fleet",
@@ -18,6 +19,37 @@ FLEET_OPT = click.option(
     default=None,
     help="Fleet file (TOML). Default: $ALMA_FLEET or ~/.config/alma/fleet.toml.",
 )
+UNKNOWN_EXIT = 3  # Nagios UNKNOWN: the plugin could not judge
+
+
+class PluginCommand(click.Command):
+    """A monitoring plugin (plugin guidelines): a usage or configuration error, unknown
+    options included, is UNKNOWN (3), never CRITICAL (2), with the error on stderr (and,
+    with --nagios, one UNKNOWN status line on stdout where the monitoring system reads it)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_nagios = "--nagios" in args  # before parsing: click consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            exc.exit_code = UNKNOWN_EXIT  # type: ignore[misc]  # click reads it per instance
+            if wants_nagios:
+                click.echo(f"FLEET UNKNOWN - {T.nagios_text(exc.format_message())}")
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AlmaError as exc:
+            if not isinstance(exc, Interrupted):
+                exc.exit_code = UNKNOWN_EXIT
+                if ctx.params.get("nagios"):
+                    click.echo(f"FLEET UNKNOWN - {T.nagios_text(exc.message)}")
+            raise
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(T.dumps(data, indent=2, sort_keys=True))  # strict JSON, ASCII escapes only
 
 
 @click.group()
@@ -26,10 +58,11 @@ def fleet() -> None:
 
 
 @fleet.command(
+    cls=PluginCommand,
     epilog="Exit codes (Nagios): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, the worst node with "
-    "ordering OK < UNKNOWN < WARNING < CRITICAL (unreachable, timed-out, unparsable or stale nodes "
-    "are UNKNOWN). A bad fleet file or option also exits 2 (with an error on stderr and no table); "
-    "130 interrupted."
+    "ordering OK < UNKNOWN < WARNING < CRITICAL (unreachable, timed-out, over-limit, unparsable or "
+    "stale nodes are UNKNOWN). A usage or configuration error (bad fleet file, unknown option, "
+    "no ssh) is UNKNOWN too: exit 3 with the error on stderr and no table; 130 interrupted.",
 )
 @FLEET_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
@@ -41,16 +74,25 @@ def fleet() -> None:
     default=None,
     help="Where to save the snapshot for `alma panel`. Default: ~/.local/state/alma/fleet-health.json.",
 )
-@click.option("--no-save", is_flag=True, help="Do not save the snapshot.")
+@click.option(
+    "--history",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="SQLite history this run is appended to (uptime and incidents on the status page). "
+    "Default: fleet-history.sqlite beside the snapshot.",
+)
+@click.option("--no-save", is_flag=True, help="Save neither the snapshot nor the history.")
 def health(
-    fleet_path: Path | None, as_json: bool, nagios: bool, timeout: float | None, snapshot: Path | None, no_save: bool
-) -> None:
+    fleet_path: Path | None, as_json: bool, nagios: bool, timeout: float | None, snapshot: Path | None,
+    history: Path | None, no_save: bool,
+) -> None:  # fmt: skip
     """Run `alma-health --json` on every node in parallel and show node x check.
 
     Desktop nodes also get the lab rule `no-local-ai`: any GPU compute process or known
     model server running there is CRITICAL, with the process named.
     """
     from alma.fleet import health as H
+    from alma.fleet import history as Hist
     from alma.fleet import table
     from alma.fleet.inventory import load_fleet
 
@@ -71,11 +113,21 @@ def health(
         report = H.run_fleet_health(fl, timeout=timeout)
 
     if not no_save:
-        H.save_snapshot(report, snapshot or H.default_snapshot_path())
+        # The verdict stands whatever the disk does: a full or read-only state directory is a
+        # warning, never a traceback (exit 1 would read as WARNING to a monitoring system).
+        snap = snapshot or H.default_snapshot_path()
+        try:
+            H.save_snapshot(report, snap)
+        except OSError as exc:
+            click.echo(f"warning: snapshot not saved: {snap}: {exc.strerror or exc}", err=True)
+        try:
+            Hist.append(history or Hist.default_history_path(snap), report)
+        except AlmaError as exc:
+            click.echo(f"warning: history not updated: {exc.message}", err=True)
     if nagios:
         click.echo(H.nagios_line(report))
     elif as_json:
-        emit_json(report.to_dict())
+        _echo_json(report.to_dict())
     elif is_tty():
         from alma.cli.output import console
 
@@ -121,7 +173,7 @@ def inspect(
         )
     started, results = I.collect(fl, targets, timeout=timeout)
     text = (
-        json.dumps(I.to_json(started, results), indent=2, sort_keys=True) + "\n"
+        T.dumps(I.to_json(started, results), indent=2, sort_keys=True) + "\n"
         if as_json
         else (I.to_markdown(started, results))
     )

@@ -9,15 +9,15 @@ import click
 
 @click.command(
     epilog="Exit codes: 0 page written (or server stopped with Ctrl-C), 2 no snapshot / bad fleet "
-    "file / the page would leak an IP address or internal name (nothing written) / port in use, "
-    "130 interrupted before the server started."
+    "file / unreadable history / unwritable --out / the page would leak an IP address or internal "
+    "name (nothing written) / port in use, 130 interrupted before the server started."
 )
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("panel"),
     show_default=True,
-    help="Directory to write index.html into (atomically).",
+    help="Directory to write index.html, status.json and feed.atom into (each atomically).",
 )
 @click.option("--stale-after", type=click.FloatRange(min=1), default=None, help="Seconds; default from [panel].")
 @click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -25,20 +25,26 @@ import click
               "~/.config/alma/fleet.toml.")  # fmt: skip
 @click.option("--snapshot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Health snapshot. Default: ~/.local/state/alma/fleet-health.json.")  # fmt: skip
+@click.option("--history", "history_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Fleet history (uptime, state changes). Default: fleet-history.sqlite beside the snapshot; "
+              "without one the page shows no uptime yet.")  # fmt: skip
 @click.option("--serve", is_flag=True, help="Serve the page over HTTP and re-render it on an interval.")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="Port (0: any free).")
 @click.option("--interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds between re-renders while serving.")  # fmt: skip
 def panel(
-    out: Path, stale_after: float | None, fleet_path: Path | None, snapshot: Path | None, serve: bool, bind: str,
-    port: int, interval: float,
+    out: Path, stale_after: float | None, fleet_path: Path | None, snapshot: Path | None, history_path: Path | None,
+    serve: bool, bind: str, port: int, interval: float,
 ) -> None:  # fmt: skip
     """Render the sanitized status page from the last `alma fleet health` snapshot.
 
     Every node is green, red or grey under its public alias; the page shows the time of the
     data and turns on a staleness banner by itself (in the browser) once the data is older
-    than --stale-after, even when the page is served long after it was rendered.
+    than --stale-after (or from the future: the clocks disagree), even when the page is
+    served long after it was rendered. With the history that `alma fleet health` keeps it
+    shows uptime over 24 h / 7 d / 30 d and the last state changes; status.json and
+    feed.atom carry the same for scripts and feed readers. --serve answers GET and HEAD.
     """
     from alma.errors import UserError
     from alma.fleet import panel as P
@@ -49,7 +55,8 @@ def panel(
 
     def render() -> Path:
         fl = load_fleet(fleet_path)
-        return P.render_to(out, fl, snap_path, stale_after=stale_after, refresh_s=int(interval) if serve else None)
+        return P.render_to(out, fl, snap_path, stale_after=stale_after, refresh_s=int(interval) if serve else None,
+                           history_path=history_path)  # fmt: skip
 
     page = render()
     click.echo(f"wrote {page}", err=True)
@@ -57,7 +64,9 @@ def panel(
         return
 
     def on_error(exc: Exception) -> None:
-        click.echo(f"re-render failed, still serving the previous page: {exc}", err=True)
+        from almaboard import text
+
+        click.echo(f"re-render failed, still serving the previous page: {text.terminal(exc)}", err=True)
 
     try:
         P.serve(out, bind, port, interval, render, on_error, ready=lambda url: click.echo(f"serving {url}", err=True))

@@ -1,14 +1,17 @@
 """Fleet-wide health: run ``alma-health --json`` on every node in parallel and aggregate.
 
-A node that cannot be reached, does not answer in time, answers with something that is not
-an ``alma.health/1`` report, or answers with a report older than ``stale_after`` is
-UNKNOWN, never OK. The fleet's status is the worst node status (OK < UNKNOWN < WARNING <
-CRITICAL) and is the exit code of ``alma fleet health``.
+A node that cannot be reached, does not answer in time, prints more than the output cap,
+answers with anything but exactly one ``alma.health/1`` report with at least one check
+(text before or after it, a second report, NaN/Infinity), or answers with a report older
+than ``stale_after`` is UNKNOWN, never OK, and the summary says why. The fleet's status is
+the worst node status (OK < UNKNOWN < WARNING < CRITICAL) and is the exit code of
+``alma fleet health``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -18,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from almaboard import text as T
 
 from alma import runner
 from alma.errors import ConfigError, Interrupted
@@ -115,31 +120,53 @@ class FleetReport:
         }
 
 
-def extract_json(text: str) -> Any:
-    """The JSON object in ``text``: ssh merges the remote stderr, so skip lines before it."""
-    decoder = json.JSONDecoder()
+class ReportError(ValueError):
+    """The node's output is not exactly one strict-JSON report; the message says why."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ReportError(f"not strict JSON: {name} is not a number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def extract_report(text: str) -> Any:
+    """The ONE JSON document that is the node's whole stdout (stderr arrives apart).
+
+    Anything before it, after it, or a second document makes the output untrustworthy: a
+    command that prints a forged "all OK" report before the real one must not win.
+    """
     stripped = text.strip()
+    if not stripped:
+        raise ReportError("empty output (no report)")
     try:
-        return json.loads(stripped)
+        obj, end = _DECODER.raw_decode(stripped)
+    except RecursionError:  # "[[[[..." a megabyte deep must not crash the whole fleet run
+        raise ReportError("unparsable health output: JSON nested too deeply") from None
     except json.JSONDecodeError:
-        pass
-    offset = 0
-    for line in text.splitlines(keepends=True):
-        if line.lstrip().startswith("{"):
-            try:
-                obj, _ = decoder.raw_decode(text, offset + (len(line) - len(line.lstrip())))
-                return obj
-            except json.JSONDecodeError:
-                pass
-        offset += len(line)
-    raise ValueError("no JSON object in the output")
+        first = next((ln.strip() for ln in stripped.splitlines() if ln.strip()), "")
+        raise ReportError(f"unparsable health output: {first[:200]}") from None
+    rest = stripped[end:].lstrip()
+    if rest:
+        try:
+            _DECODER.raw_decode(rest)
+        except (json.JSONDecodeError, ReportError, RecursionError):
+            raise ReportError(f"trailing output after the report: {rest.splitlines()[0][:80]!r}") from None
+        raise ReportError("two reports in the output (only exactly one is trusted)")
+    return obj
 
 
 def _float(v: Any) -> float | None:
+    """A perfdata number; None when absent, or when it is no finite float (1e400, 10**400)."""
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, int | float):
-        return float(v)
+        try:
+            f = float(v)
+        except OverflowError:
+            return None
+        return f if math.isfinite(f) else None
     raise ValueError(f"not a number: {v!r}")
 
 
@@ -157,10 +184,9 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
         return NodeResult(node.name, node.role, node.alias, Severity.UNKNOWN, why, duration_s=duration_s)
 
     try:
-        data = extract_json(text)
-    except ValueError:
-        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "empty output")
-        return unknown(f"unparsable health output: {first[:200]}")
+        data = extract_report(text)
+    except ReportError as exc:
+        return unknown(str(exc))
     if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         return unknown(f"not an {REPORT_SCHEMA} report (schema {got!r})")
@@ -168,7 +194,12 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
         reported = Severity.parse(data.get("status"))
         t = parse_utc(data.get("time"))
         checks = []
-        for raw in data.get("checks") or []:
+        raw_checks = data.get("checks")
+        if not isinstance(raw_checks, list):
+            raise ValueError("no checks list")
+        for raw in raw_checks:
+            if not isinstance(raw.get("name"), str) or not isinstance(raw.get("summary", ""), str):
+                raise ValueError("a check's name and summary must be strings")
             perf = [
                 Perf(
                     label=str(p["label"]),
@@ -185,6 +216,12 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
             checks.append(Check(str(raw["name"]), Severity.parse(raw.get("status")), str(raw.get("summary", "")), perf))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return unknown(f"malformed {REPORT_SCHEMA} report: {exc}")
+    if not checks:
+        return unknown("report with no checks: nothing was verified")
+    names = [c.name for c in checks]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return unknown(f"check(s) reported twice: {', '.join(twice)}")
 
     age = (now - t).total_seconds()
     result = NodeResult(
@@ -253,7 +290,8 @@ def run_fleet_health(
     lock = threading.Lock()
 
     def call(node: Node, command: str) -> RemoteResult:
-        res: RemoteResult = remote(node, command, fleet.ssh, timeout=per_node, cancel=cancel)
+        res: RemoteResult = remote(node, command, fleet.ssh, timeout=per_node, cancel=cancel,
+                                   max_output=fleet.max_output)  # fmt: skip
         if on_done:
             with lock:
                 on_done(node.name)
@@ -287,31 +325,11 @@ def run_fleet_health(
 
 # ---- Nagios output -----------------------------------------------------------------------
 
-# UOMs the monitoring-plugins guidelines define; anything else is dropped (value kept).
-NAGIOS_UOMS = {"", "s", "ms", "us", "%", "B", "KB", "MB", "TB", "c"}
-
-
-def _num(v: float | None) -> str:
-    if v is None:
-        return ""
-    if float(v).is_integer():
-        return str(int(v))
-    return f"{v:.6f}".rstrip("0").rstrip(".")
-
 
 def perf_item(label: str, value: float | None, uom: str = "", warn: float | None = None, crit: float | None = None,
-              lo: float | None = None, hi: float | None = None, low: bool = False) -> str:  # fmt: skip
-    """``'label'=value[UOM];warn;crit;min;max`` (labels may not contain ' or =).
-
-    Lower-bound thresholds use the plugin guidelines' range form ``N:`` (alert below N).
-    """
-    clean = label.replace("'", "").replace("=", "_")
-    unit = uom if uom in NAGIOS_UOMS else ""
-    val = "U" if value is None else _num(value)  # "U": value could not be determined
-    rng = ":" if low else ""
-    w = _num(warn) + rng if warn is not None else ""
-    c = _num(crit) + rng if crit is not None else ""
-    return f"'{clean}'={val}{unit if value is not None else ''};{w};{c};{_num(lo)};{_num(hi)}"
+              lo: float | None = None, hi: float | None = None, low: bool = False) -> str | None:  # fmt: skip
+    """One perfdata item through the board library's one sanitizer (None: no sane value)."""
+    return T.perf_item(label, value, uom, warn, crit, lo, hi, low=low)
 
 
 def nagios_line(report: FleetReport) -> str:
@@ -325,31 +343,37 @@ def nagios_line(report: FleetReport) -> str:
     bad = sorted((n for n in report.nodes if n.status is not Severity.OK), key=lambda n: -n.status.rank)
     if bad:
         text += "; " + "; ".join(f"{n.name} {n.status.name}: {n.summary}" for n in bad)
-    text = text.replace("|", "/").replace("\n", " ")  # '|' would start perfdata
-    perf = [perf_item(f"nodes_{s.name.lower()}", counts[s], lo=0, hi=total) for s in Severity]
+    items = [perf_item(f"nodes_{s.name.lower()}", counts[s], lo=0, hi=total) for s in Severity]
     for n in report.nodes:
-        perf.append(perf_item(f"{n.name}_response", round(n.duration_s, 3), "s", lo=0))
+        items.append(perf_item(f"{n.name}_response", round(n.duration_s, 3), "s", lo=0))
         for c in n.checks:
             for p in c.perfdata:
-                perf.append(perf_item(f"{n.name}_{p.label}", p.value, p.uom, p.warn, p.crit, p.min, p.max, p.low))
-    return f"{text} | {' '.join(perf)}"
+                items.append(perf_item(f"{n.name}_{p.label}", p.value, p.uom, p.warn, p.crit, p.min, p.max, p.low))
+    perf = " ".join(i for i in items if i is not None)
+    # nagios_text: one line, no '|' (it would start perfdata), no terminal escapes.
+    return f"{T.nagios_text(text)} | {perf}"
 
 
 # ---- snapshot ----------------------------------------------------------------------------
 
 
+def to_json(report: FleetReport) -> str:
+    """The snapshot as strict JSON (finite numbers only: Node's JSON.parse must read it)."""
+    return T.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
 def save_snapshot(report: FleetReport, path: Path) -> None:
-    write_atomic(path, json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, to_json(report))
 
 
 def load_snapshot(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = T.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(
             f"no fleet health snapshot at {path}", hint="run `alma fleet health` first (it saves the snapshot)"
         ) from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, NaN/Infinity, bad UTF-8
         raise ConfigError(f"cannot read snapshot {path}: {exc}", hint="run `alma fleet health` again") from exc
     if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA or not isinstance(data.get("nodes"), list):
         raise ConfigError(f"{path} is not an {SNAPSHOT_SCHEMA} snapshot", hint="run `alma fleet health` again")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from almaboard import text as T
+
 from alma import runner
 from alma.errors import Interrupted
 from alma.fleet import parsers as P
@@ -90,7 +92,7 @@ def _send(node: Node, command: str, fleet: Fleet, timeout: float, cancel: runner
           remote: Callable[..., RemoteResult]) -> RemoteResult:  # fmt: skip
     if command not in ALLOWED_COMMANDS:
         raise NotAllowed(f"refusing to send {command!r}: not in the read-only allow-list")
-    res: RemoteResult = remote(node, command, fleet.ssh, timeout=timeout, cancel=cancel)
+    res: RemoteResult = remote(node, command, fleet.ssh, timeout=timeout, cancel=cancel, max_output=fleet.max_output)
     return res
 
 
@@ -295,7 +297,8 @@ def to_json(started: str, nodes: list[NodeInspection]) -> dict[str, Any]:
 
 
 def _cell(v: Any) -> str:
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    """Node text in a Markdown table cell: no terminal escapes (one sanitizer), no '|'."""
+    return T.terminal(v).replace("|", "\\|")
 
 
 def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
@@ -379,4 +382,4 @@ def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
                 lines += [f"- `{x['command']}`: " + "; ".join(f"`{_cell(ln)}`" for ln in x["lines"][:5])]
             lines.append("")
     lines += ["## Commands sent (read-only allow-list)", ""] + [f"- `{c}`" for c in ALLOWED_COMMANDS] + [""]
-    return "\n".join(lines)
+    return T.terminal("\n".join(lines), keep_newline=True)  # the last line of defence

@@ -10,6 +10,7 @@ A TOML file (default ``~/.config/alma/fleet.toml``, or ``$ALMA_FLEET``)::
     [health]
     timeout = 20          # per node, seconds
     stale_after = 300     # a report older than this is UNKNOWN
+    max_output = "1MiB"   # what one node may print per call; over it: UNKNOWN
     command = "alma-health --json"
 
     [panel]
@@ -112,6 +113,7 @@ class Fleet:
     timeout: float = 20.0
     stale_after: float = 300.0
     panel: PanelConfig = field(default_factory=PanelConfig)
+    max_output: int = 1 << 20  # bytes one call may print (stdout + stderr)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -354,7 +356,16 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         timeout=_num(health, "timeout", 20.0, src, "[health]"),
         stale_after=_num(health, "stale_after", 300.0, src, "[health]"),
         panel=_parse_panel(data.get("panel"), src),
+        max_output=_max_output(health, src),
     )
+
+
+def _max_output(health: dict[str, Any], src: _Source) -> int:
+    size = parse_size(health.get("max_output", Fleet.max_output), f"{src.path}: [health] max_output")
+    if not 1024 <= size <= 1 << 30:
+        raise src.error(None, "[health] max_output must be between 1KiB and 1GiB",
+                        hint='e.g. max_output = "1MiB" (the default)')  # fmt: skip
+    return size
 
 
 def load_fleet(path: Path | None = None) -> Fleet:

@@ -1,11 +1,18 @@
 """The public status panel: a static, sanitized page rendered from the last health snapshot.
 
-Honesty rules (docs/fleet.md): every node green, red or grey; the time of the data on the
-page; a staleness banner decided IN THE PAGE from the embedded data time (so a page served
-long after it was rendered still warns), and also at render time for readers without JS;
-published figures exactly as configured. Privacy: nodes appear only under their configured
-public alias (else "Node N"); no check summaries (they name interfaces and peers); a final
-scan refuses to write a page containing an IP address or an internal name (fail closed).
+Honesty rules (docs/fleet.md): every node green, red or grey (a node that reported no
+check is grey, never green); the time of the data on the page; a staleness banner decided IN
+THE PAGE from the embedded data time (so a page served long after it was rendered still
+warns), and also at render time for readers without JS; data from the future beyond a small
+clock-skew allowance is stale too ("the clocks disagree"); published figures exactly as
+configured. Privacy: nodes appear only under their configured public alias (else "Node N"),
+each isolated in ``<bdi>`` with its control/format characters made visible (the one
+sanitizer); column headers only from the project's fixed check names, never from a report;
+no check summaries (they name interfaces and peers); a final scan refuses to write a page,
+status.json or feed containing an IP address (in any numeric spelling) or an internal name.
+
+Three files are written (atomically, each): ``index.html``, ``status.json`` (current state
+for scripts and badges, docs/formats.md) and ``feed.atom`` (state changes from the history).
 """
 
 from __future__ import annotations
@@ -19,26 +26,54 @@ import ipaddress
 import re
 import socket
 import threading
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from almaboard import text as T
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from alma.errors import ConfigError, UserError
 from alma.fleet.desktop import CHECK_NAME as DESKTOP_CHECK
 from alma.fleet.health import KNOWN_CHECKS
+from alma.fleet.history import WINDOWS, History
 from alma.fleet.inventory import ROLES, Fleet
 from alma.fleet.severity import Severity, worst
 from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 
 PAGE = "index.html"
-_CHECK_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+STATUS = "status.json"
+FEED = "feed.atom"
+FILES = {PAGE: "text/html; charset=utf-8", STATUS: "application/json", FEED: "application/atom+xml"}
+STATUS_SCHEMA = "alma.status/1"
+_STATUS_KEYS = ("schema", "alma.status", "generated_at", "data_time", "stale_after_s", "stale", "stale_reason",
+                "status", "last_known_status", "nodes", "alias", "role", "checks", "name", "uptime_percent",
+                "figures", "label", "value", "unit", "old", "future", "feed", "entry", "title", "updated",
+                "link", "href", "rel", "alternate", "author", "summary", "urn", "alma-os", "change")  # fmt: skip
+# Data this far in the future of the reader's clock is still "now" (NTP-level skew);
+# beyond it the clocks disagree and the page cannot vouch for the data's age: stale.
+CLOCK_SKEW_S = 60
+# The only column headers the page may show: the project's own check names.
+PUBLIC_CHECKS = (*KNOWN_CHECKS, DESKTOP_CHECK)
+# What each check means, in plain words, for a reader who is not an operator.
+CHECK_HELP = {
+    "storm": "Network storm: is the board being flooded with broadcast or multicast traffic?",
+    "memory": "Memory: is there enough free memory (shared by CPU and GPU) and little memory pressure?",
+    "gpu": "GPU: has the graphics processor reported driver errors or faults?",
+    "thermal": "Temperature: is the board running cool enough, and is its thermal guard not having to slow work down?",
+    "links": "Network links: are the expected network cables connected and running at full speed?",
+    "watchdog": "Watchdog: is the hardware watchdog that restarts a hung board armed?",
+    "disk": "Disk: is there enough free storage space?",
+    DESKTOP_CHECK: "No local AI: the desktop that watches the fleet must not run AI training or models itself.",
+}
 # A sentence may end right after an address ("down at 10.0.0.1."): only a digit, or a dot
-# followed by a digit, continues a number.
-_IPV4_CAND = re.compile(r"(?<!\d)(?<!\d\.)\d{1,3}(?:\.\d{1,3}){3}(?!\d|\.\d)")
+# followed by a digit, continues a number. Parts may be written with leading zeros, in
+# octal (0377) or hex (0xff): inet_aton reads all of them as addresses, so the scan does.
+_PART = r"(?:0[xX][0-9a-fA-F]{1,8}|\d{1,12})"
+_IPV4_CAND = re.compile(rf"(?<![\w.])(?<!\d\.){_PART}(?:\.{_PART}){{3}}(?![\w]|\.\d)")
 _IPV6_CAND = re.compile(r"(?<![0-9A-Za-z:])[0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*(?![0-9A-Za-z:])")
 CSS_CLASS = {
     Severity.OK: "st-ok",
@@ -52,15 +87,25 @@ class LeakError(UserError):
     """The page would publish something private; nothing was written."""
 
 
+def _octet(part: str) -> bool:
+    """Could ``part`` be one byte of an address, read as decimal, octal or hex?"""
+    if part[:2].lower() == "0x":
+        return int(part, 16) <= 255
+    values = [int(part, 10)]
+    if len(part) > 1 and part.startswith("0") and all(c in "01234567" for c in part):
+        values.append(int(part, 8))
+    return any(v <= 255 for v in values)
+
+
 def find_ips(text: str) -> list[str]:
-    """IPv4 and IPv6 addresses in ``text`` (candidates validated by ``ipaddress``)."""
+    """IPv4 and IPv6 addresses in ``text`` (candidates validated by ``ipaddress``).
+
+    IPv4 numbers are normalised first: ``010.020.030.040`` and ``0x0a.0.0.1`` are addresses.
+    """
     found = []
     for m in _IPV4_CAND.finditer(text):
-        try:
-            ipaddress.IPv4Address(m.group(0))
+        if all(_octet(p) for p in m.group(0).split(".")):
             found.append(m.group(0))
-        except ValueError:
-            pass
     for m in _IPV6_CAND.finditer(text):
         cand = m.group(0).rstrip(".")
         try:
@@ -101,8 +146,10 @@ def private_names(fleet: Fleet, snapshot: dict[str, Any]) -> set[str]:
 def _page_vocabulary() -> set[str]:
     env = _env()
     assert env.loader is not None
-    words: set[str] = {r.lower() for r in ROLES} | {c.lower() for c in KNOWN_CHECKS} | {DESKTOP_CHECK}
+    words: set[str] = {r.lower() for r in ROLES} | {c.lower() for c in PUBLIC_CHECKS}
     words |= {s.name.lower() for s in Severity}
+    words |= {w.lower() for t in CHECK_HELP.values() for w in re.findall(r"[A-Za-z][\w.-]*", t)}
+    words |= set(_STATUS_KEYS)  # status.json's and feed.atom's own words
     for name in ("panel.html.j2", "panel.css", "panel.js.j2"):
         src, _, _ = env.loader.get_source(env, name)
         words |= {w.lower() for w in re.findall(r"[A-Za-z][\w.-]*", src)}
@@ -131,35 +178,47 @@ class Row:
     status: str
     css: str
     cells: list[Cell]
+    name: str = ""  # internal: joins the history; never rendered
+    uptime: dict[str, str] | None = None  # window -> "99.5 %" / "no data"
+    uptime_raw: dict[str, float | None] | None = None
 
 
-def build_view(fleet: Fleet, snapshot: dict[str, Any]) -> dict[str, Any]:
+def _checks_of(n: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = n.get("checks")
+    return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+
+
+def _uptime_words(v: float | None) -> str:
+    return "no data" if v is None else f"{v:.2f} %".replace(".00 %", " %")
+
+
+def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None = None) -> dict[str, Any]:
     """Everything the template shows, already reduced to public data."""
     by_name = {n.name: n for n in fleet.nodes}
     raw_nodes = [n for n in snapshot["nodes"] if isinstance(n, dict)]
-    checks = [c for c in KNOWN_CHECKS if any(ch.get("name") == c for n in raw_nodes for ch in n.get("checks", []))]
-    for n in raw_nodes:
-        for ch in n.get("checks", []):
-            name = ch.get("name")
-            if isinstance(name, str) and _CHECK_NAME_RE.match(name) and name not in checks:
-                checks.append(name)
+    # Only the project's own check names may become headers: a report's names are not public.
+    checks = [c for c in PUBLIC_CHECKS if any(ch.get("name") == c for n in raw_nodes for ch in _checks_of(n))]
     rows = []
     statuses = []
     for i, n in enumerate(raw_nodes, start=1):
         cfg = by_name.get(str(n.get("name")))
-        label = cfg.alias if cfg and cfg.alias else f"Node {i}"
+        label = T.html_text(cfg.alias) if cfg and cfg.alias else f"Node {i}"
         try:
             st = Severity.parse(n.get("status"))
         except ValueError:
             st = Severity.UNKNOWN
-        statuses.append(st)
         got = {}
-        for ch in n.get("checks", []):
+        for ch in _checks_of(n):
             try:
                 got[ch.get("name")] = Severity.parse(ch.get("status"))
             except ValueError:
                 got[ch.get("name")] = Severity.UNKNOWN
+        if not any(name in got for name in PUBLIC_CHECKS):
+            st = Severity.UNKNOWN  # nothing verified is not OK: grey, never green
+        statuses.append(st)
         role = cfg.role if cfg else str(n.get("role", "node"))
+        if role not in ROLES:
+            role = "node"
         cells = []
         for c in checks:
             if c in got:
@@ -168,9 +227,28 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any]) -> dict[str, Any]:
                 cells.append(Cell(c, "n/a", "st-na"))  # the lab rule applies to desktops only
             else:
                 cells.append(Cell(c, "not reported", "st-unknown"))
-        rows.append(Row(label, role, st.name, CSS_CLASS[st], cells))
+        name = str(n.get("name"))
+        h = history.nodes.get(name) if history else None
+        raw_up = dict(h.uptime) if h else dict.fromkeys(WINDOWS)
+        rows.append(Row(label, role, st.name, CSS_CLASS[st], cells, name,
+                        {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up))  # fmt: skip
     overall = worst(statuses) if statuses else Severity.UNKNOWN
-    return {"rows": rows, "checks": checks, "overall": overall.name, "overall_css": CSS_CLASS[overall]}
+    aliases = {r.name: r.label for r in rows}
+    changes = []
+    for c in history.changes[:20] if history else []:
+        if c.node in aliases:  # a node no longer in the snapshot has no public name
+            changes.append({"alias": aliases[c.node], "time": c.time, "before": c.before, "after": c.after,
+                            "css": CSS_CLASS[Severity.parse(c.after)]})  # fmt: skip
+    return {
+        "rows": rows,
+        "checks": checks,
+        "check_help": [(c, CHECK_HELP[c]) for c in checks],
+        "windows": list(WINDOWS),
+        "changes": changes,
+        "runs": history.runs if history else 0,
+        "overall": overall.name,
+        "overall_css": CSS_CLASS[overall],
+    }
 
 
 def _env() -> Environment:
@@ -186,6 +264,25 @@ def _sha256(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
 
+@dataclass
+class Published:
+    """The three public files, already checked for leaks."""
+
+    html: str
+    status_json: str
+    feed: str
+
+
+def freshness(data_time: datetime, now: datetime, limit: float) -> tuple[bool, str | None, float]:
+    """(stale, why, age_s): why is "old", "future" (clocks disagree) or None."""
+    age = (now - data_time).total_seconds()
+    if age > limit or age != age:
+        return True, "old", age
+    if age < -CLOCK_SKEW_S:
+        return True, "future", age
+    return False, None, age
+
+
 def render(
     fleet: Fleet,
     snapshot: dict[str, Any],
@@ -193,16 +290,30 @@ def render(
     stale_after: float | None = None,
     now: datetime | None = None,
     refresh_s: int | None = None,
+    history: History | None = None,
 ) -> str:
     """The page's HTML; raises LeakError rather than return a page that leaks."""
+    return publish(fleet, snapshot, stale_after=stale_after, now=now, refresh_s=refresh_s, history=history).html
+
+
+def publish(
+    fleet: Fleet,
+    snapshot: dict[str, Any],
+    *,
+    stale_after: float | None = None,
+    now: datetime | None = None,
+    refresh_s: int | None = None,
+    history: History | None = None,
+) -> Published:
+    """index.html, status.json and feed.atom; raises LeakError rather than publish a leak."""
     env = _env()
     data_time = parse_utc(snapshot["time"])
     limit = float(stale_after if stale_after is not None else fleet.panel.stale_after)
     now = now or utc_now()
-    age = (now - data_time).total_seconds()
+    stale, why, age = freshness(data_time, now, limit)
     script = env.get_template("panel.js.j2").render()
     style = env.get_template("panel.css").render()
-    view = build_view(fleet, snapshot)
+    view = build_view(fleet, snapshot, history)
     html = env.get_template("panel.html.j2").render(
         title=fleet.panel.title,
         figures=fleet.panel.figures,
@@ -210,8 +321,10 @@ def render(
         data_epoch=int(data_time.timestamp()),
         rendered_iso=utc_iso(now),
         stale_after=int(limit),
+        skew=CLOCK_SKEW_S,
         stale_words=f"{limit / 60:g} min" if limit >= 120 else f"{limit:g} s",
-        stale=not (age <= limit),
+        stale=stale,
+        stale_why=why,
         age_s=int(age),
         script=script,
         style=style,
@@ -220,56 +333,143 @@ def render(
         refresh_s=refresh_s,
         **view,
     )
-    found = leaks(html, private_names(fleet, snapshot))
+    status = status_document(fleet, view, data_time=data_time, now=now, limit=limit, stale=stale, why=why)
+    feed = atom_feed(fleet, view, now=now)
+    forbidden = private_names(fleet, snapshot)
+    found = leaks(html, forbidden) + leaks(status, forbidden) + leaks(feed, forbidden)
     if found:
         raise LeakError(
-            "the panel would publish " + ", ".join(found) + "; nothing was written",
+            "the panel would publish " + ", ".join(dict.fromkeys(found)) + "; nothing was written",
             hint="give the node a public alias in the fleet file, or remove the text from [panel]",
         )
-    return html
+    return Published(html, status, feed)
 
 
-def write_panel(out_dir: Path, html: str) -> Path:
-    path = out_dir / PAGE
-    write_atomic(path, html)
-    return path
+def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, now: datetime, limit: float,
+                    stale: bool, why: str | None) -> str:  # fmt: skip
+    """status.json (docs/formats.md): current state for scripts and badges; strict JSON."""
+    doc = {
+        "schema": STATUS_SCHEMA,
+        "generated_at": utc_iso(now),
+        "data_time": utc_iso(data_time),
+        "stale_after_s": limit,
+        "stale": stale,
+        "stale_reason": why,
+        # A badge reads one field: stale data is UNKNOWN there, whatever it last said.
+        "status": "UNKNOWN" if stale else view["overall"],
+        "last_known_status": view["overall"],
+        "nodes": [
+            {
+                "alias": r.label,
+                "role": r.role,
+                "status": r.status,
+                "checks": [{"name": c.label, "status": c.status} for c in r.cells],
+                "uptime_percent": r.uptime_raw,
+            }
+            for r in view["rows"]
+        ],
+        "figures": [{"label": f.label, "value": f.value, "unit": f.unit} for f in fleet.panel.figures],
+    }
+    # Not ASCII-escaped: the leak scan must see names as written (aliases are already
+    # sanitized, check names fixed), and UTF-8 JSON is what a badge script expects.
+    return T.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+ATOM = "http://www.w3.org/2005/Atom"
+
+
+def atom_feed(fleet: Fleet, view: dict[str, Any], *, now: datetime) -> str:
+    """feed.atom: one entry per node state change (newest first), aliases only."""
+    ET.register_namespace("", ATOM)
+    feed = ET.Element(f"{{{ATOM}}}feed")
+
+    def sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+        el = ET.SubElement(parent, f"{{{ATOM}}}{tag}", attrs)
+        if text is not None:
+            el.text = T.terminal(text)  # XML 1.0 forbids most controls: made visible first
+        return el
+
+    title = T.terminal(fleet.panel.title)
+    sub(feed, "title", f"{title}: state changes")
+    sub(feed, "id", "urn:alma-os:status:" + hashlib.sha256(title.encode()).hexdigest()[:32])
+    changes = view["changes"]
+    sub(feed, "updated", changes[0]["time"] if changes else utc_iso(now))
+    sub(feed, "link", href=PAGE, rel="alternate")
+    sub(sub(feed, "author"), "name", title)
+    for c in changes:
+        entry = sub(feed, "entry")
+        words = f"{c['alias']}: {c['before']} \u2192 {c['after']}"
+        sub(entry, "title", words)
+        digest = hashlib.sha256(f"{c['alias']}|{c['time']}|{c['before']}|{c['after']}".encode()).hexdigest()[:32]
+        sub(entry, "id", f"urn:alma-os:change:{digest}")
+        sub(entry, "updated", c["time"])
+        sub(entry, "link", href=PAGE, rel="alternate")
+        sub(entry, "summary", f"{words} at {c['time']}")
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(feed, encoding="unicode") + "\n"
+
+
+def write_panel(out_dir: Path, html: str | Published) -> Path:
+    """Write the files (each atomically; the page last, so it never links a missing file)."""
+    files = {PAGE: html} if isinstance(html, str) else {STATUS: html.status_json, FEED: html.feed, PAGE: html.html}
+    for name, text in files.items():
+        try:
+            write_atomic(out_dir / name, text)
+        except OSError as exc:
+            raise UserError(f"cannot write {out_dir / name}: {exc.strerror or exc}",
+                            hint="pick a writable --out directory") from exc  # fmt: skip
+    return out_dir / PAGE
 
 
 def render_to(
     out_dir: Path, fleet: Fleet, snapshot_path: Path, *, stale_after: float | None = None,
     refresh_s: int | None = None, load: Callable[[Path], dict[str, Any]] | None = None,
+    history_path: Path | None = None, now: datetime | None = None,
 ) -> Path:  # fmt: skip
+    from alma.fleet import history as hist
     from alma.fleet.health import load_snapshot
 
     snap = (load or load_snapshot)(snapshot_path)
+    when = now or utc_now()
+    hpath = history_path or hist.default_history_path(snapshot_path)
+    limit = float(stale_after if stale_after is not None else fleet.panel.stale_after)
+    history = hist.load(hpath, when, max_gap=limit) if (history_path or hpath.exists()) else None
     try:
-        html = render(fleet, snap, stale_after=stale_after, refresh_s=refresh_s)
+        pub = publish(fleet, snap, stale_after=stale_after, refresh_s=refresh_s, history=history, now=when)
     except (KeyError, ValueError, TypeError) as exc:
         raise ConfigError(f"{snapshot_path}: malformed snapshot: {exc}", hint="run `alma fleet health` again") from exc
-    return write_panel(out_dir, html)
+    return write_panel(out_dir, pub)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves the one page, nothing else (no directory listing, no other files)."""
+    """Serves the three files, nothing else (no directory listing, no other files); GET and HEAD."""
 
-    page: Path
+    out_dir: Path
 
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/", "/" + PAGE):
+    def _answer(self, with_body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        name = PAGE if path == "/" else path.lstrip("/")
+        if name not in FILES:
             self.send_error(404)
             return
         try:
-            body = self.page.read_bytes()
+            body = (self.out_dir / name).read_bytes()
         except OSError:
             self.send_error(503, "panel not rendered yet")
             return
         self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", FILES[name])
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
-        self.wfile.write(body)
+        if with_body:
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(with_body=False)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # access logs would name client addresses; keep quiet
@@ -284,7 +484,7 @@ def serve(
 
     A failed re-render keeps the previous page (whose own banner turns stale in time).
     """
-    handler = type("PanelHandler", (_Handler,), {"page": out_dir / PAGE})
+    handler = type("PanelHandler", (_Handler,), {"out_dir": out_dir})
     httpd = http.server.ThreadingHTTPServer((bind, port), handler)
     stop = stop or threading.Event()
 

@@ -2,25 +2,40 @@
 
 The destination is handed to ``ssh`` as written in the fleet file, so ``~/.ssh/config``
 (or the fleet's ``[ssh] config`` through ``-F``) decides user, port, keys and jump hosts.
-Every call goes through ``alma.runner`` (its deadline stops ssh's whole process group), and
-a shared ``Deadline`` lets Ctrl-C stop every call in flight at once.
+Every call goes through ``alma.runner`` (its deadline stops ssh's whole process group, its
+output cap bounds what a node can make us read), and a shared ``Deadline`` lets Ctrl-C stop
+every call in flight at once.
+
+The remote side is bounded too: sshd does not stop a command when the client goes away
+(without a pty nothing sends it SIGHUP, and a command that does not write never sees the
+closed channel), so each command runs under the node's own ``timeout`` (coreutils), which
+starts it in a process group of its own and signals that whole group at the deadline
+(SIGTERM, SIGKILL ``REMOTE_KILL_AFTER_S`` later). A node without ``timeout`` runs the
+command unbounded, as before (docs/fleet.md).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from alma import runner, settings
-from alma.errors import ToolError, ToolNotFound, ToolTimeout
+from alma.errors import ToolError, ToolNotFound, ToolOutputLimit, ToolTimeout
 from alma.fleet.inventory import Node, SshConfig
 from alma.fleet.join import pinned_ssh_options
 
 # ssh's own exit code for "could not connect / authenticate / protocol error".
 SSH_FAILED = 255
+# What one call may print (stdout + stderr); over it the node is UNKNOWN "output over limit".
+MAX_OUTPUT = 1 << 20
+REMOTE_KILL_AFTER_S = 2
+# ssh exits at once on SIGTERM; do not give it the 10 s a bitbake gets.
+SSH_STOP_GRACE_S = 1.0
 
 
 @dataclass
@@ -30,7 +45,7 @@ class RemoteResult:
     returncode: int | None  # None: did not finish (timeout) or ssh could not start
     lines: list[str] = field(default_factory=list)
     duration_s: float = 0.0
-    error: str | None = None  # "timeout" | "unreachable" | "ssh-missing"; None when ssh ran
+    error: str | None = None  # "timeout" | "over-limit" | "unreachable" | "ssh-missing"; None when ssh ran
     stderr: list[str] = field(default_factory=list)  # the remote side's (and ssh's) stderr
 
     @property
@@ -45,6 +60,8 @@ class RemoteResult:
         """One line saying why the call failed (for reports)."""
         if self.error == "timeout":
             return f"no answer within {self.duration_s:.1f} s (timed out, ssh stopped)"
+        if self.error == "over-limit":
+            return f"output over limit ({self.lines[0] if self.lines else MAX_OUTPUT} bytes): ssh stopped"
         if self.error == "ssh-missing":
             return self.lines[0] if self.lines else "ssh is not installed"
         if self.error == "unreachable":
@@ -72,8 +89,23 @@ def control_dir(cfg: SshConfig) -> Path:
     return d
 
 
-def ssh_argv(node: Node, command: str, cfg: SshConfig) -> list[str]:
-    """The full argv; the remote command is ONE argument after ``--`` and the destination."""
+def remote_command(command: str, seconds: float | None) -> str:
+    """``command`` under the node's own deadline (POSIX sh; see the module docstring)."""
+    if seconds is None:
+        return command
+    inner = shlex.quote(command)
+    limit = max(1, math.ceil(seconds))
+    return (
+        f"if command -v timeout >/dev/null 2>&1; then exec timeout -k {REMOTE_KILL_AFTER_S} {limit} sh -c {inner}; "
+        f"else exec sh -c {inner}; fi"
+    )
+
+
+def ssh_argv(node: Node, command: str, cfg: SshConfig, *, remote_timeout: float | None = None) -> list[str]:
+    """The full argv; the remote command is ONE argument after ``--`` and the destination.
+
+    With ``remote_timeout`` the command is wrapped so the node stops it by itself too.
+    """
     argv = [settings.tool("ssh")]
     if cfg.config is not None:
         argv += ["-F", str(cfg.config)]
@@ -94,7 +126,7 @@ def ssh_argv(node: Node, command: str, cfg: SshConfig) -> list[str]:
             "-o", f"ControlPath={control_dir(cfg)}/%C",
             "-o", f"ControlPersist={cfg.control_persist}",
         ]  # fmt: skip
-    argv += ["--", node.ssh, command]
+    argv += ["--", node.ssh, remote_command(command, remote_timeout)]
     return argv
 
 
@@ -106,20 +138,25 @@ def run_remote(
     timeout: float,
     cancel: runner.Deadline | None = None,
     run: Callable[..., runner.Result] = runner.run,
+    max_output: int = MAX_OUTPUT,
 ) -> RemoteResult:
     """Run ``command`` on ``node``; never raises for remote failures, returns what happened.
 
     ``cancel`` is a Deadline shared by all calls of one fleet run: resetting it to 0 stops
-    everything in flight (Ctrl-C). Each call still gets its own ``timeout``.
+    everything in flight (Ctrl-C). Each call still gets its own ``timeout``, here and (as
+    the remote command's own deadline) on the node, and may print at most ``max_output``.
     """
-    argv = ssh_argv(node, command, cfg)
+    argv = ssh_argv(node, command, cfg, remote_timeout=timeout)
     deadline = runner.Deadline(timeout, phase=f"{node.name}: {command}")
     if cancel is not None:
         deadline = _Linked(deadline, cancel)
     started = time.monotonic()
     try:
         # Remote stderr apart: ssh would otherwise splice it byte-wise into the output we parse.
-        res = run(argv, timeout=deadline, check=False, keep_lines=True, what=f"ssh {node.name}", stderr="separate")
+        res = run(argv, timeout=deadline, check=False, keep_lines=True, what=f"ssh {node.name}", stderr="separate",
+                  max_output=max_output, stop_grace=SSH_STOP_GRACE_S)  # fmt: skip
+    except ToolOutputLimit:
+        return RemoteResult(node.name, command, None, [str(max_output)], time.monotonic() - started, error="over-limit")
     except ToolTimeout:
         return RemoteResult(node.name, command, None, [], time.monotonic() - started, error="timeout")
     except ToolNotFound as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from almaboard import text as T
+
 from alma.fleet.health import FleetReport
 from alma.fleet.severity import Severity
 
@@ -11,17 +13,21 @@ MISSING = "-"  # a check this node did not report (grey)
 
 
 def rows(report: FleetReport) -> tuple[list[str], list[list[tuple[str, Severity | None]]]]:
-    """Header and rows of (text, severity) cells; severity None = not reported (grey)."""
+    """Header and rows of (text, severity) cells; severity None = not reported (grey).
+
+    Every cell passes the one sanitizer: check names and summaries come from the nodes.
+    """
     checks = report.check_names()
-    header = ["node", "role", "status", *checks, "summary"]
+    header = [T.terminal(h) for h in ("node", "role", "status", *checks, "summary")]
     out = []
     for n in report.nodes:
         by_name = {c.name: c for c in n.checks}
-        cells: list[tuple[str, Severity | None]] = [(n.name, None), (n.role, None), (n.status.name, n.status)]
+        cells: list[tuple[str, Severity | None]] = [(T.terminal(n.name), None), (n.role, None)]
+        cells.append((n.status.name, n.status))
         for name in checks:
             c = by_name.get(name)
             cells.append((c.status.name, c.status) if c else (MISSING, None))
-        cells.append((n.summary, None))
+        cells.append((T.terminal(n.summary), None))
         out.append(cells)
     return header, out
 
@@ -35,7 +41,7 @@ def plain(report: FleetReport) -> str:
         cols = [r[i].ljust(widths[i]) for i in range(len(widths))]
         lines.append("  ".join([*cols, r[-1]]).rstrip())
     lines.append(f"fleet: {report.status.name} (exit {report.exit_code}) at {report.time}")
-    return "\n".join(lines)
+    return "\n".join(lines)  # every cell was sanitized in rows()
 
 
 def rich_table(report: FleetReport) -> object:

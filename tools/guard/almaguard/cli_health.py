@@ -9,11 +9,12 @@ configuration error is UNKNOWN (3) too, as monitoring plugins do.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from almaboard import text
 
 from . import __version__
 from .errors import GuardError
@@ -25,7 +26,9 @@ from .paths import from_root
 EPILOG = f"""checks: {", ".join(CHECK_NAMES)}
 
 exit codes (Nagios): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN; the worst check wins with
-the ordering OK < UNKNOWN < WARNING < CRITICAL. Usage/config errors exit 3.
+the ordering OK < UNKNOWN < WARNING < CRITICAL. Usage and configuration errors
+(unknown options included) exit 3 UNKNOWN, with the error on stderr (and the
+UNKNOWN line on stdout, where a monitoring system reads it).
 It takes no action: it reports.
 """
 
@@ -64,17 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         rep = report(checks, hostname(paths), now)
     except GuardError as exc:
         msg = exc.message + (f" (try: {exc.hint})" if exc.hint else "")
+        print(f"alma-health: error: {text.terminal(msg)}", file=sys.stderr)
         if args.json:
             err = {"schema": "alma.health/1", "node": None, "time": iso(), "status": UNKNOWN, "code": 3}
-            print(json.dumps({**err, "error": msg, "checks": []}))
+            print(text.dumps({**err, "error": msg, "checks": []}))
         else:
-            print(f"ALMA-HEALTH UNKNOWN - {msg}")
+            print(f"ALMA-HEALTH UNKNOWN - {text.nagios_text(msg)}")
         return CODES[UNKNOWN]
     except KeyboardInterrupt:
         return 130
     try:
         if args.json:
-            print(json.dumps(rep, indent=1))
+            print(text.dumps(rep, indent=1))  # strict JSON: a NaN reading is null
         else:
             print(status_line(checks))
         sys.stdout.flush()

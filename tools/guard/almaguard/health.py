@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import kmsg, thermal
-from .config import load_guard_config, load_toml_layers
+from .config import load_toml_layers
 from .errors import GuardError
 from .fsutil import boot_id, iso, parse_iso, read_int, read_json, read_text, write_json
 from .nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
@@ -139,15 +139,12 @@ def check_storm(ctx: Context) -> Check:
         mc_l = mc_s if mc_l is None else mc_l
         rx_s = rx_s or 0.0
         rx_l = rx_s if rx_l is None else rx_l
-        st = OK
-        note = ""
-        if mc_s >= float(c["mcast_crit"]):
-            st, note = CRITICAL, " STORM"
-        elif mc_s >= float(c["mcast_warn"]):
-            st, note = WARNING, " high"
-        elif mc_s >= float(c["mcast_surge_floor"]) and mc_s >= float(c["surge_ratio"]) * max(mc_l, 1.0):
+        rate = Perf(f"{name}_mcast_rate", round(mc_s, 1), "", float(c["mcast_warn"]), float(c["mcast_crit"]), 0)
+        st = rate.state()  # the thresholds published are the ones applied
+        note = {CRITICAL: " STORM", WARNING: " high"}.get(st, "")
+        if st == OK and mc_s >= float(c["mcast_surge_floor"]) and mc_s >= float(c["surge_ratio"]) * max(mc_l, 1.0):
             st, note = WARNING, " surge"
-        elif rx_s >= float(c["rx_surge_floor"]) and rx_s >= float(c["surge_ratio"]) * max(rx_l, 1.0):
+        elif st == OK and rx_s >= float(c["rx_surge_floor"]) and rx_s >= float(c["surge_ratio"]) * max(rx_l, 1.0):
             st, note = WARNING, " rx surge"
         states.append(st)
         if st != OK or len(now_counters) <= 4:
@@ -155,7 +152,7 @@ def check_storm(ctx: Context) -> Check:
                 f"{name} multicast {mc_s:.0f}/s (short) {mc_l:.0f}/s (long), rx {rx_s:.0f}/s (short) {rx_l:.0f}/s"
                 f" (long){note}"
             )
-        perf.append(Perf(f"{name}_mcast_rate", round(mc_s, 1), "", float(c["mcast_warn"]), float(c["mcast_crit"]), 0))
+        perf.append(rate)
         perf.append(Perf(f"{name}_rx_rate", round(rx_s, 1), "", None, None, 0))
     status = worst(states) if states else OK
     if not parts:
@@ -197,26 +194,21 @@ def check_memory(ctx: Context) -> Check:
         return Check("memory", UNKNOWN, f"cannot read MemTotal/MemAvailable from {ctx.paths('/proc/meminfo')}")
     pct = 100.0 * mem["MemAvailable"] / max(mem["MemTotal"], 1)
     avail_mib = mem["MemAvailable"] / 1024
-    st = OK
-    if pct < float(c["avail_crit_pct"]):
-        st = CRITICAL
-    elif pct < float(c["avail_warn_pct"]):
-        st = WARNING
+    avail = _free_pct_perf("mem_available_pct", pct, c["avail_warn_pct"], c["avail_crit_pct"])
+    st = avail.state()
     # CPU and GPU share this pool on Orin: MemAvailable is the capacity, no "GPU free" figure.
     parts = [f"MemAvailable {avail_mib:.0f} MiB ({pct:.1f}% of {mem['MemTotal'] / 1024:.0f} MiB, shared CPU+GPU)"]
-    perf = [_free_pct_perf("mem_available_pct", pct, c["avail_warn_pct"], c["avail_crit_pct"])]
+    perf = [avail]
     psi = _psi(ctx.paths("/proc/pressure/memory"))
     if psi is None:
         parts.append("PSI not available")
     else:
         some, full = psi.get("some", 0.0), psi.get("full", 0.0)
-        if full >= float(c["psi_full_crit"]):
-            st = worst([st, CRITICAL])
-        elif some >= float(c["psi_some_warn"]):
-            st = worst([st, WARNING])
+        p_some = Perf("psi_some_avg10", some, "%", float(c["psi_some_warn"]), None, 0, 100)
+        p_full = Perf("psi_full_avg10", full, "%", None, float(c["psi_full_crit"]), 0, 100)
+        st = worst([st, p_some.state(), p_full.state()])
         parts.append(f"PSI some {some:.1f}% full {full:.1f}% (avg10)")
-        perf.append(Perf("psi_some_avg10", some, "%", float(c["psi_some_warn"]), None, 0, 100))
-        perf.append(Perf("psi_full_avg10", full, "%", None, float(c["psi_full_crit"]), 0, 100))
+        perf += [p_some, p_full]
     return Check("memory", st, ", ".join(parts), perf)
 
 
@@ -258,7 +250,8 @@ def check_gpu(ctx: Context) -> Check:
             codes = ", ".join(sorted({m["xid"] for _r, m in xids}, key=int))
             parts.append(f"{len(xids)} NVRM Xid event(s) (Xid {codes}{', fatal' if fatal_hits else ''})")
         summary = f"{'; '.join(parts)} {window}"
-    perf = [Perf("gpu_nvgpu_errors", len(nvgpu), "", 1, None, 0), Perf("gpu_xid_events", len(xids), "", 1, None, 0)]
+    # Any error line or Xid warns (count above 0); a fatal Xid is CRITICAL by code, not by count.
+    perf = [Perf("gpu_nvgpu_errors", len(nvgpu), "", 0, None, 0), Perf("gpu_xid_events", len(xids), "", 0, None, 0)]
     return Check("gpu", st, summary, perf)
 
 
@@ -271,11 +264,6 @@ def check_thermal(ctx: Context) -> Check:
     reader = thermal.Reader(zones)
     temps = reader.read()
     reader.close()
-    try:
-        gcfg = load_guard_config(ctx.paths.etc_alma / "guard.toml")
-        sheds = {z.name: gcfg.thresholds(z).shed_c for z in zones}
-    except GuardError:
-        sheds = {}
     st = OK
     parts: list[str] = []
     perf: list[Perf] = []
@@ -284,12 +272,16 @@ def check_thermal(ctx: Context) -> Check:
         t = temps.get(z.name)
         if t is None:
             continue
-        perf.append(Perf(f"temp_{z.name}", round(t, 1), "", sheds.get(z.name), z.critical_trip_c, None, None))
-        crit = z.critical_trip_c
-        if crit is not None and t >= crit - float(c["crit_below_critical_trip_c"]):
+        trip = z.critical_trip_c
+        # CRITICAL this close to the trip; a temperature never WARNs by itself here (the
+        # guard's shedding does, below), so no warn threshold is published.
+        limit = None if trip is None else trip - float(c["crit_below_critical_trip_c"])
+        temp = Perf(f"temp_{z.name}", round(t, 1), "", None, limit, None, None)
+        perf.append(temp)
+        if temp.state() == CRITICAL and trip is not None:
             st = worst([st, CRITICAL])
             parts.append(
-                f"{z.name} {t:.1f} C within {c['crit_below_critical_trip_c']} C of the critical trip {crit:.1f} C"
+                f"{z.name} {t:.1f} C within {c['crit_below_critical_trip_c']} C of the critical trip {trip:.1f} C"
             )
     if readable:
         hot_n, hot_t = max(readable.items(), key=lambda kv: kv[1])
@@ -431,11 +423,11 @@ def check_disk(ctx: Context) -> Check:
         total = sv.f_blocks * sv.f_frsize
         free = sv.f_bavail * sv.f_frsize
         pct = 100.0 * free / total if total else 0.0
-        st = CRITICAL if pct < float(c["crit_pct"]) else WARNING if pct < float(c["warn_pct"]) else OK
-        states.append(st)
-        parts.append(f"{mount} {free / 2**30:.1f} GiB free ({pct:.1f}%)")
         label = "root" if mount == "/" else str(mount).strip("/").replace("/", "_")
-        perf.append(_free_pct_perf(f"disk_{label}_free_pct", pct, c["warn_pct"], c["crit_pct"]))
+        free_pct = _free_pct_perf(f"disk_{label}_free_pct", pct, c["warn_pct"], c["crit_pct"])
+        states.append(free_pct.state())
+        parts.append(f"{mount} {free / 2**30:.1f} GiB free ({pct:.1f}%)")
+        perf.append(free_pct)
     return Check("disk", worst(states) if states else OK, "; ".join(parts) or "no paths configured", perf)
 
 
