@@ -204,7 +204,7 @@ class Coordinator:
         }
 
     # -- pushes ---------------------------------------------------------------------------
-    async def on_push(self, key: str, value: bytes) -> None:
+    async def on_push(self, key: str, value: bytes, revision: int) -> None:
         parsed = protocol.parse_push_key(key)
         if parsed is None:
             self._count("bad key")
@@ -216,15 +216,27 @@ class Coordinator:
             applied = self.state["applied"].get(f"{round_no}.{worker}")
             if applied is not None and record is not None and record.get("sha256") == applied:
                 return  # a replay (restart, watcher) of a push already folded in: nothing to do
+            if await self._judged_before(round_no, worker, revision):
+                return  # a replay of a push judged before a restart: its verdict stands
             reason, weight, delta = await self._judge(round_no, worker, record, applied)
             if reason:
                 self._count(reason.split(":")[0])
                 self.log(f"round {self.state['round']}: rejected push of {worker} for round {round_no}: {reason}")
-                await self._verdict(round_no, worker, False, reason, 0.0)
+                await self._verdict(round_no, worker, False, reason, 0.0, revision)
                 return
             assert delta is not None and record is not None
             self.accepted[(worker, round_no)] = (delta, weight, record["sha256"])
-            await self._verdict(round_no, worker, True, "", weight)
+            await self._verdict(round_no, worker, True, "", weight, revision)
+
+    async def _judged_before(self, round_no: int, worker: str, revision: int) -> bool:
+        """True for a push record this coordinator (or its previous run) has judged already,
+        except an accepted one not yet applied: that one is taken into the open round again."""
+        verdict, _ = await self.store.get_json(protocol.verdict_key(round_no, worker))
+        if verdict is None or verdict.get("push_revision") != revision:
+            return False
+        open_round = int(self.state["round"])
+        in_open_round = verdict.get("in_round") == open_round  # accepted before the crash, not yet applied
+        return not (verdict.get("accepted") and in_open_round and (worker, round_no) not in self.accepted)
 
     async def _judge(
         self, round_no: int, worker: str, record: dict[str, Any] | None, applied: str | None
@@ -273,8 +285,17 @@ class Coordinator:
             return f"corrupt delta: norm {norm:.3g} is over the limit {self.cfg.max_delta_norm:g}", 0.0, None
         return "", weight, delta
 
-    async def _verdict(self, round_no: int, worker: str, ok: bool, reason: str, weight: float) -> None:
-        row = {"v": PROTOCOL, "accepted": ok, "reason": reason, "weight": weight, "in_round": self.state["round"]}
+    async def _verdict(
+        self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int
+    ) -> None:
+        row = {
+            "v": PROTOCOL,
+            "accepted": ok,
+            "reason": reason,
+            "weight": weight,
+            "in_round": self.state["round"],
+            "push_revision": revision,
+        }
         await self.store.put_json(protocol.verdict_key(round_no, worker), row)
 
     def _count(self, why: str) -> None:
@@ -406,7 +427,7 @@ async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0) -> dict[str
                 entry = await watcher.updates(timeout=cfg.poll)
                 while entry is not None:
                     if entry.value and entry.operation is None:
-                        await coord.on_push(entry.key, entry.value)
+                        await coord.on_push(entry.key, entry.value, int(entry.revision or 0))
                     entry = await watcher.updates(timeout=0.001)
             await coord.tick()
             if time.monotonic() - last_status > 2:
