@@ -25,6 +25,9 @@ import click
               "~/.config/alma/fleet.toml.")  # fmt: skip
 @click.option("--snapshot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Health snapshot. Default: ~/.local/state/alma/fleet-health.json.")  # fmt: skip
+@click.option("--erancloud-status", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also publish ERANCLOUD's figures (live / registered workers, dry runs, round, "
+              "accuracy) from its coordinator's status.json.")  # fmt: skip
 @click.option("--serve", is_flag=True, help="Serve the page over HTTP and re-render it on an interval.")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="Port (0: any free).")
@@ -32,7 +35,7 @@ import click
               help="Seconds between re-renders while serving.")  # fmt: skip
 def panel(
     out: Path, stale_after: float | None, fleet_path: Path | None, snapshot: Path | None, serve: bool, bind: str,
-    port: int, interval: float,
+    port: int, interval: float, erancloud_status: Path | None = None,
 ) -> None:  # fmt: skip
     """Render the sanitized status page from the last `alma fleet health` snapshot.
 
@@ -43,12 +46,15 @@ def panel(
     from alma.errors import UserError
     from alma.fleet import panel as P
     from alma.fleet.health import default_snapshot_path
+    from alma.fleet.erancloud_figures import with_erancloud_figures
     from alma.fleet.inventory import load_fleet
 
     snap_path = snapshot or default_snapshot_path()
 
     def render() -> Path:
         fl = load_fleet(fleet_path)
+        if erancloud_status is not None:  # re-read on every render: the figures follow the file
+            fl = with_erancloud_figures(fl, erancloud_status)
         return P.render_to(out, fl, snap_path, stale_after=stale_after, refresh_s=int(interval) if serve else None)
 
     page = render()
