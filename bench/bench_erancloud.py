@@ -190,7 +190,11 @@ def digits(rounds: int = 30, h: int = 20) -> tuple[float, float]:
     m = MLP()
     p = m.init(0)
     for step in range(rounds * h):
-        g = sum(m.grad(p, a[i], b[i])[1] for a, b in shards for i in [np.random.default_rng([step, len(b)]).integers(0, len(b), BATCH)])
+        g = sum(
+            m.grad(p, a[i], b[i])[1]
+            for a, b in shards
+            for i in [np.random.default_rng([step, len(b)]).integers(0, len(b), BATCH)]
+        )
         p -= np.float32(0.1) * g / WORKERS
     sync_acc = m.accuracy(p, xt, yt.astype(np.int64))
     outer = Outer()

@@ -57,7 +57,9 @@ def _delta_push(worker, round_no, base_sha, delta, corrupt=None):
     sha = wire.sha256(blob)
     if corrupt == "flip":
         blob = blob[:-8] + bytes(b ^ 0xFF for b in blob[-8:])
-    record = protocol.push_record(worker, round_no, base_sha, protocol.delta_object(round_no, worker, sha), sha, 100, 20)
+    record = protocol.push_record(
+        worker, round_no, base_sha, protocol.delta_object(round_no, worker, sha), sha, 100, 20
+    )
     return record, blob
 
 
@@ -185,7 +187,9 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
         )
         result = p.blob(protocol.model_key(k + 1))
         assert wire.sha256(result) == row["model_sha256"]
-        assert np.array_equal(wire.decode_vector(result, "model", count)[0], new_p), f"round {k}: model is not the outer step"
+        assert np.array_equal(wire.decode_vector(result, "model", count)[0], new_p), (
+            f"round {k}: model is not the outer step"
+        )
         prev_sha = row["model_sha256"]
     assert st["model_sha256"] == prev_sha
 

@@ -17,7 +17,7 @@ from alma.errors import ConfigError
 from alma.fleet import erancloud_figures as EF
 
 sys.path.insert(0, str(REPO / "tools" / "erancloud"))
-from erancloud import status as S  # noqa: E402 - the coordinator's own writer
+from erancloud import status as S
 
 
 def _status(tmp_path: Path, **over: object) -> Path:
@@ -90,8 +90,9 @@ def test_panel_publishes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     snap = tmp_path / "snap.json"
     node = {"name": "orin-01", "role": "board", "alias": None, "status": "OK", "code": 0, "summary": "ok",
             "report_time": None, "checks": []}  # fmt: skip
-    snap.write_text(json.dumps({"schema": "alma.fleet-health/1", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                "status": "OK", "code": 0, "stale_after": 300, "nodes": [node]}))  # fmt: skip
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    snap.write_text(json.dumps({"schema": "alma.fleet-health/1", "time": now, "status": "OK", "code": 0,
+                                "stale_after": 300, "nodes": [node]}))  # fmt: skip
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "panel", "--fleet", fleet, "--snapshot", snap, "--out", out,
                            "--erancloud-status", _status(tmp_path))  # fmt: skip

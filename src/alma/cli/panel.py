@@ -45,8 +45,8 @@ def panel(
     """
     from alma.errors import UserError
     from alma.fleet import panel as P
-    from alma.fleet.health import default_snapshot_path
     from alma.fleet.erancloud_figures import with_erancloud_figures
+    from alma.fleet.health import default_snapshot_path
     from alma.fleet.inventory import load_fleet
 
     snap_path = snapshot or default_snapshot_path()

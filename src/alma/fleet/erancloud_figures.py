@@ -34,8 +34,10 @@ def load(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read ERANCLOUD status {path}: {exc.strerror}",
-                          hint="run eran-cloud coordinator --status-file PATH, or drop --erancloud-status") from exc  # fmt: skip
+        raise ConfigError(
+            f"cannot read ERANCLOUD status {path}: {exc.strerror}",
+            hint="run eran-cloud coordinator --status-file PATH, or drop --erancloud-status",
+        ) from exc
     if len(raw) > MAX_BYTES:
         raise ConfigError(f"{path} is {len(raw)} bytes, more than a status file ever is")
     try:

@@ -15,7 +15,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .errors import CloudError, UserError
@@ -37,7 +39,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _count(low: int) -> object:
+def _count(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -72,15 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--outer", choices=("nesterov", "fedavg"), default="nesterov",
                     help="outer step: Nesterov momentum lr 0.7 / 0.9 (DiLoCo) or plain averaging (FedAvg)")  # fmt: skip
     co.add_argument("--max-staleness", type=_count(0), default=1,
-                    help="rounds a late delta may be behind and still count (default 1; 0 rejects late deltas)")  # fmt: skip
+                    help="rounds a late delta may be behind and still count (default 1; 0: none)")  # fmt: skip
     co.add_argument("--staleness-weight", type=_positive_float, default=0.5,
                     help="weight of a delta s rounds late: this ** s (default 0.5)")  # fmt: skip
     co.add_argument("--live-window", type=_count(1), default=3,
-                    help="a worker is live while its delta was applied within this many rounds (default 3)")  # fmt: skip
+                    help="live: a delta applied within this many rounds (default 3)")  # fmt: skip
     co.add_argument("--max-workers", type=_count(1), default=64, help="registry size (default 64)")
     co.add_argument("--max-delta-norm", type=_positive_float, default=100.0,
                     help="larger deltas are refused as corrupt (default 100)")  # fmt: skip
-    co.add_argument("--status-file", type=Path, default=Path("status.json"), help="figures file (default ./status.json)")
+    co.add_argument(
+        "--status-file", type=Path, default=Path("status.json"), help="figures file (default ./status.json)"
+    )
     co.add_argument("--dry-run-dir", type=Path, default=None,
                     help="count DRY-RUN records here (default: the status file's directory)")  # fmt: skip
     co.add_argument("--seed", type=_count(0), default=0, help="model init and data split (default 0)")
@@ -148,8 +152,8 @@ def _client(args: argparse.Namespace) -> int:
     if args.dry_run:
         from . import dryrun
 
-        result = dryrun.run(args.out, args.steps, _log)
-        print(json.dumps(result, sort_keys=True))
+        record = dryrun.run(args.out, args.steps, _log)
+        print(json.dumps(record, sort_keys=True))
         return 0
     from .client import Options, default_worker_id, print_result, run_live
 
@@ -172,6 +176,7 @@ def _client(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from . import status
 
+    fig: Any
     if args.file is not None:
         try:
             fig = json.loads(args.file.read_text(encoding="utf-8"))
@@ -188,7 +193,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _status_live(url: str, dry_run_dir: Path) -> dict[str, object]:
+async def _status_live(url: str, dry_run_dir: Path) -> dict[str, Any]:
     from . import status
     from .errors import CoordinatorUnreachable
     from .store import TRANSPORT_ERRORS, Store

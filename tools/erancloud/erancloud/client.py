@@ -12,6 +12,7 @@ opens no device: its only peer is the NATS server.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -115,6 +116,7 @@ class Worker:
         self.term = False
         self.shard: tuple[np.ndarray, np.ndarray] | None = None
         self.pushed: list[dict[str, Any]] = []
+        self.resumed: list[dict[str, int]] = []  # rounds continued from a checkpoint, and at which step
 
     async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """A NATS call retried while the server reconnects; after ``retry_for`` the job fails closed."""
@@ -190,7 +192,9 @@ class Worker:
         name = protocol.delta_object(r, w, sha)
         await self.retrying("push the delta", lambda: self.store.put_blob(name, blob))
         record = protocol.push_record(w, r, base_sha, name, sha, len(self.shard[1]), steps)
-        created = await self.retrying("push the record", lambda: self.store.create_json(protocol.push_key(r, w), record))
+        created = await self.retrying(
+            "push the record", lambda: self.store.create_json(protocol.push_key(r, w), record)
+        )
         if not created:
             self.log(f"round {r}: a push for this round exists already: this one is not sent (no double count)")
             return "duplicate"
@@ -200,7 +204,9 @@ class Worker:
     async def verdict(self, r: int, wait: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            row, _ = await self.retrying("read the verdict", lambda: self.store.get_json(protocol.verdict_key(r, self.opts.worker)))
+            row, _ = await self.retrying(
+                "read the verdict", lambda: self.store.get_json(protocol.verdict_key(r, self.opts.worker))
+            )
             if row is not None:
                 return row
             await asyncio.sleep(self.opts.poll)
@@ -235,10 +241,13 @@ class Worker:
                 break
             if self.opts.rounds and done >= self.opts.rounds:
                 break
-            pushed, _ = await self.retrying("read our push", lambda: self.store.get_json(protocol.push_key(r, self.opts.worker)))
+            ours = protocol.push_key(r, self.opts.worker)
+            pushed, _ = await self.retrying("read our push", functools.partial(self.store.get_json, ours))
             if pushed is not None:  # ours already (a previous attempt): wait for the next round
                 if time.monotonic() - last_change > self.opts.idle_timeout:
-                    raise CoordinatorUnreachable(f"no new round for {self.opts.idle_timeout:g} s: the coordinator is gone")
+                    raise CoordinatorUnreachable(
+                        f"no new round for {self.opts.idle_timeout:g} s: the coordinator is gone"
+                    )
                 await self._sleep()
                 continue
             base = await self.pull_model(st, model)
@@ -248,8 +257,13 @@ class Worker:
             if resume is not None:
                 meta, saved = resume
                 resume = None
-                if meta.get("worker") == self.opts.worker and meta["round"] == r and meta.get("base_sha256") == st["model_sha256"]:
+                if (
+                    meta.get("worker") == self.opts.worker
+                    and meta["round"] == r
+                    and meta.get("base_sha256") == st["model_sha256"]
+                ):
                     start, params = int(meta["step"]), saved
+                    self.resumed.append({"round": r, "step": start})
                     self.log(f"round {r}: resuming at local step {start} from the checkpoint")
                 else:
                     self.log(f"checkpoint of round {meta['round']} is stale (now round {r}): dropped, never pushed")
@@ -278,7 +292,13 @@ class Worker:
             done += 1
             if self.term:
                 raise Vacated(f"vacated after round {r} (pushed)")
-        return {"worker": self.opts.worker, "rounds": done, "pushed": self.pushed, "mode": "live"}
+        return {
+            "worker": self.opts.worker,
+            "rounds": done,
+            "pushed": self.pushed,
+            "resumed": self.resumed,
+            "mode": "live",
+        }
 
     async def _sleep(self) -> None:
         await asyncio.sleep(self.opts.poll)

@@ -245,7 +245,11 @@ class Coordinator:
         if worker not in self.registry:
             return "unknown worker: not registered", 0.0, None
         if applied is not None or (worker, round_no) in self.accepted:
-            return f"duplicate: a delta of {worker} for round {round_no} is already taken; the first one is kept", 0, None
+            return (
+                f"duplicate: a delta of {worker} for round {round_no} is already taken; the first one is kept",
+                0,
+                None,
+            )
         if self.state["phase"] == "finished":
             return "late: training has finished", 0.0, None
         if round_no > current:
@@ -285,9 +289,7 @@ class Coordinator:
             return f"corrupt delta: norm {norm:.3g} is over the limit {self.cfg.max_delta_norm:g}", 0.0, None
         return "", weight, delta
 
-    async def _verdict(
-        self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int
-    ) -> None:
+    async def _verdict(self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int) -> None:
         row = {
             "v": PROTOCOL,
             "accepted": ok,

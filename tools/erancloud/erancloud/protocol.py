@@ -75,9 +75,9 @@ def check_registration(req: dict[str, Any] | None) -> tuple[str, dict[str, Any]]
                 f"capability {str(key)[:40]!r} is not accepted: only {sorted(CAPABILITIES)} "
                 "(nothing about the device's owner or surroundings)"
             )
-        if not isinstance(value, kind) or isinstance(value, bool) or (kind is str and len(value) > 32):
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, str) and len(value) > 32):
             return f"capability {key!r} must be a short {kind.__name__}"
-        if kind is int and not 0 <= value <= 4096:
+        if isinstance(value, int) and not 0 <= value <= 4096:
             return f"capability {key!r} out of range"
     return worker, dict(caps)
 
