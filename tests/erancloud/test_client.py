@@ -33,53 +33,89 @@ def _training(proc, ticks: int = 8, window: float = 0.15) -> bool:
     return _cpu_ticks(proc.pid) - before >= ticks
 
 
+def _stop_mid_training(p, procs, worker: str, timeout: float = 120) -> int:
+    """SIGSTOP the worker inside its local steps of the open round: its last log line says it
+    started them, it is busy on the CPU, and it has not pushed; all still true after the stop
+    (else continue it and try again). Returns that round."""
+    proc = procs.procs[worker]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = p.state()["round"]
+        started = f"round {r}: training local steps"
+
+        def inside(r: int = r, started: str = started) -> bool:
+            lines = procs.log(worker).splitlines()
+            return bool(lines) and lines[-1].startswith(started) and p.get(protocol.push_key(r, worker)) is None
+
+        if inside() and _training(proc):
+            proc.send_signal(signal.SIGSTOP)
+            if p.state()["round"] == r and inside():
+                return r
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"{worker} was never caught training")
+
+
 def _client(procs, url, name, tmp_path, *extra):
     env = {"ERAN_GRID_CHECKPOINT_DIR": str(tmp_path / name / "checkpoint")}
     return procs.start(name, "client", "--nats", url, "--worker-id", name, *extra, env=env)
 
 
-def test_frozen_round_is_pushed_late_and_vacated_round_resumes(nats_server, procs, peek, tmp_path):
-    url = nats_server.url
-    procs.start("coord", "coordinator", "--nats", url, "--rounds", "40", "--min-deltas", "1", "--round-timeout", "3",
-                "--h-steps", "6000", "--status-file", str(tmp_path / "status.json"))  # fmt: skip
+def _coordinator(procs, url, tmp_path, min_deltas: int, round_timeout: int):
+    procs.start("coord", "coordinator", "--nats", url, "--rounds", "40", "--min-deltas", str(min_deltas),
+                "--round-timeout", str(round_timeout), "--h-steps", "6000",
+                "--status-file", str(tmp_path / "status.json"))  # fmt: skip
     wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
-    a = _client(procs, url, "a", tmp_path)
-    b = _client(procs, url, "b", tmp_path)
-    p = peek()
 
-    # SIGSTOP in the middle of b's local steps; continue it once the round has moved on.
-    wait_for(lambda: p.state()["round"] >= 1 and _training(b), 120, "b training")
-    b.send_signal(signal.SIGSTOP)
-    frozen = p.state()["round"]
+
+def test_a_frozen_round_is_pushed_late_and_taken_with_its_staleness_weight(nats_server, procs, peek, tmp_path):
+    # The round timeout (10 s) is far longer than b's local steps, so the round after the
+    # frozen one is still open when b, continued, finishes and pushes.
+    _coordinator(procs, nats_server.url, tmp_path, min_deltas=1, round_timeout=10)
+    _client(procs, nats_server.url, "a", tmp_path)
+    b = _client(procs, nats_server.url, "b", tmp_path)
+    p = peek()
+    frozen = _stop_mid_training(p, procs, "b")
     wait_for(lambda: p.state()["round"] == frozen + 1, 60, "the round closing without b")
     b.send_signal(signal.SIGCONT)
     row = wait_for(lambda: p.get(protocol.round_key(frozen + 1)), 60, f"round {frozen + 1} closing")
     late = [x for x in row["applied"] if x["worker"] == "b" and x["round"] == frozen]
-    assert late and late[0]["weight"] == 0.5, row["applied"]  # taken late, with its staleness weight
+    assert late and late[0]["weight"] == 0.75, row["applied"]  # taken late, with its staleness weight
     verdict = p.get(protocol.verdict_key(frozen, "b"))
     assert verdict["accepted"] and verdict["in_round"] == frozen + 1
 
-    # Vacate b mid-round with a stopped too, so the round stays open: b resumes where it was.
-    wait_for(lambda: _training(b), 60, "b training again")
-    a.send_signal(signal.SIGSTOP)
+
+def test_a_vacated_round_resumes_from_its_checkpoint_or_is_dropped(nats_server, procs, peek, tmp_path):
+    # Two deltas per round: a round b was vacated in cannot close without it.
+    url = nats_server.url
+    _coordinator(procs, url, tmp_path, min_deltas=2, round_timeout=3)
+    _client(procs, url, "a", tmp_path)
+    b = _client(procs, url, "b", tmp_path)
+    p = peek()
+
+    # SIGTERM to the stopped job, then SIGCONT: what ERAN-GRID does when it vacates.
+    vacated = _stop_mid_training(p, procs, "b")
     b.send_signal(signal.SIGTERM)
+    b.send_signal(signal.SIGCONT)
     assert procs.wait("b", 30) == 75, procs.log("b")
-    vacated = p.state()["round"]
     assert "checkpoint saved" in procs.log("b")
     meta = json.loads((tmp_path / "b" / "checkpoint" / "meta.json").read_text())
     assert meta["round"] == vacated and 0 < meta["step"] < 6000
     assert not list((tmp_path / "b" / "checkpoint").glob("*.tmp"))
+    assert p.state()["round"] == vacated
     b = _client(procs, url, "b", tmp_path)
-    wait_for(lambda: p.get(protocol.push_key(vacated, "b")), 60, "b's resumed push")
+    wait_for(lambda: p.get(protocol.verdict_key(vacated, "b")), 60, "b's resumed push judged")
     assert f"round {vacated}: resuming at local step {meta['step']}" in procs.log("b")
-    assert p.get(protocol.verdict_key(vacated, "b")) is not None
+    assert p.get(protocol.verdict_key(vacated, "b"))["accepted"]
 
-    # Vacate again, let the round move on without b: its checkpoint is dropped, never pushed.
-    wait_for(lambda: _training(b), 60, "b training a third time")
+    # Vacated again, and the round moves on without b (a third worker makes up the two
+    # deltas): its checkpoint is dropped, never pushed.
+    stale = _stop_mid_training(p, procs, "b")
     b.send_signal(signal.SIGTERM)
+    b.send_signal(signal.SIGCONT)
     assert procs.wait("b", 30) == 75
-    stale = json.loads((tmp_path / "b" / "checkpoint" / "meta.json").read_text())["round"]
-    a.send_signal(signal.SIGCONT)
+    assert json.loads((tmp_path / "b" / "checkpoint" / "meta.json").read_text())["round"] == stale
+    _client(procs, url, "c", tmp_path)
     wait_for(lambda: p.state()["round"] > stale, 60, "the round moving on without b")
     b = _client(procs, url, "b", tmp_path, "--rounds", "1")
     assert procs.wait("b", 60) == 0, procs.log("b")

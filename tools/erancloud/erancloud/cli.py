@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="outer step: Nesterov momentum lr 0.7 / 0.9 (DiLoCo) or plain averaging (FedAvg)")  # fmt: skip
     co.add_argument("--max-staleness", type=_count(0), default=1,
                     help="rounds a late delta may be behind and still count (default 1; 0: none)")  # fmt: skip
-    co.add_argument("--staleness-weight", type=_positive_float, default=0.5,
-                    help="weight of a delta s rounds late: this ** s (default 0.5)")  # fmt: skip
+    co.add_argument("--staleness-weight", type=_positive_float, default=0.75,
+                    help="weight of a delta s rounds late: this ** s (default 0.75)")  # fmt: skip
     co.add_argument("--live-window", type=_count(1), default=3,
                     help="live: a delta applied within this many rounds (default 3)")  # fmt: skip
     co.add_argument("--max-workers", type=_count(1), default=64, help="registry size (default 64)")

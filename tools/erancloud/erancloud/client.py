@@ -269,6 +269,7 @@ class Worker:
                     self.log(f"checkpoint of round {meta['round']} is stale (now round {r}): dropped, never pushed")
                 done = int(meta.get("rounds_done", done)) if meta.get("worker") == self.opts.worker else done
             h = int(train["h"])
+            self.log(f"round {r}: training local steps {start}..{h}")
             local, step, loss = train_local(
                 model, params, x, y, steps=h, lr=float(train["lr"]), batch=int(train["batch"]),
                 seed=int(train["seed"]) * 1000 + hash_worker(self.opts.worker), round_no=r, start=start,
