@@ -101,7 +101,9 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     assert _attack(p, "mallory", r, rec, blob)["reason"].startswith("corrupt delta: sha256")
     nan = small.copy()
     nan[7] = np.nan
-    for bad, why in ((nan, "non-finite"), (np.full(count, 50.0, np.float32), "norm"), (zero[:-1], "values where")):
+    huge = np.zeros(count * 4, np.float32)  # four times a delta: refused on its size, never fetched
+    for bad, why in ((nan, "non-finite"), (np.full(count, 50.0, np.float32), "norm"), (zero[:-1], "values where"),
+                     (huge, "more than the")):  # fmt: skip
         r, base = p.state()["round"], p.state()["model_sha256"]
         blob = wire._pack({"kind": "delta", "count": int(bad.size), "worker": "mallory", "round": r},
                           np.ascontiguousarray(bad, "<f4").tobytes())  # fmt: skip
@@ -202,7 +204,7 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     # Verdicts given before the restart stand (a replayed push is not judged again).
     assert p.get(protocol.verdict_key(0, "w1"))["accepted"]
     rejected = st["rejected"]
-    for why, n in (("corrupt delta", 4), ("malformed push", 1), ("future round", 1), ("unknown worker", 1),
+    for why, n in (("corrupt delta", 5), ("malformed push", 1), ("future round", 1), ("unknown worker", 1),
                    ("duplicate", 1), ("model hash mismatch", 1)):  # fmt: skip
         assert rejected.get(why) == n, rejected
     fig = json.loads(status_file.read_text())

@@ -109,3 +109,17 @@ def test_outer_step_is_nesterov_and_fedavg_is_the_mean() -> None:
     late, _ = Outer.fedavg().step(p, m, [d[0], (d[1][0], Outer().weight(1))])
     assert np.allclose(late, 1 + (0.1 + 0.75 * 0.3) / 1.75)
     assert Outer().weight(2) == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(protocol.TRAIN_LIMITS)),
+                       st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)))  # fmt: skip
+def test_a_lying_round_state_is_refused_before_training(train: dict) -> None:
+    good = {"h": 20, "lr": 0.1, "batch": 32, "hidden": 32, "seed": 0, "inputs": 64, "classes": 10}
+    row = {"round": 3, "model_sha256": "a" * 64, "train": {**good, **train}}
+    reason = protocol.check_state(row)
+    if reason is None:
+        for key, (low, high) in protocol.TRAIN_LIMITS.items():
+            assert low <= row["train"][key] <= high
+    assert protocol.check_state({"round": 3, "model_sha256": "a" * 64, "train": good}) is None
+    assert protocol.check_state({"round": -1, "model_sha256": "a" * 64, "train": good})

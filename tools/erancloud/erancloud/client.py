@@ -167,12 +167,19 @@ class Worker:
         row, _ = await self.retrying("read the round state", lambda: self.store.get_json("state"))
         if row is None or row.get("v") != PROTOCOL:
             raise IntegrityError("the coordinator's round state is missing or not protocol version 1")
+        bad = protocol.check_state(row)
+        if bad:
+            raise IntegrityError(f"the coordinator's round state is unusable: {bad}")
         return row
 
     async def pull_model(self, st: dict[str, Any], model: MLP) -> np.ndarray | None:
         """The round's model, verified; None when the round moved on while we read it."""
         r, sha = int(st["round"]), str(st["model_sha256"])
-        blob = await self.retrying("pull the model", lambda: self.store.get_blob(protocol.model_key(r)))
+        limit = wire.vector_max_bytes(model.count)
+        try:
+            blob = await self.retrying("pull the model", lambda: self.store.get_blob(protocol.model_key(r), limit))
+        except BadBlob as exc:
+            raise IntegrityError(f"model of round {r}: {exc}") from exc
         if blob is not None and wire.sha256(blob) == sha:
             try:
                 params, _ = wire.decode_vector(blob, "model", model.count)

@@ -271,7 +271,7 @@ class Coordinator:
                 None,
             )
         try:
-            blob = await self.store.get_blob(record["object"])
+            blob = await self.store.get_blob(record["object"], wire.vector_max_bytes(self.model.count))
         except BadBlob as exc:
             return f"corrupt delta: {exc}", 0.0, None
         if blob is None:

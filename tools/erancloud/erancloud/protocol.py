@@ -117,3 +117,35 @@ def check_push(record: dict[str, Any] | None, round_no: int, worker: str) -> str
         if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= 10_000_000:
             return f"field {field!r} is not a positive integer"
     return None
+
+
+# What a worker accepts from the round state before it trains: bounds that keep a lying
+# state from making it train forever, allocate gigabytes or divide by nothing.
+TRAIN_LIMITS: dict[str, tuple[float, float]] = {
+    "h": (1, 1_000_000),
+    "lr": (1e-6, 10.0),
+    "batch": (1, 4096),
+    "hidden": (1, 4096),
+    "seed": (0, 2**31),
+    "inputs": (1, 4096),
+    "classes": (2, 255),
+}
+
+
+def check_state(row: dict[str, Any]) -> str | None:
+    """The reason a round state is unusable for a worker, or None."""
+    r = row.get("round")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        return "round is not a non-negative integer"
+    if not isinstance(row.get("model_sha256"), str) or not HEX64.match(row["model_sha256"]):
+        return "model_sha256 is not a sha256"
+    train = row.get("train")
+    if not isinstance(train, dict):
+        return "train is not an object"
+    for key, (low, high) in TRAIN_LIMITS.items():
+        value = train.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            return f"train.{key} = {str(value)[:20]!r} is outside [{low:g}, {high:g}]"
+        if key != "lr" and not isinstance(value, int):
+            return f"train.{key} is not an integer"
+    return None

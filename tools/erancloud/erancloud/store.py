@@ -162,10 +162,15 @@ class Store:
     async def put_blob(self, name: str, blob: bytes) -> None:
         await self.obj.put(name, blob)
 
-    async def get_blob(self, name: str) -> bytes | None:
-        """The object's bytes; None when there is none. JetStream's own chunk digest failing is
+    async def get_blob(self, name: str, max_bytes: int | None = None) -> bytes | None:
+        """The object's bytes; None when there is none; BadBlob when it is larger than
+        ``max_bytes`` (checked on its metadata, before a byte of it is fetched). JetStream's own chunk digest failing is
         reported as a bad blob, like any other corruption."""
         try:
+            if max_bytes is not None:
+                size = int((await self.obj.get_info(name)).size or 0)
+                if size > max_bytes:
+                    raise BadBlob(f"{size} bytes, more than the {max_bytes} a blob of this kind can be")
             return bytes((await self.obj.get(name)).data)
         except (nats.js.errors.ObjectNotFoundError, nats.js.errors.NotFoundError, nats.js.errors.ObjectDeletedError):
             return None

@@ -70,6 +70,11 @@ def _int_field(header: dict[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
+def vector_max_bytes(count: int) -> int:
+    """The largest blob a vector of ``count`` floats can be: refuse bigger ones unread."""
+    return 8 + HEADER_MAX + 4 * count
+
+
 def encode_vector(kind: str, vec: np.ndarray, **meta: Any) -> bytes:
     data = np.ascontiguousarray(vec, dtype="<f4")
     return _pack({"kind": kind, "count": int(data.size), **meta}, data.tobytes())
