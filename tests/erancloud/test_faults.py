@@ -202,7 +202,8 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     assert accuracy >= 0.85, st["accuracy"]
     assert st["accuracy"][-1][1] > st["accuracy"][0][1]
     # Verdicts given before the restart stand (a replayed push is not judged again).
-    assert p.get(protocol.verdict_key(0, "w1"))["accepted"]
+    first = p.get(protocol.round_key(0))["applied"][0]
+    assert p.get(protocol.verdict_key(first["round"], first["worker"]))["accepted"]
     rejected = st["rejected"]
     for why, n in (("corrupt delta", 5), ("malformed push", 1), ("future round", 1), ("unknown worker", 1),
                    ("duplicate", 1), ("model hash mismatch", 1)):  # fmt: skip
