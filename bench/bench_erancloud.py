@@ -17,7 +17,7 @@ data-parallel SGD, side by side in one run, at an equal number of training sampl
 (c) The same at H = 50 with one of the four workers yielding in every round (its delta is a
     round late: computed on the previous global model): dropped (the prototype's rule), and
     applied late with the coordinator's default staleness weight (0.75: measured best of
-    0.5 / 0.75 / 1.0).
+    0.5 / 0.75 / 1.0), scaled and not renormalised (erancloud.outer).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def test_outer_step_is_nesterov_and_fedavg_is_the_mean() -> None:
     fed, _ = Outer.fedavg().step(p, m, d)
     assert np.allclose(fed, 1.2)
     late, _ = Outer.fedavg().step(p, m, [d[0], (d[1][0], Outer().weight(1))])
-    assert np.allclose(late, 1 + (0.1 + 0.75 * 0.3) / 1.75)
+    assert np.allclose(late, 1 + (0.1 + 0.75 * 0.3) / 2)  # scaled, not renormalised
     assert Outer().weight(2) == 0.0
 
 

@@ -1,7 +1,7 @@
 """The outer optimizer: fold the workers' deltas into the global model.
 
 Each worker sends ``delta = local - global`` after H local steps; the pseudo-gradient is
-``g = -weighted_mean(delta)``. DiLoCo's outer step is SGD with Nesterov momentum
+``g = -mean(weight * delta)``. DiLoCo's outer step is SGD with Nesterov momentum
 (lr 0.7, momentum 0.9):  ``m = mu * m + g;  theta -= lr * (g + mu * m)``. FedAvg is the
 special case lr 1, momentum 0 (the new model is the mean of the local models).
 
@@ -41,8 +41,10 @@ class Outer:
         live = [(d, w) for d, w in deltas if w > 0]
         if not live:
             return params.copy(), momentum.copy()
-        total = sum(w for _, w in live)
-        g = -sum(np.float64(w) * d.astype(np.float64) for d, w in live) / total
+        # The mean over the deltas received, each scaled by its weight: a late delta makes the
+        # step smaller instead of tilting the mix towards it (the weights are not renormalised;
+        # bench/bench_erancloud.py (c) measured this better than dividing by the weight sum).
+        g = -sum(np.float64(w) * d.astype(np.float64) for d, w in live) / len(live)
         if self.kind == "fedavg":
             return (params - self.lr * g).astype(np.float32), momentum.copy()
         m = self.momentum * momentum.astype(np.float64) + g
