@@ -28,6 +28,9 @@ import click
 @click.option("--history", "history_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Fleet history (uptime, state changes). Default: fleet-history.sqlite beside the snapshot; "
               "without one the page shows no uptime yet.")  # fmt: skip
+@click.option("--erancloud-status", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also publish ERANCLOUD's figures (live / registered workers, dry runs, round, "
+              "accuracy) from its coordinator's status.json.")  # fmt: skip
 @click.option("--serve", is_flag=True, help="Serve the page over HTTP and re-render it on an interval.")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="Port (0: any free).")
@@ -35,7 +38,7 @@ import click
               help="Seconds between re-renders while serving.")  # fmt: skip
 def panel(
     out: Path, stale_after: float | None, fleet_path: Path | None, snapshot: Path | None, history_path: Path | None,
-    serve: bool, bind: str, port: int, interval: float,
+    serve: bool, bind: str, port: int, interval: float, erancloud_status: Path | None = None,
 ) -> None:  # fmt: skip
     """Render the sanitized status page from the last `alma fleet health` snapshot.
 
@@ -48,6 +51,7 @@ def panel(
     """
     from alma.errors import UserError
     from alma.fleet import panel as P
+    from alma.fleet.erancloud_figures import with_erancloud_figures
     from alma.fleet.health import default_snapshot_path
     from alma.fleet.inventory import load_fleet
 
@@ -55,6 +59,8 @@ def panel(
 
     def render() -> Path:
         fl = load_fleet(fleet_path)
+        if erancloud_status is not None:  # re-read on every render: the figures follow the file
+            fl = with_erancloud_figures(fl, erancloud_status)
         return P.render_to(out, fl, snap_path, stale_after=stale_after, refresh_s=int(interval) if serve else None,
                            history_path=history_path)  # fmt: skip
 

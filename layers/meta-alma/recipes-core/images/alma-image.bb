@@ -19,6 +19,9 @@ IMAGE_INSTALL = "\
     ${CORE_IMAGE_EXTRA_INSTALL} \
 "
 IMAGE_LINGUAS = ""
+# ERANCLOUD (kas/features/erancloud.yml sets ALMA_ERANCLOUD = "1"): the Local-SGD worker and,
+# through its RDEPENDS, python3-nats-py and python3-numpy. Absent otherwise.
+IMAGE_INSTALL += "${@oe.utils.conditional('ALMA_ERANCLOUD', '1', 'eran-cloud', '', d)}"
 
 # Release rootfs guard (classes/alma-release-check.bbclass): keys-only ssh, an admin key
 # unless the image is sealed, no password-less root, no host keys or machine-id baked in.

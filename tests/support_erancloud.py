@@ -1,0 +1,107 @@
+"""Helpers for ERANCLOUD's tests: the program run as separate processes from the checkout
+(``python -m erancloud``), a JetStream client the test uses to look at (and attack) the
+store directly, and a polling wait."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ERANCLOUD = Path(__file__).resolve().parent.parent / "tools" / "erancloud"
+if str(ERANCLOUD) not in sys.path:
+    sys.path.insert(0, str(ERANCLOUD))
+
+
+class Procs:
+    """Every eran-cloud process a test starts; all of them are ended with the test."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Any:
+        workdir = cwd or (self.tmp / name)
+        workdir.mkdir(parents=True, exist_ok=True)
+        full_env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "PYTHONPATH": str(ERANCLOUD), **(env or {})}
+        log = self.tmp / f"{name}.{len([k for k in self.logs if k.startswith(name)])}.log"
+        self.logs[name] = log
+        out = self.tmp / f"{name}.stdout"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "erancloud", *args],
+            stdout=open(out, "wb"),  # noqa: SIM115 - the child owns it
+            stderr=open(log, "wb"),  # noqa: SIM115
+            cwd=workdir,
+            env=full_env,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+    def stdout(self, name: str) -> str:
+        return (self.tmp / f"{name}.stdout").read_text(errors="replace")
+
+    def wait(self, name: str, timeout: float = 60) -> int:
+        try:
+            return self.procs[name].wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running after {timeout} s; log:\n{self.log(name)[-3000:]}") from None
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+
+
+class Peek:
+    """The test's own JetStream connection (nats-py on a private event loop)."""
+
+    def __init__(self, url: str) -> None:
+        from erancloud.store import Store
+
+        self.loop = asyncio.new_event_loop()
+        self.store = Store(url)
+        self.run(self.store.connect(create=True))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.run(self.store.get_json(key))[0]
+
+    def state(self) -> dict[str, Any]:
+        row = self.get("state")
+        return row or {}
+
+    def blob(self, name: str) -> bytes | None:
+        return self.run(self.store.get_blob(name))
+
+    def request(self, subject: str, payload: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+        msg = self.run(self.store.nc.request(subject, json.dumps(payload).encode(), timeout=timeout))
+        return json.loads(msg.data)
+
+    def close(self) -> None:
+        self.run(self.store.close())
+        self.loop.close()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition", poll: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,212 @@
+"""``eran-cloud``: coordinator, client (live or --dry-run) and status. Parsing and printing only.
+
+Exit codes: 0 success; 1 failure (a second coordinator on the same store, an unexpected
+error); 2 usage or configuration error; 3 registration refused; 4 coordinator unreachable
+(no NATS server, no JetStream buckets, nobody answering, no new round within
+--idle-timeout); 5 integrity (model, shard or state whose hash does not match: refusing to
+train); 75 vacated by SIGTERM with a checkpoint saved (ERAN-GRID resumes it); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import CloudError, UserError
+
+EPILOG = __doc__.split("\n\n", 1)[1]
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+    return value
+
+
+def _count(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {low}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="eran-cloud",
+        description="Local-SGD (DiLoCo-style) training in borrowed cycles, over NATS JetStream.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=f"eran-cloud {__version__}")
+    sub = ap.add_subparsers(dest="verb", required=True)
+
+    co = sub.add_parser("coordinator", help="keep the global model and run the rounds")
+    co.add_argument("--nats", required=True, metavar="URL", help="NATS server with JetStream")
+    co.add_argument("--rounds", type=_count(1), default=30, help="rounds to train (default 30)")
+    co.add_argument("--min-deltas", type=_count(1), default=2, help="deltas a round needs to close (default 2)")
+    co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
+    co.add_argument("--h-steps", type=_count(1), default=20, help="local steps per round (default 20)")
+    co.add_argument("--lr", type=_positive_float, default=0.1, help="inner SGD learning rate (default 0.1)")
+    co.add_argument("--batch", type=_count(1), default=32, help="inner minibatch (default 32)")
+    co.add_argument("--shards", type=_count(1), default=4, help="non-IID data shards (default 4)")
+    co.add_argument("--outer", choices=("nesterov", "fedavg"), default="nesterov",
+                    help="outer step: Nesterov momentum lr 0.7 / 0.9 (DiLoCo) or plain averaging (FedAvg)")  # fmt: skip
+    co.add_argument("--max-staleness", type=_count(0), default=1,
+                    help="rounds a late delta may be behind and still count (default 1; 0: none)")  # fmt: skip
+    co.add_argument("--staleness-weight", type=_positive_float, default=0.75,
+                    help="weight of a delta s rounds late: this ** s (default 0.75)")  # fmt: skip
+    co.add_argument("--live-window", type=_count(1), default=3,
+                    help="live: a delta applied within this many rounds (default 3)")  # fmt: skip
+    co.add_argument("--max-workers", type=_count(1), default=64, help="registry size (default 64)")
+    co.add_argument("--max-delta-norm", type=_positive_float, default=100.0,
+                    help="larger deltas are refused as corrupt (default 100)")  # fmt: skip
+    co.add_argument(
+        "--status-file", type=Path, default=Path("status.json"), help="figures file (default ./status.json)"
+    )
+    co.add_argument("--dry-run-dir", type=Path, default=None,
+                    help="count DRY-RUN records here (default: the status file's directory)")  # fmt: skip
+    co.add_argument("--seed", type=_count(0), default=0, help="model init and data split (default 0)")
+
+    cl = sub.add_parser("client", help="train rounds as a worker (an ERAN-GRID job), or one --dry-run round")
+    mode = cl.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--nats", metavar="URL", help="the coordinator's NATS server")
+    mode.add_argument("--dry-run", action="store_true", help="one local round on synthetic data, no coordinator")
+    cl.add_argument("--worker-id", help="default: job-$ERAN_GRID_JOB_ID under ERAN-GRID")
+    cl.add_argument("--rounds", type=_count(1), default=0, help="rounds to contribute (default: until training ends)")
+    cl.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds per NATS call (default 5)")
+    cl.add_argument("--register-timeout", type=_positive_float, default=10.0,
+                    help="seconds to wait for a coordinator to answer (default 10)")  # fmt: skip
+    cl.add_argument("--idle-timeout", type=_positive_float, default=300.0,
+                    help="no new round for this long: fail (default 300)")  # fmt: skip
+    cl.add_argument("--steps", type=_count(1), default=20, help="--dry-run: local steps (default 20)")
+    cl.add_argument("--out", type=Path, default=Path("."), help="--dry-run: where the DRY-RUN record goes (default .)")
+
+    st = sub.add_parser("status", help="the honest figures: round, accuracy, live / registered workers, dry runs")
+    src = st.add_mutually_exclusive_group(required=True)
+    src.add_argument("--nats", metavar="URL", help="read the coordinator's state from JetStream")
+    src.add_argument("--file", type=Path, help="read a coordinator's status.json")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    st.add_argument("--dry-run-dir", type=Path, default=Path("."), help="count DRY-RUN records here (default .)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.verb == "coordinator":
+            return _coordinator(args)
+        if args.verb == "client":
+            return _client(args)
+        return _status(args)
+    except CloudError as exc:
+        print(f"eran-cloud: error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"  {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("eran-cloud: interrupted", file=sys.stderr)
+        return 130
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from .coordinator import Config, run
+    from .outer import Outer
+
+    base = Outer() if args.outer == "nesterov" else Outer.fedavg()
+    outer = Outer(base.kind, base.lr, base.momentum, args.staleness_weight, args.max_staleness)
+    cfg = Config(
+        rounds=args.rounds, min_deltas=args.min_deltas, round_timeout=args.round_timeout, shards=args.shards,
+        h_steps=args.h_steps, lr=args.lr, batch=args.batch, seed=args.seed, outer=outer,
+        live_window=args.live_window, max_workers=args.max_workers, max_delta_norm=args.max_delta_norm,
+        status_path=args.status_file,
+        dry_run_dir=args.dry_run_dir if args.dry_run_dir is not None else args.status_file.parent,
+    )  # fmt: skip
+    fig = asyncio.run(run(args.nats, cfg, _log))
+    print(json.dumps(fig, sort_keys=True))
+    return 0
+
+
+def _client(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from . import dryrun
+
+        record = dryrun.run(args.out, args.steps, _log)
+        print(json.dumps(record, sort_keys=True))
+        return 0
+    from .client import Options, default_worker_id, print_result, run_live
+
+    worker = args.worker_id or default_worker_id(dict(os.environ))
+    from .protocol import WORKER_ID
+
+    if not WORKER_ID.match(worker):
+        raise UserError(f"worker id {worker[:70]!r}: use 1-64 characters of A-Z a-z 0-9 _ -")
+    ckpt = os.environ.get("ERAN_GRID_CHECKPOINT_DIR")
+    opts = Options(
+        worker=worker, rounds=args.rounds, timeout=args.timeout, register_for=args.register_timeout,
+        idle_timeout=args.idle_timeout, checkpoint_dir=Path(ckpt) if ckpt else None,
+    )  # fmt: skip
+    code, result = run_live(args.nats, opts, _log)
+    if result is not None:
+        print_result(result)
+    return code
+
+
+def _status(args: argparse.Namespace) -> int:
+    from . import status
+
+    fig: Any
+    if args.file is not None:
+        try:
+            fig = json.loads(args.file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {args.file}: {exc}") from exc
+        if not isinstance(fig, dict) or fig.get("schema") != status.SCHEMA:
+            raise UserError(f"{args.file} is not an {status.SCHEMA} file")
+    else:
+        fig = asyncio.run(_status_live(args.nats, args.dry_run_dir))
+    if args.json:
+        print(json.dumps(fig, sort_keys=True))
+    else:
+        print(status.render(fig))
+    return 0
+
+
+async def _status_live(url: str, dry_run_dir: Path) -> dict[str, Any]:
+    from . import status
+    from .errors import CoordinatorUnreachable
+    from .store import TRANSPORT_ERRORS, Store
+
+    store = Store(url, name="eran-cloud status")
+    await store.connect(create=False)
+    try:
+        row, _ = await store.get_json("state")
+        if row is None:
+            raise CoordinatorUnreachable(f"NATS at {url}: no round state: no coordinator has started training")
+        registered = len(await store.keys("worker."))
+        return status.figures(row, registered, status.count_dry_runs(dry_run_dir))
+    except TRANSPORT_ERRORS as exc:
+        raise store.unreachable(exc) from exc
+    finally:
+        await store.close()

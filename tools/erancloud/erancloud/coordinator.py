@@ -1,0 +1,446 @@
+"""The coordinator: the global model, the round and the registry, all kept in JetStream.
+
+Round state machine (one ``state`` row, updated compare-and-set):
+
+    open(r) --[accepted >= min_deltas and (deadline passed or every expected worker pushed)]-->
+        commit: model.{r+1}, momentum.{r+1}, round.{r} written, then state -> open(r+1)
+    open(r) --[deadline passed, accepted < min_deltas]--> open(r), deadline extended (BOINC: wait)
+    open(r) --[r == rounds]--> finished
+
+Invariants (tested under injected faults):
+* a delta is applied at most once per (worker, round): deltas are folded only in the commit,
+  which is one compare-and-set on ``state``; the (worker, round) pairs it applied are written
+  into that same row, and a replayed or re-written push of an applied pair is never used again;
+* the global model is never corrupted: every delta is checked (hash, size, finite, norm) before
+  it is accepted, and ``model.{r}`` is named in ``state`` only after it has been written;
+* a restart loses nothing: the pushes of the open round are replayed from the KV bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import PROTOCOL, data, protocol, status, wire
+from .errors import BadBlob, CloudError, IntegrityError
+from .model import MLP
+from .outer import Outer
+from .store import REGISTER_SUBJECT, TRANSPORT_ERRORS, Store, dump_row, parse_row
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Config:
+    rounds: int = 30
+    min_deltas: int = 2
+    round_timeout: float = 30.0
+    shards: int = 4
+    h_steps: int = 20
+    lr: float = 0.1
+    batch: int = 32
+    hidden: int = 32
+    seed: int = 0
+    outer: Outer = field(default_factory=Outer)
+    live_window: int = 3
+    max_workers: int = 64
+    max_delta_norm: float = 100.0
+    keep_rounds: int = 50
+    poll: float = 0.05
+    status_path: Path = Path("status.json")
+    dry_run_dir: Path | None = None
+
+
+class Coordinator:
+    def __init__(self, cfg: Config, store: Store, log: Log) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.log = log
+        self.lock = asyncio.Lock()
+        self.state: dict[str, Any] = {}
+        self.revision = 0
+        self.model = MLP(hidden=cfg.hidden)
+        self.params = np.zeros(0, np.float32)
+        self.momentum = np.zeros(0, np.float32)
+        self.test: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 64)), np.zeros(0))
+        self.registry: dict[str, dict[str, Any]] = {}
+        self.accepted: dict[tuple[str, int], tuple[np.ndarray, float, str]] = {}  # (worker, round) -> delta
+        self.commits = 0
+
+    # -- start ----------------------------------------------------------------------------
+    async def load_or_init(self) -> None:
+        x, y = data.load_digits()
+        row, rev = await self.store.get_json("state")
+        if row is None:
+            await self._init(x, y)
+            row, rev = await self.store.get_json("state")
+            assert row is not None
+        self.state, self.revision = row, rev
+        self.model = MLP(hidden=int(row["train"]["hidden"]))
+        (xt, yt), shards = data.split(x, y, int(row["shards_n"]), seed=int(row["train"]["seed"]))
+        digests = [wire.sha256(wire.encode_shard(a, b, 10, shard=i)) for i, (a, b) in enumerate(shards)]
+        if digests != row["shards"]:
+            raise IntegrityError(
+                "the digits data here splits differently from the shards this coordinator published",
+                hint="run the coordinator with the same scikit-learn data, or start over on a fresh NATS store",
+            )
+        self.test = (xt.astype(np.float32) / 16.0, yt.astype(np.int64))
+        r = int(row["round"])
+        self.params = await self._load_vector(protocol.model_key(r), "model", row["model_sha256"])
+        self.momentum = await self._load_vector(protocol.momentum_key(r), "momentum", row["momentum_sha256"])
+        # The latest coordinator's flags win for these (the rest is fixed when training starts).
+        row.update(rounds=self.cfg.rounds, min_deltas=self.cfg.min_deltas, round_timeout=self.cfg.round_timeout)
+        for key in await self.store.keys("worker."):
+            worker_row, _ = await self.store.get_json(key)
+            if worker_row is not None:
+                self.registry[key.removeprefix("worker.")] = worker_row
+        self.log(
+            f"round {r} ({row['phase']}): {len(self.registry)} registered workers; "
+            f"outer {row['outer']['kind']} lr {row['outer']['lr']} momentum {row['outer']['momentum']}"
+        )
+
+    async def _init(self, x: np.ndarray, y: np.ndarray) -> None:
+        cfg = self.cfg
+        _, shards = data.split(x, y, cfg.shards, seed=cfg.seed)
+        digests = []
+        for i, (a, b) in enumerate(shards):
+            blob = wire.encode_shard(a, b, 10, shard=i)
+            await self.store.put_blob(protocol.shard_key(i), blob)
+            digests.append(wire.sha256(blob))
+        model = MLP(hidden=cfg.hidden)
+        params = model.init(cfg.seed)
+        model_blob = wire.encode_vector("model", params, round=0)
+        mom_blob = wire.encode_vector("momentum", np.zeros_like(params), round=0)
+        await self.store.put_blob(protocol.model_key(0), model_blob)
+        await self.store.put_blob(protocol.momentum_key(0), mom_blob)
+        now = time.time()
+        row = {
+            "v": PROTOCOL,
+            "phase": "open",
+            "round": 0,
+            "rounds": cfg.rounds,
+            "min_deltas": cfg.min_deltas,
+            "round_timeout": cfg.round_timeout,
+            "opened": now,
+            "deadline": now + cfg.round_timeout,
+            "model_sha256": wire.sha256(model_blob),
+            "momentum_sha256": wire.sha256(mom_blob),
+            "model_history": {},
+            "train": {
+                "h": cfg.h_steps,
+                "lr": cfg.lr,
+                "batch": cfg.batch,
+                "hidden": cfg.hidden,
+                "seed": cfg.seed,
+                "inputs": 64,
+                "classes": 10,
+            },
+            "outer": cfg.outer.to_json(),
+            "shards_n": cfg.shards,
+            "shards": digests,
+            "live_window": cfg.live_window,
+            "last_push": {},
+            "applied": {},
+            "accuracy": [],
+            "rejected": {},
+        }
+        if await self.store.create_json("state", row):
+            self.log(f"new training: {cfg.shards} non-IID digits shards, model {model.count} parameters")
+
+    async def _load_vector(self, name: str, kind: str, sha: str) -> np.ndarray:
+        blob = await self.store.get_blob(name)
+        if blob is None or wire.sha256(blob) != sha:
+            raise IntegrityError(f"{name} in the object store does not match the state's sha256 {sha[:12]}")
+        vec, _ = wire.decode_vector(blob, kind, self.model.count)
+        return vec
+
+    # -- registration ---------------------------------------------------------------------
+    async def on_register(self, msg: Any) -> None:
+        async with self.lock:
+            reply = await self._register(parse_row(msg.data))
+        with contextlib.suppress(*TRANSPORT_ERRORS):
+            await msg.respond(dump_row(reply))
+
+    async def _register(self, req: dict[str, Any] | None) -> dict[str, Any]:
+        checked = protocol.check_registration(req)
+        if isinstance(checked, str):
+            self.log(f"registration refused: {checked}")
+            return {"v": PROTOCOL, "accepted": False, "reason": checked}
+        worker, caps = checked
+        if self.state["phase"] == "finished":
+            return {"v": PROTOCOL, "accepted": False, "reason": "training has finished"}
+        row = self.registry.get(worker)
+        if row is None:
+            if len(self.registry) >= self.cfg.max_workers:
+                reason = f"the registry is full ({self.cfg.max_workers} workers)"
+                self.log(f"registration of {worker} refused: {reason}")
+                return {"v": PROTOCOL, "accepted": False, "reason": reason}
+            row = {
+                "v": PROTOCOL,
+                "worker": worker,
+                "shard": len(self.registry) % int(self.state["shards_n"]),
+                "registered_round": int(self.state["round"]),
+                "registered": time.time(),
+            }
+            self.log(f"registered {worker} (shard {row['shard']})")
+        row["capabilities"] = caps
+        row["seen_round"] = int(self.state["round"])
+        await self.store.put_json(f"worker.{worker}", row)
+        self.registry[worker] = row
+        n = int(row["shard"])
+        return {
+            "v": PROTOCOL,
+            "accepted": True,
+            "reason": "",
+            "shard": protocol.shard_key(n),
+            "shard_sha256": self.state["shards"][n],
+        }
+
+    # -- pushes ---------------------------------------------------------------------------
+    async def on_push(self, key: str, value: bytes, revision: int) -> None:
+        parsed = protocol.parse_push_key(key)
+        if parsed is None:
+            self._count("bad key")
+            self.log(f"ignored a push under a malformed key {key[:80]!r}")
+            return
+        round_no, worker = parsed
+        async with self.lock:
+            record = parse_row(value)
+            applied = self.state["applied"].get(f"{round_no}.{worker}")
+            if applied is not None and record is not None and record.get("sha256") == applied:
+                return  # a replay (restart, watcher) of a push already folded in: nothing to do
+            if await self._judged_before(round_no, worker, revision):
+                return  # a replay of a push judged before a restart: its verdict stands
+            reason, weight, delta = await self._judge(round_no, worker, record, applied)
+            if reason:
+                self._count(reason.split(":")[0])
+                self.log(f"round {self.state['round']}: rejected push of {worker} for round {round_no}: {reason}")
+                await self._verdict(round_no, worker, False, reason, 0.0, revision)
+                return
+            assert delta is not None and record is not None
+            self.accepted[(worker, round_no)] = (delta, weight, record["sha256"])
+            await self._verdict(round_no, worker, True, "", weight, revision)
+
+    async def _judged_before(self, round_no: int, worker: str, revision: int) -> bool:
+        """True for a push record this coordinator (or its previous run) has judged already,
+        except an accepted one not yet applied: that one is taken into the open round again."""
+        verdict, _ = await self.store.get_json(protocol.verdict_key(round_no, worker))
+        if verdict is None or verdict.get("push_revision") != revision:
+            return False
+        open_round = int(self.state["round"])
+        in_open_round = verdict.get("in_round") == open_round  # accepted before the crash, not yet applied
+        return not (verdict.get("accepted") and in_open_round and (worker, round_no) not in self.accepted)
+
+    async def _judge(
+        self, round_no: int, worker: str, record: dict[str, Any] | None, applied: str | None
+    ) -> tuple[str, float, np.ndarray | None]:
+        current = int(self.state["round"])
+        if worker not in self.registry:
+            return "unknown worker: not registered", 0.0, None
+        if applied is not None or (worker, round_no) in self.accepted:
+            return (
+                f"duplicate: a delta of {worker} for round {round_no} is already taken; the first one is kept",
+                0,
+                None,
+            )
+        if self.state["phase"] == "finished":
+            return "late: training has finished", 0.0, None
+        if round_no > current:
+            return f"future round: round {round_no} is not open (current round {current})", 0.0, None
+        outer = Outer.from_json(self.state["outer"])
+        weight = outer.weight(current - round_no)
+        if weight <= 0:
+            return f"stale: round {round_no} is closed (current round {current})", 0.0, None
+        bad = protocol.check_push(record, round_no, worker)
+        if bad:
+            return f"malformed push: {bad}", 0.0, None
+        assert record is not None
+        base = self.state["model_sha256"] if round_no == current else self.state["model_history"].get(str(round_no))
+        if record["base_sha256"] != base:
+            return (
+                f"model hash mismatch: the delta was computed on {record['base_sha256'][:12]}, "
+                f"round {round_no}'s model is {str(base)[:12]}",
+                0.0,
+                None,
+            )
+        try:
+            blob = await self.store.get_blob(record["object"], wire.vector_max_bytes(self.model.count))
+        except BadBlob as exc:
+            return f"corrupt delta: {exc}", 0.0, None
+        if blob is None:
+            return "corrupt delta: the delta object is missing", 0.0, None
+        if wire.sha256(blob) != record["sha256"]:
+            return "corrupt delta: sha256 does not match the push record", 0.0, None
+        try:
+            delta, header = wire.decode_vector(blob, "delta", self.model.count)
+        except BadBlob as exc:
+            return f"corrupt delta: {exc}", 0.0, None
+        if header.get("worker") != worker or header.get("round") != round_no:
+            return "corrupt delta: its header names another worker or round", 0.0, None
+        norm = float(np.linalg.norm(delta))
+        if norm > self.cfg.max_delta_norm:
+            return f"corrupt delta: norm {norm:.3g} is over the limit {self.cfg.max_delta_norm:g}", 0.0, None
+        return "", weight, delta
+
+    async def _verdict(self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int) -> None:
+        row = {
+            "v": PROTOCOL,
+            "accepted": ok,
+            "reason": reason,
+            "weight": weight,
+            "in_round": self.state["round"],
+            "push_revision": revision,
+        }
+        await self.store.put_json(protocol.verdict_key(round_no, worker), row)
+
+    def _count(self, why: str) -> None:
+        rej = self.state.setdefault("rejected", {})
+        rej[why] = int(rej.get(why, 0)) + 1
+
+    # -- rounds ---------------------------------------------------------------------------
+    def expected_workers(self) -> set[str]:
+        """Workers the round waits for before its deadline: live ones and recent registrations."""
+        r, window = int(self.state["round"]), int(self.state["live_window"])
+        live = set(status.live_workers(self.state))
+        recent = {w for w, row in self.registry.items() if int(row.get("seen_round", -1)) >= r - window}
+        return live | recent
+
+    async def tick(self) -> None:
+        async with self.lock:
+            if self.state["phase"] != "open":
+                return
+            now = time.time()
+            r = int(self.state["round"])
+            fresh = {w for (w, rr) in self.accepted if rr == r}
+            enough = len(self.accepted) >= int(self.state["min_deltas"])
+            if enough and (now >= float(self.state["deadline"]) or fresh >= self.expected_workers()):
+                await self._commit()
+            elif now >= float(self.state["deadline"]):
+                self.state["deadline"] = now + float(self.state["round_timeout"])
+                self.log(
+                    f"round {r}: {len(self.accepted)} of {self.state['min_deltas']} deltas at the deadline; "
+                    "waiting another round timeout"
+                )
+                await self._save_state()
+
+    async def _save_state(self) -> None:
+        rev = await self.store.update_json("state", self.state, self.revision)
+        if not rev:
+            raise CloudError(
+                "the round state changed under this coordinator: is a second one running?",
+                hint="run exactly one coordinator per NATS store",
+            )
+        self.revision = rev
+
+    async def _commit(self) -> None:
+        r = int(self.state["round"])
+        outer = Outer.from_json(self.state["outer"])
+        items = sorted(self.accepted.items())
+        new_p, new_m = outer.step(self.params, self.momentum, [(d, w) for _, (d, w, _) in items])
+        accuracy = self.model.accuracy(new_p, *self.test)
+        model_blob = wire.encode_vector("model", new_p, round=r + 1)
+        mom_blob = wire.encode_vector("momentum", new_m, round=r + 1)
+        await self.store.put_blob(protocol.model_key(r + 1), model_blob)
+        await self.store.put_blob(protocol.momentum_key(r + 1), mom_blob)
+        applied = [
+            {"worker": w, "round": rr, "object": protocol.delta_object(rr, w, sha), "sha256": sha, "weight": wt}
+            for (w, rr), (_, wt, sha) in items
+        ]
+        await self.store.put_json(
+            protocol.round_key(r),
+            {
+                "v": PROTOCOL,
+                "round": r,
+                "base_sha256": self.state["model_sha256"],
+                "base_momentum_sha256": self.state["momentum_sha256"],
+                "applied": applied,
+                "model_sha256": wire.sha256(model_blob),
+                "momentum_sha256": wire.sha256(mom_blob),
+                "test_accuracy": accuracy,
+            },
+        )
+        st = self.state
+        keep_from = r + 1 - outer.max_staleness - 1
+        st["applied"] = {k: v for k, v in st["applied"].items() if int(k.split(".")[0]) >= keep_from}
+        st["applied"].update({f"{a['round']}.{a['worker']}": a["sha256"] for a in applied})
+        st["model_history"] = {k: v for k, v in st["model_history"].items() if int(k) >= keep_from}
+        st["model_history"][str(r)] = st["model_sha256"]
+        for a in applied:
+            st["last_push"][a["worker"]] = r
+        st["accuracy"] = [*st["accuracy"], [r, accuracy, len(applied)]][-100:]
+        st.update(
+            round=r + 1,
+            model_sha256=wire.sha256(model_blob),
+            momentum_sha256=wire.sha256(mom_blob),
+            opened=time.time(),
+            deadline=time.time() + float(st["round_timeout"]),
+        )
+        if r + 1 >= int(st["rounds"]):
+            st["phase"] = "finished"
+        await self._save_state()
+        self.params, self.momentum = new_p, new_m
+        self.accepted = {k: v for k, v in self.accepted.items() if k[1] > r}  # none: pushes for r+1 wait
+        self.commits += 1
+        names = ", ".join(f"{a['worker']}@{a['round']}" for a in applied)
+        self.log(f"round {r} closed: {len(applied)} deltas ({names}); test accuracy {100 * accuracy:.1f} %")
+        await self._prune(r + 1)
+        self.write_status()
+
+    async def _prune(self, now: int) -> None:
+        """Drop what is older than ``keep_rounds``: JetStream is a store, not an archive."""
+        old = now - self.cfg.keep_rounds
+        if old < 0:
+            return
+        for name in (protocol.model_key(old), protocol.momentum_key(old)):
+            await self.store.delete_blob(name)
+        for key in (protocol.round_key(old), *[k for k in await self.store.keys(f"push.{old}.")]):
+            await self.store.delete(key)
+        for key in await self.store.keys(f"verdict.{old}."):
+            await self.store.delete(key)
+        for name in await self.store.blob_names():
+            if name.startswith(f"delta.{old}."):
+                await self.store.delete_blob(name)
+
+    def write_status(self) -> None:
+        fig = status.figures(self.state, len(self.registry), status.count_dry_runs(self.cfg.dry_run_dir))
+        status.write_atomic(self.cfg.status_path, fig)
+
+
+async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0) -> dict[str, Any]:
+    store = Store(url, timeout=timeout, name="eran-cloud coordinator")
+    await store.connect(create=True)
+    coord = Coordinator(cfg, store, log)
+    try:
+        await coord.load_or_init()
+        await coord._save_state()  # take the round state: a second coordinator would now fail its CAS
+        coord.write_status()
+        sub = await store.nc.subscribe(REGISTER_SUBJECT, cb=coord.on_register)
+        watcher = await store.kv.watch("push.>")
+        last_status = time.monotonic()
+        while coord.state["phase"] == "open":
+            with contextlib.suppress(*TRANSPORT_ERRORS):
+                entry = await watcher.updates(timeout=cfg.poll)
+                while entry is not None:
+                    if entry.value and entry.operation is None:
+                        await coord.on_push(entry.key, entry.value, int(entry.revision or 0))
+                    entry = await watcher.updates(timeout=0.001)
+            await coord.tick()
+            if time.monotonic() - last_status > 2:
+                coord.write_status()
+                last_status = time.monotonic()
+        await sub.unsubscribe()
+        with contextlib.suppress(*TRANSPORT_ERRORS):
+            await watcher.stop()
+        coord.write_status()
+        return status.figures(coord.state, len(coord.registry), status.count_dry_runs(cfg.dry_run_dir))
+    except TRANSPORT_ERRORS as exc:
+        raise store.unreachable(exc) from exc
+    finally:
+        await store.close()

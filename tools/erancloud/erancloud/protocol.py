@@ -1,0 +1,151 @@
+"""Protocol version 1: names of keys and objects, and the checks on every message and row.
+
+Everything a peer sends is judged here, by one function per kind, which returns the reason
+for a refusal (a short sentence) or the cleaned value. docs/erancloud.md lists the fields.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from . import PROTOCOL
+
+WORKER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# What a worker may say about itself: how it computes, nothing about who owns it or where it is.
+CAPABILITIES = {"cpus": int, "python": str, "numpy": str, "arch": str, "protocol": int}
+
+
+def model_key(round_no: int) -> str:
+    return f"model.{round_no}"
+
+
+def momentum_key(round_no: int) -> str:
+    return f"momentum.{round_no}"
+
+
+def shard_key(n: int) -> str:
+    return f"shard.{n}"
+
+
+def push_key(round_no: int, worker: str) -> str:
+    return f"push.{round_no}.{worker}"
+
+
+def verdict_key(round_no: int, worker: str) -> str:
+    return f"verdict.{round_no}.{worker}"
+
+
+def round_key(round_no: int) -> str:
+    return f"round.{round_no}"
+
+
+def delta_object(round_no: int, worker: str, sha: str) -> str:
+    return f"delta.{round_no}.{worker}.{sha[:12]}"
+
+
+def parse_push_key(key: str) -> tuple[int, str] | None:
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != "push" or not parts[1].isdigit() or not WORKER_ID.match(parts[2]):
+        return None
+    return int(parts[1]), parts[2]
+
+
+def check_registration(req: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | str:
+    """(worker id, capabilities) or the reason for refusing."""
+    if req is None:
+        return "the registration is not a JSON object"
+    if req.get("v") != PROTOCOL:
+        return f"protocol version {req.get('v')!r} is not spoken here (this coordinator speaks {PROTOCOL})"
+    extra = set(req) - {"v", "worker", "capabilities"}
+    if extra:
+        return f"the registration carries unknown fields {sorted(extra)}"
+    worker = req.get("worker")
+    if not isinstance(worker, str) or not WORKER_ID.match(worker):
+        return "the worker id must be 1-64 characters of A-Z a-z 0-9 _ -"
+    caps = req.get("capabilities", {})
+    if not isinstance(caps, dict):
+        return "capabilities must be a JSON object"
+    for key, value in caps.items():
+        kind = CAPABILITIES.get(key)
+        if kind is None:
+            return (
+                f"capability {str(key)[:40]!r} is not accepted: only {sorted(CAPABILITIES)} "
+                "(nothing about the device's owner or surroundings)"
+            )
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, str) and len(value) > 32):
+            return f"capability {key!r} must be a short {kind.__name__}"
+        if isinstance(value, int) and not 0 <= value <= 4096:
+            return f"capability {key!r} out of range"
+    return worker, dict(caps)
+
+
+def push_record(
+    worker: str, round_no: int, base_sha: str, obj: str, sha: str, samples: int, steps: int
+) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL,
+        "worker": worker,
+        "round": round_no,
+        "base_sha256": base_sha,
+        "object": obj,
+        "sha256": sha,
+        "samples": samples,
+        "steps": steps,
+        "pushed": time.time(),
+    }
+
+
+def check_push(record: dict[str, Any] | None, round_no: int, worker: str) -> str | None:
+    """The reason a push record is malformed, or None. (Round and model checks come after.)"""
+    if record is None:
+        return "the push record is not a JSON object"
+    if record.get("v") != PROTOCOL:
+        return f"protocol version {record.get('v')!r}, expected {PROTOCOL}"
+    if record.get("worker") != worker or record.get("round") != round_no:
+        return "the push record's worker/round do not match its key"
+    for field in ("base_sha256", "sha256"):
+        if not isinstance(record.get(field), str) or not HEX64.match(record[field]):
+            return f"field {field!r} is not a sha256"
+    obj = record.get("object")
+    if not isinstance(obj, str) or obj != delta_object(round_no, worker, record["sha256"]):
+        return "the delta object is not named delta.<round>.<worker>.<sha12>"
+    for field in ("samples", "steps"):
+        value = record.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= 10_000_000:
+            return f"field {field!r} is not a positive integer"
+    return None
+
+
+# What a worker accepts from the round state before it trains: bounds that keep a lying
+# state from making it train forever, allocate gigabytes or divide by nothing.
+TRAIN_LIMITS: dict[str, tuple[float, float]] = {
+    "h": (1, 1_000_000),
+    "lr": (1e-6, 10.0),
+    "batch": (1, 4096),
+    "hidden": (1, 4096),
+    "seed": (0, 2**31),
+    "inputs": (1, 4096),
+    "classes": (2, 255),
+}
+
+
+def check_state(row: dict[str, Any]) -> str | None:
+    """The reason a round state is unusable for a worker, or None."""
+    r = row.get("round")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        return "round is not a non-negative integer"
+    if not isinstance(row.get("model_sha256"), str) or not HEX64.match(row["model_sha256"]):
+        return "model_sha256 is not a sha256"
+    train = row.get("train")
+    if not isinstance(train, dict):
+        return "train is not an object"
+    for key, (low, high) in TRAIN_LIMITS.items():
+        value = train.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            return f"train.{key} = {str(value)[:20]!r} is outside [{low:g}, {high:g}]"
+        if key != "lr" and not isinstance(value, int):
+            return f"train.{key} is not an integer"
+    return None

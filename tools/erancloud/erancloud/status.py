@@ -1,0 +1,89 @@
+"""The honest figures: live workers, registered workers and dry-run runs, always apart.
+
+* live: workers whose delta was applied within the last ``live_window`` rounds;
+* registered: rows in the registry (a worker that registered once and vanished still counts);
+* dry-run runs: DRY-RUN records in a local directory (they never reach a coordinator).
+
+``status.json`` (schema ``erancloud.status/1``) is written by the coordinator atomically;
+``eran-cloud status`` computes the same figures from JetStream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "erancloud.status/1"
+DRY_RUN_GLOB = "erancloud-dry-run-*.json"
+
+
+def live_workers(state: dict[str, Any]) -> list[str]:
+    window = int(state.get("live_window", 3))
+    now = int(state.get("round", 0))
+    last = state.get("last_push", {})
+    if not isinstance(last, dict):
+        return []
+    return sorted(w for w, r in last.items() if isinstance(r, int) and r >= now - window)
+
+
+def count_dry_runs(directory: Path | None) -> int:
+    """DRY-RUN records in ``directory`` (files the dry-run client wrote); unreadable ones do not count."""
+    if directory is None:
+        return 0
+    n = 0
+    with contextlib.suppress(OSError):
+        for path in directory.glob(DRY_RUN_GLOB):
+            with contextlib.suppress(OSError, ValueError):
+                row = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(row, dict) and row.get("mode") == "DRY-RUN":
+                    n += 1
+    return n
+
+
+def figures(state: dict[str, Any], registered: int, dry_runs: int) -> dict[str, Any]:
+    history = state.get("accuracy", [])
+    last = history[-1] if history else None
+    live = live_workers(state)
+    return {
+        "schema": SCHEMA,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "phase": state.get("phase", "open"),
+        "round": int(state.get("round", 0)),
+        "rounds": int(state.get("rounds", 0)),
+        "test_accuracy": None if last is None else last[1],
+        "accuracy_history": history[-50:],
+        "live_workers": len(live),
+        "live_worker_ids": live,
+        "live_window": int(state.get("live_window", 3)),
+        "registered_workers": registered,
+        "dry_run_runs": dry_runs,
+        "rejected": state.get("rejected", {}),
+        "model_sha256": state.get("model_sha256", ""),
+        "outer": state.get("outer", {}),
+    }
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write-then-rename: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def render(fig: dict[str, Any]) -> str:
+    acc = fig["test_accuracy"]
+    acc_s = "n/a" if acc is None else f"{100 * acc:.1f} %"
+    return (
+        f"round {fig['round']}/{fig['rounds']} ({fig['phase']}): test accuracy {acc_s}; "
+        f"live workers {fig['live_workers']} (delta applied within {fig['live_window']} rounds), "
+        f"registered {fig['registered_workers']}, dry-run runs {fig['dry_run_runs']} (not counted as live)"
+    )
