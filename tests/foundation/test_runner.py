@@ -176,11 +176,14 @@ def isolated(code: str, hard_limit: float = 40.0) -> dict[str, object]:
 
     prelude = textwrap.dedent(
         """
-        import json, resource, sys, time
+        import json, sys, time
         from alma import runner
         from alma.errors import ToolOutputLimit, ToolTimeout
         def rss_mb():
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # VmHWM is this address space's peak; ru_maxrss is not: after subprocess's vfork
+            # + exec it starts at the parent's (pytest's) peak, ~130 MB in a full run.
+            with open("/proc/self/status") as fh:
+                return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")) / 1024
         """
     )
     try:
