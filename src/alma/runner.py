@@ -149,6 +149,7 @@ def run(
     what: str | None = None,
     stderr: str = "merge",
     flush_partial_after: float | None = None,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Result:
     """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
 
@@ -161,6 +162,7 @@ def run(
     ``Result.stderr_lines``; it is still written to the log, prefixed ``stderr: ``.
     ``flush_partial_after=S`` hands an unfinished line to ``on_line`` once the tool has been
     quiet for S seconds (prompts, "Waiting for USB storage device ......").
+    ``on_start(proc)`` is called once the tool runs (its pid is its process group's id).
     """
     if stderr not in ("merge", "separate"):
         raise ValueError(f"stderr must be 'merge' or 'separate', not {stderr!r}")
@@ -194,6 +196,8 @@ def run(
             logf.close()
         raise ToolError(f"{name}: cannot start: {exc}", hint="check the tool's installation") from exc
 
+    if on_start is not None:
+        on_start(proc)
     assert proc.stdout is not None
     q: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
     streams = {"out": proc.stdout} if proc.stderr is None else {"out": proc.stdout, "err": proc.stderr}

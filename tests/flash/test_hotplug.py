@@ -71,5 +71,5 @@ def test_board_vanishing_during_the_flash_is_named_from_udev(unplug: bool) -> No
     assert out["result"] == "TIMEOUT"
     assert out["phases"][-1] == "flash"  # type: ignore[index]
     reason = str(out["reason"])
-    assert "storage device mmcblk1 never appeared" in reason
+    assert "storage device mmcblk0 never appeared" in reason
     assert ("vanished from USB 1-3" in reason) is unplug

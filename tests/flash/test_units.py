@@ -16,10 +16,10 @@ from support_flash import Station
 
 from alma.errors import UserError
 from alma.flash import reasons, udev_rules
-from alma.flash.envfile import parse_env
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
 from alma.flash.pids import MODULES
+from alma.tegraflash.envfile import parse_env
 
 # A real transcript (OE4T/tegra-demo-distro issue 306, scarthgap, Orin Nano devkit).
 STUCK = """Starting at 2024-08-19T13:53:04-07:00

@@ -8,6 +8,7 @@ Records are written atomically (temp file + rename) so a crash never leaves half
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,9 @@ class FlashRecord:
     logs: dict[str, Any] = field(default_factory=dict)  # host_log, device_logs: [...]
     boot: Boot | None = None
     image: str | None = None
+    # initrd-flash's own options as passed (key paths only, never their contents)
+    options: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # e.g. meta-tegra's presigned-bundle warning
     tool: str = "alma flash"
     schema: str = SCHEMA
 
@@ -95,6 +99,25 @@ def save(rec: FlashRecord, directory: Path) -> Path:
     path = directory / record_filename(rec)
     write_atomic(path, json.dumps(rec.to_dict(), indent=2, sort_keys=True) + "\n")
     return path
+
+
+def probe_writable(directory: Path) -> None:
+    """Refuse up front (before any board is touched) when records cannot be written there."""
+    import tempfile
+
+    from alma.errors import UserError
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-", suffix=".tmp") as fh:
+            fh.write(b"{}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise UserError(
+            f"cannot write flash records to {directory}: {exc.strerror or exc}; nothing was flashed",
+            hint="make it writable, or choose another place: alma flash --records-dir DIR",
+        ) from exc
 
 
 def load_all(directory: Path) -> list[FlashRecord]:

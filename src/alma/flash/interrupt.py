@@ -1,0 +1,48 @@
+"""The one interruption path of ``alma flash``: SIGINT and SIGTERM set a flag, nothing else.
+
+No KeyboardInterrupt lands at an arbitrary line (inside a lock, half way through a record):
+the handler only sets ``cancel`` (first signal) and ``urgent`` (any further one). The
+session owns the child processes: it sees ``cancel``, stops every initrd-flash process
+group, writes an INTERRUPTED record per board with the phases reached and keeps the logs;
+``urgent`` only makes the stop faster (SIGKILL, no grace). The command exits 130.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interruption:
+    def __init__(self, cancel: threading.Event | None = None) -> None:
+        self.cancel = cancel or threading.Event()
+        self.urgent = threading.Event()
+        self.received: list[int] = []
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self.cancel.is_set():
+            self.urgent.set()
+        self.cancel.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.cancel.is_set()
+
+    @contextmanager
+    def installed(self) -> Iterator[Interruption]:
+        """Install the handlers (main thread only; elsewhere a no-op) and restore them after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self._handler) for s in SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
