@@ -448,8 +448,20 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
-    results = sorted((r["board"]["usb_instance"], r["result"]) for r in station.records_list())  # type: ignore[index]
+    assert "Traceback" not in err
+    recs = station.records_list()
+    results = sorted((r["board"]["usb_instance"], r["result"]) for r in recs)  # type: ignore[index]
     assert results == [("1-3", "REFUSED"), ("1-4", "INTERRUPTED"), ("1-8.4", "INTERRUPTED")]
+    for rec in recs:
+        if rec["result"] != "INTERRUPTED":
+            continue
+        # the phases it reached, the last one marked interrupted, and the evidence kept
+        names = [p["name"] for p in rec["phases"]]  # type: ignore[union-attr,index]
+        assert names[:2] == ["prepare", "wait-board"] and names[-1] == "storage", names
+        assert rec["phases"][-1]["result"] == "interrupted"  # type: ignore[index]
+        host_log = station.records / logs_of(rec)["host_log"]
+        assert "Waiting for USB storage device mmcblk0" in host_log.read_text()
+        assert (station.records / logs_of(rec)["transcript"]).is_file()
     for pid in map(int, pidfile.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

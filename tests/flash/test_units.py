@@ -141,40 +141,61 @@ def test_wrong_chip_and_old_boards_and_unknown_machines() -> None:
         check_fits("my-custom-carrier", "0x23", "0955", "7523", "1-3")
 
 
+def _node(tmp_path: Path, name: str = "007") -> str:
+    """A temp file standing for the board's USB device node (/dev/bus/usb/001/007): flock
+    works the same on both; mode 0666 like a node any plugdev member may open."""
+    p = tmp_path / name
+    p.write_bytes(b"")
+    p.chmod(0o666)
+    return str(p)
+
+
 def test_lock_refuses_a_second_flasher_and_frees_on_exit(tmp_path: Path) -> None:
-    with BoardLock("1-8.4", tmp_path):
+    node = _node(tmp_path)
+    with BoardLock("1-8.4", node):
         with pytest.raises(UserError) as ei:
-            BoardLock("1-8.4", tmp_path).acquire()
-        assert f"pid {os.getpid()}" in ei.value.message
-        BoardLock("1-3", tmp_path).acquire()  # another board is independent
-    BoardLock("1-8.4", tmp_path).acquire()  # released
+            BoardLock("1-8.4", node).acquire()
+        assert "already being flashed" in ei.value.message and node in ei.value.message
+        BoardLock("1-3", _node(tmp_path, "008")).acquire()  # another board is independent
+    BoardLock("1-8.4", node).acquire()  # released
 
 
-def test_lock_held_by_another_process(tmp_path: Path) -> None:
+def test_lock_means_the_board_for_every_user_and_never_goes_stale(tmp_path: Path) -> None:
+    """Held by another process; a second flasher of the same node is refused (flock ignores
+    who opened the node, so any user is); kill -9 of the holder frees it (no lock file)."""
+    node = _node(tmp_path)
+    tmp_path.chmod(0o755)
+    code = (
+        "import sys; from alma.flash.lock import BoardLock; "
+        f"BoardLock('1-3', {node!r}).acquire(); print('held', flush=True); sys.stdin.read()"
+    )
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from pathlib import Path; from alma.flash.lock import BoardLock; "
-            f"BoardLock('1-3', Path({str(tmp_path)!r})).acquire(); print('held', flush=True); sys.stdin.read()",
-        ],
+        [sys.executable, "-c", code],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(UserError, match=f"pid {holder.pid}"):
-            BoardLock("1-3", tmp_path).acquire()
+        with pytest.raises(UserError, match="already being flashed"):
+            BoardLock("1-3", node).acquire()
     finally:
-        holder.communicate("")
-    BoardLock("1-3", tmp_path).acquire()  # the flock died with its process: no stale lock
-    fd = os.open(tmp_path / "alma-flash-1-3.lock", os.O_RDONLY)
+        holder.kill()
+        holder.wait()
+    BoardLock("1-3", node).acquire()  # the flock died with its process: no stale lock
+    fd = os.open(node, os.O_RDONLY)
     try:
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
+
+
+def test_lock_without_a_device_node_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no USB device node"):
+        BoardLock("1-3", None).acquire()
+    with pytest.raises(UserError, match="left recovery mode"):
+        BoardLock("1-3", str(tmp_path / "gone")).acquire()
 
 
 # udev rules: one line per rule, KEY{attr}OP"value" pairs separated by ", "

@@ -130,7 +130,7 @@ class _Unpacker:
         if budget.cap is not None:
             allowed = min(allowed, budget.cap)
         self.free0 = free
-        self.state = _State(allowed=max(0, allowed))
+        self.state = _State(allowed=max(0, allowed), next_check=RECHECK_EVERY)
 
     def _refuse_space(self, needs: int, what: str) -> NoSpace:
         return NoSpace(needs, self.budget.free(self.tmp), self.tmp.parent, self.budget, f"{self.bundle.name}: {what}")
@@ -172,7 +172,7 @@ class _Unpacker:
                 left -= len(piece)
                 st.written += len(piece)
                 if st.written >= st.next_check:
-                    st.next_check = st.written + RECHECK_EVERY
+                    st.next_check = st.written + RECHECK_EVERY  # module global: tests shrink it
                     if self.budget.free(self.tmp) < self.budget.margin:
                         raise self._refuse_space(st.written + left, f"unpacking {m.name!r} (the disk is filling up)")
 

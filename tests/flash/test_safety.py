@@ -1,0 +1,204 @@
+"""`alma flash` end to end against the issue's defects: hostile bundles and bombs refused
+before any board is touched (exit 2, no traceback, the simulator never ran), records dir
+probed first, signals (two SIGINTs, SIGTERM) always exit 130 with complete records, the
+initrd-flash options passed through and recorded, disk full while copying for a board."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import require_tool
+from support_flash import DEVICES, Station, sha256
+from flash.test_unpack import Arc, _bomb
+
+from alma.errors import UserError
+from alma.flash import bundle as bundles
+
+NANO = "jetson-orin-nano-devkit"
+
+
+def _flash(station: Station, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return station.alma("flash", "--yes", "--console", "none", *args, device="apx-7523-orin-nano-8gb", **env)
+
+
+def test_cve_2025_4517_bundle_is_refused_before_the_board_and_writes_nothing_outside(
+    station: Station, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "flag").write_text("original")
+    arc = Arc()
+    arc.add("initrd-flash", content="#!/bin/sh\ntouch ran\n", mode=0o755)
+    arc.add("d/")
+    arc.add("a", symlink_to="d")
+    arc.add("a/l", symlink_to="../../../../outside")  # through the link the archive just made
+    arc.add("escape", symlink_to="a/l")
+    arc.add("escape/flag", content="overwritten")
+    b = arc.write(tmp_path / "evil.tegraflash.tar.gz")
+    pidfile = tmp_path / "sim.pid"
+    for sha in (sha256(b), "ab" * 32):  # whatever the hash
+        r = _flash(station, str(b), "--sha256", sha, SIM_PIDFILE=str(pidfile))
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and "refused" in r.stderr
+        assert (outside / "flag").read_text() == "original"
+        assert not pidfile.exists()  # the board was never touched
+        assert station.leftovers() == []
+    recs = station.records_list()
+    assert [r["result"] for r in recs] == ["REFUSED", "REFUSED"]
+
+
+def test_a_bomb_is_refused_in_seconds_with_the_numbers(station: Station, tmp_path: Path) -> None:
+
+    b = _bomb(tmp_path / "bomb.tegraflash.tar.gz", 20 << 30)
+    t0 = time.monotonic()
+    r = _flash(station, str(b), "--sha256", sha256(b), "--unpack-cap", "5")
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "needs 21.5 GB, more than the unpack cap of 5.0 GB" in r.stderr
+    assert station.leftovers() == []
+
+
+def test_unwritable_records_dir_is_refused_before_flashing(station: Station, tmp_path: Path) -> None:
+    b = station.bundle()
+    station.manifest(b)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    pidfile = tmp_path / "sim.pid"
+    r = _flash(station, "--records-dir", str(blocker / "records"), SIM_PIDFILE=str(pidfile))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "cannot write flash records" in r.stderr and "nothing was flashed" in r.stderr
+    assert not pidfile.exists()
+
+
+def test_missing_signing_key_is_refused(station: Station, tmp_path: Path) -> None:
+    b = station.bundle()
+    station.manifest(b)
+    r = _flash(station, "--pkc-key", str(tmp_path / "nope.pem"))
+    assert r.returncode == 2 and "signing key -u" in r.stderr
+
+
+def test_options_are_passed_through_recorded_and_the_presigned_warning_surfaced(
+    station: Station, tmp_path: Path
+) -> None:
+    key = tmp_path / "rsa_priv.pem"
+    key.write_text("-----BEGIN PRIVATE KEY-----\nSECRET-KEY-MATERIAL\n-----END PRIVATE KEY-----\n")
+    tree_extra = station.base / "tree-b"
+    b = station.bundle()
+    # a pre-signed bundle carries .presigning-vars: rebuild it with one
+    (tree_extra / ".presigning-vars").write_text("BR_CID=0x80012344705DE803\n")
+    from support_flash import tar_gz
+
+    b.unlink()
+    tar_gz(tree_extra, b)
+    station.manifest(b)
+    argv = tmp_path / "argv"
+    r = _flash(station, "--erase-nvme", "--skip-bootloader", "--pkc-key", str(key), SIM_ARGV=str(argv))
+    assert r.returncode == 0, r.stderr
+    assert argv.read_text().split() == ["--usb-instance", "1-3", "--erase-nvme", "--skip-bootloader", "-u", str(key)]
+    (rec,) = station.records_list()
+    assert rec["options"] == {"erase_nvme": True, "skip_bootloader": True, "pkc_key": str(key), "sbk_key": None}
+    assert rec["warnings"] == ["WARN: binaries already signed; ignoring signing options"]
+    assert "binaries already signed" in r.stderr
+    everything = r.stdout + r.stderr + "".join(p.read_text() for p in station.records.rglob("*") if p.is_file())
+    assert "SECRET-KEY-MATERIAL" not in everything  # a key path is recorded, never its contents
+
+
+def _start_all(station: Station, pidfile: Path) -> subprocess.Popen[str]:
+    b = station.bundle(outcomes={"*": "hang-storage"})
+    station.manifest(b)
+    cmd = [
+        require_tool("umockdev-run"),
+        "--device",
+        str(DEVICES / "three-boards.umockdev"),
+        "--",
+        sys.executable,
+        "-m",
+        "alma",
+        "flash",
+        "--yes",
+        "--all",
+        "--console",
+        "none",
+        "--machine",
+        NANO,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=station.env(SIM_PIDFILE=str(pidfile)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    for _ in range(1200):
+        if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+            return proc
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("the simulated flashes never reached the storage wait")
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)], ids=["two-sigints", "sigterm"])
+def test_signals_always_exit_130_with_complete_records(
+    station: Station, tmp_path: Path, signals: tuple[int, ...]
+) -> None:
+    pidfile = tmp_path / "sims.pid"
+    proc = _start_all(station, pidfile)
+    try:
+        time.sleep(0.5)
+        # signal alma itself (umockdev-run, standing in for the terminal's session, dies of
+        # a second SIGINT on its own): its pid is umockdev-run's child
+        alma = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        for s in signals:
+            os.kill(alma, s)
+            time.sleep(0.005)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    recs = station.records_list()  # every record complete JSON (a torn one would not load)
+    assert sorted(r["result"] for r in recs) == ["INTERRUPTED", "INTERRUPTED", "REFUSED"]
+    for pid in map(int, pidfile.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert station.leftovers() == []
+
+
+def test_disk_full_copying_for_a_board_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from support_flash import make_bundle_tree, tar_gz
+
+    b = tar_gz(make_bundle_tree(tmp_path / "tree"), tmp_path / "b.tar.gz")
+    prepared = bundles.prepare(b, tmp_path / "work", None)
+
+    def full(*a: object, **k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bundles.shutil, "copy2", full)
+    monkeypatch.setattr(bundles, "_reflink", lambda s, d: False)
+    with pytest.raises(UserError) as ei:
+        bundles.clone_for_board(prepared, tmp_path / "work" / "boards" / "1-3")
+    assert "no space left copying the bundle for board 1-3" in ei.value.message
+    assert not (tmp_path / "work" / "boards" / "1-3").exists()
+
+
+def test_space_for_the_per_board_copies_is_checked_first(tmp_path: Path) -> None:
+    from support_flash import make_bundle_tree, tar_gz
+
+    from alma.tegraflash.unpack import Budget
+
+    b = tar_gz(make_bundle_tree(tmp_path / "tree"), tmp_path / "b.tar.gz")
+    prepared = bundles.prepare(b, tmp_path / "work", None)
+    need = bundles.copy_bytes_needed(prepared)
+    assert need > 0
+    with pytest.raises(UserError, match=r"copying the bundle for 4 board\(s\) needs"):
+        bundles.check_copy_space(prepared, 4, Budget(margin=0, free=lambda p: need * 3), tmp_path)
+    bundles.check_copy_space(prepared, 3, Budget(margin=0, free=lambda p: need * 3), tmp_path)
