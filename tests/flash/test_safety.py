@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from flash.test_unpack import Arc, _bomb
 from support import require_tool
 from support_flash import DEVICES, Station, sha256
-from flash.test_unpack import Arc, _bomb
 
 from alma.errors import UserError
 from alma.flash import bundle as bundles

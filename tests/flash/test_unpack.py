@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alma.errors import Interrupted, UserError
-from alma.tegraflash import reader, unpack as unpack_mod
+from alma.tegraflash import reader
+from alma.tegraflash import unpack as unpack_mod
 from alma.tegraflash.unpack import Budget, unpack
 
 ENV = b'MACHINE="jetson-orin-nano-devkit"\nCHIPID="0x23"\nROOTFS_DEVICE="mmcblk0"\n'
@@ -32,7 +33,7 @@ class Arc:
 
     def __init__(self) -> None:
         self.buf = io.BytesIO()
-        self.tar = tarfile.open(fileobj=self.buf, mode="w", format=tarfile.GNU_FORMAT)
+        self.tar = tarfile.open(fileobj=self.buf, mode="w", format=tarfile.GNU_FORMAT)  # noqa: SIM115 - closed in write()
         self.add(".env.initrd-flash", content=ENV)
 
     def add(
@@ -42,7 +43,7 @@ class Arc:
         content: bytes | str | None = None,
         symlink_to: str | None = None,
         hardlink_to: str | None = None,
-        type: bytes | None = None,  # noqa: A002 - CPython's name
+        type: bytes | None = None,
         mode: int | None = None,
     ) -> None:
         ti = tarfile.TarInfo(name)
