@@ -95,8 +95,18 @@ def record_filename(rec: FlashRecord) -> str:
     return f"{stamp}-{rec.machine}-{where}.json"
 
 
-def save(rec: FlashRecord, directory: Path) -> Path:
+def next_path(rec: FlashRecord, directory: Path) -> Path:
+    """Where ``rec`` goes; two attempts in one second get ``-2``, ``-3``... (never overwritten)."""
     path = directory / record_filename(rec)
+    n = 1
+    while path.exists():
+        n += 1
+        path = directory / f"{Path(record_filename(rec)).stem}-{n}.json"
+    return path
+
+
+def save(rec: FlashRecord, directory: Path, path: Path | None = None) -> Path:
+    path = path or next_path(rec, directory)
     write_atomic(path, json.dumps(rec.to_dict(), indent=2, sort_keys=True) + "\n")
     return path
 

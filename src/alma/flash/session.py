@@ -287,9 +287,9 @@ class FlashSession:
             options=self.opts.flash_args.record(),
         )
 
-    def _save(self, run: BoardRun) -> BoardRun:
+    def _save(self, run: BoardRun, path: Path | None = None) -> BoardRun:
         try:
-            run.path = records.save(run.record, self.records_dir)
+            run.path = records.save(run.record, self.records_dir, path)
         except OSError as exc:
             # The disk filled up (or went read-only) since the probe: say so, and put the
             # record where it can still be read (stderr), so the evidence is not lost.
@@ -529,7 +529,8 @@ class FlashSession:
             rec.warnings = list(outcome.warnings)
             rec.finished = utc_iso()
             run = BoardRun(board, rec)
-            logs_dir = self.records_dir / (Path(records.record_filename(rec)).stem + ".logs")
+            path = records.next_path(rec, self.records_dir)
+            logs_dir = path.with_suffix(".logs")
             try:
                 rec.logs = keep_logs(outcome, logs_dir)
                 rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
@@ -549,7 +550,7 @@ class FlashSession:
                 rec.finished = utc_iso()
             elif port and outcome.result == "SUCCESS":
                 rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
-            return self._save(run)
+            return self._save(run, path)
         finally:
             presence.stop()
             if watcher is not None:
