@@ -6,16 +6,18 @@ tarfile, which parses headers from it while the caller reads member data. ``fini
 inflates to the gzip trailer (its CRC and length prove the bundle whole) and ``drain``
 hashes whatever follows, so the digest always covers the whole file.
 
-``threaded=True`` moves read + hash + inflate into a producer thread (hashlib and isal
-release the GIL), so they overlap with the consumer's writes: the unpack uses it.
+``threaded=True`` moves read + hash + inflate into a producer thread (isal's threaded igzip
+reader, ~2.5x faster than decompressobj; hashlib and isal release the GIL), so they overlap
+with the consumer's writes: the unpack uses it.
 Inflation is bounded per step (4 MiB out), so a bomb never inflates in one call; the
 caller bounds the total by the members' declared sizes (:mod:`.unpack`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import queue
+import io
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -105,6 +107,32 @@ class _Inflater:
             pass
 
 
+class _HashingRaw(io.RawIOBase):
+    """Hashes every byte that passes through on its way to igzip's reader thread."""
+
+    def __init__(self, inf: _Inflater) -> None:
+        self.inf = inf
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = self.inf._fh.readinto(b)  # type: ignore[attr-defined]
+        if n:
+            view = memoryview(b)[:n]
+            self.inf.hash.update(view)
+            self.inf.raw_read += n
+            if self.inf._progress:
+                self.inf._progress(self.inf.raw_read, self.inf._total)
+        return n or 0
+
+
+def _open_threaded(inf: _Inflater) -> Any:
+    from isal import igzip_threaded
+
+    return igzip_threaded.open(_HashingRaw(inf), "rb", threads=1, block_size=CHUNK)
+
+
 class BundleStream:
     """A forward-only file of the inflated tar; ``sha256()`` once ``finish``/``drain`` ran."""
 
@@ -124,50 +152,20 @@ class BundleStream:
         self._eof = False
         self.pos = 0
         self._cancel = cancel
-        self._q: queue.Queue[bytes | BaseException] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if threaded:
-            self._q = queue.Queue(maxsize=8)
-            self._thread = threading.Thread(target=self._produce, name="bundle inflate", daemon=True)
-            self._thread.start()
-
-    # -- producer ----------------------------------------------------------------
-    def _produce(self) -> None:
-        assert self._q is not None
-        try:
-            while not self._stop.is_set():
-                piece = self._inf.next_piece()
-                self._put(piece)
-                if not piece:
-                    return
-        except BaseException as exc:  # handed to the consumer, raised there
-            self._put(exc)
-
-    def _put(self, item: bytes | BaseException) -> None:
-        assert self._q is not None
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
+        self._dec: Any = _open_threaded(self._inf) if threaded else None
 
     def _piece(self) -> bytes:
         if self._cancel is not None and self._cancel.is_set():
             raise Interrupted("interrupted while unpacking the bundle; nothing was flashed")
-        if self._q is None:
+        if self._dec is None:
             return self._inf.next_piece()
-        while True:
-            try:
-                item = self._q.get(timeout=0.2)
-            except queue.Empty:
-                if self._cancel is not None and self._cancel.is_set():
-                    raise Interrupted("interrupted while unpacking the bundle; nothing was flashed") from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            return item
+        try:
+            piece: bytes = self._dec.read(STEP)
+        except EOFError as exc:
+            raise CorruptBundle(str(exc) or "the gzip stream ends early") from exc
+        except (OSError, ValueError) as exc:  # BadGzipFile, bad CRC, bad data
+            raise CorruptBundle(str(exc)) from exc
+        return piece  # b"" at the end; bytes after the gzip data are hashed by drain()
 
     def _fill(self) -> bool:
         if self._eof:
@@ -255,11 +253,11 @@ class BundleStream:
             self._off = len(self._cur)
 
     def close(self) -> None:
-        """Stop the producer (if any); safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        """Stop the producer thread (if any); safe to call twice."""
+        if self._dec is not None:
+            with contextlib.suppress(Exception):
+                self._dec.close()
+            self._dec = None
 
     def drain(self) -> None:
         """Hash the raw bytes the inflater did not need (after ``finish``)."""
