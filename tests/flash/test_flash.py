@@ -427,7 +427,7 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
     # a new session stands in for the terminal: Ctrl-C signals the whole foreground group
     proc = subprocess.Popen(
         cmd,
-        env=station.env(SIM_PIDFILE=str(pidfile)),
+        env=station.env(SIM_PIDFILE=str(pidfile), PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -443,7 +443,14 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
             pytest.fail("the simulated flashes never reached the storage wait")
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # a hang is a bug: make alma dump every thread's stack (PYTHONFAULTHANDLER) and show it
+            alma = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+            os.kill(alma, signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"alma flash did not stop after Ctrl-C:\n{err}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -18,10 +18,34 @@ from types import FrameType
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class SignalFlag(threading.Event):
+    """A ``threading.Event`` whose ``set`` takes no lock.
+
+    ``Event.set`` acquires a non-reentrant lock; a handler runs in the main thread between
+    two bytecodes, so a second signal arriving while the first handler is inside ``set``
+    (umockdev-run and terminals deliver SIGINT twice within microseconds) re-entered it and
+    deadlocked the process for good. Here ``set`` is one attribute store; nobody waits on
+    the flag without a timeout (everything polls it), so no wake-up is lost.
+    """
+
+    def set(self) -> None:
+        self._flag = True  # CPython's Event keeps its state here
+
+    def wait(self, timeout: float | None = None) -> bool:
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+        return True
+
+
 class Interruption:
-    def __init__(self, cancel: threading.Event | None = None) -> None:
-        self.cancel = cancel or threading.Event()
-        self.urgent = threading.Event()
+    def __init__(self) -> None:
+        self.cancel = SignalFlag()
+        self.urgent = SignalFlag()
         self.received: list[int] = []
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
