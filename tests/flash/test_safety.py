@@ -223,3 +223,30 @@ def test_the_signal_flag_can_be_set_while_its_lock_is_held() -> None:
         stop._handler(signal.SIGINT, None)
         stop._handler(signal.SIGINT, None)
     assert stop.interrupted and stop.urgent.is_set()
+
+
+def test_a_record_that_cannot_be_written_is_a_clear_error_and_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills between the records-dir probe and the end of the flash."""
+    import json as _json
+
+    from alma.flash import records
+    from alma.flash.records import FlashRecord
+    from alma.flash.session import BoardRun, FlashOptions, FlashSession
+
+    events: list[tuple[str, dict[str, object]]] = []
+    session = FlashSession(
+        FlashOptions(root=tmp_path, records_dir=tmp_path / "records"), on_event=lambda k, d: events.append((k, d))
+    )
+
+    def full(*a: object, **k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records, "write_atomic", full)
+    rec = FlashRecord({"usb_instance": "1-3"}, "ab" * 32, "b", NANO, "2026-12-01T00:00:00Z", "x", "SUCCESS")
+    run = session._save(BoardRun(None, rec))
+    assert run.path is None and session.record_errors
+    assert "cannot write the flash record" in session.record_errors[0].message
+    (lost,) = [d for k, d in events if k == "record-lost"]
+    assert _json.loads(str(lost["json"]))["result"] == "SUCCESS"  # the evidence, on stderr
