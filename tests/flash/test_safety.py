@@ -250,3 +250,36 @@ def test_a_record_that_cannot_be_written_is_a_clear_error_and_not_lost(
     assert "cannot write the flash record" in session.record_errors[0].message
     (lost,) = [d for k, d in events if k == "record-lost"]
     assert _json.loads(str(lost["json"]))["result"] == "SUCCESS"  # the evidence, on stderr
+
+
+def test_ctrl_c_at_the_confirmation_prompt_aborts_with_130_and_touches_nothing(
+    station: Station, tmp_path: Path
+) -> None:
+    b = station.bundle()
+    station.manifest(b)
+    pidfile = tmp_path / "sim.pid"
+    master, slave = os.openpty()
+    cmd = [require_tool("umockdev-run"), "--device", str(DEVICES / "apx-7523-orin-nano-8gb.umockdev"), "--"]
+    proc = subprocess.Popen(
+        [*cmd, sys.executable, "-m", "alma", "flash", "--console", "none"],
+        env=station.env(SIM_PIDFILE=str(pidfile)),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    try:
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"Erase and flash" not in seen and time.monotonic() < deadline:
+            seen += os.read(master, 4096)
+        assert b"Erase and flash" in seen, seen
+        alma = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        os.kill(alma, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        os.close(master)
+    assert not pidfile.exists() and station.records_list() == []

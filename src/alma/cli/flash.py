@@ -165,7 +165,8 @@ def flash(
             raise UserError("flashing erases the boards and stdin is not a terminal", hint="add --yes to confirm")
         names = ", ".join(f"{b.usb_instance} ({b.module})" for b in boards)
         click.echo(f"bundle: {choice.path}\n  sha256 {choice.expected_sha256}\nboards: {names}", err=True)
-        return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
+        with stop.suspended():  # Ctrl-C at the prompt aborts it (exit 130); nothing was touched
+            return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
 
     display = _Display(json_mode=as_json)
     stop = Interruption()

@@ -64,9 +64,24 @@ class Interruption:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        old = {s: signal.signal(s, self._handler) for s in SIGNALS}
+        self._old = {s: signal.signal(s, self._handler) for s in SIGNALS}
         try:
             yield self
         finally:
-            for s, h in old.items():
+            for s, h in self._old.items():
+                signal.signal(s, h)
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """The previous handlers back for a moment: Ctrl-C at a prompt aborts the prompt
+        (nothing was touched yet), instead of setting a flag nobody reads while it waits."""
+        old = getattr(self, "_old", None)
+        if old is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        mine = {s: signal.signal(s, h) for s, h in old.items()}
+        try:
+            yield
+        finally:
+            for s, h in mine.items():
                 signal.signal(s, h)
