@@ -408,6 +408,7 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
 
     _ready(station, outcomes={"*": "hang-storage"})
     pidfile = tmp_path / "sims.pid"
+    waiting = tmp_path / "sims.waiting"
     cmd = [
         require_tool("umockdev-run"),
         "--device",
@@ -427,7 +428,7 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
     # a new session stands in for the terminal: Ctrl-C signals the whole foreground group
     proc = subprocess.Popen(
         cmd,
-        env=station.env(SIM_PIDFILE=str(pidfile), PYTHONFAULTHANDLER="1"),
+        env=station.env(SIM_PIDFILE=str(pidfile), SIM_WAITING=str(waiting), PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -436,12 +437,17 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
     try:
         # both Orin Nanos reach the endless storage wait (generous: CI machines are loaded)
         for _ in range(1200):
-            if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+            if waiting.exists() and len(waiting.read_text().splitlines()) == 2:
                 break
             time.sleep(0.05)
         else:
             pytest.fail("the simulated flashes never reached the storage wait")
-        time.sleep(0.5)
+        # ...and alma has read step 4's banner (its transcript is written as lines arrive)
+        for _ in range(1200):
+            seen = [p.read_text() for p in station.work.glob("run-*/boards/*/alma-initrd-flash.log")]
+            if len(seen) == 2 and all("== Step 4:" in t for t in seen):
+                break
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)
         try:
             out, err = proc.communicate(timeout=60)

@@ -131,14 +131,15 @@ def _start_all(station: Station, pidfile: Path) -> subprocess.Popen[str]:
     ]
     proc = subprocess.Popen(
         cmd,
-        env=station.env(SIM_PIDFILE=str(pidfile)),
+        env=station.env(SIM_PIDFILE=str(pidfile), SIM_WAITING=str(pidfile) + ".waiting"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    waiting = Path(str(pidfile) + ".waiting")
     for _ in range(1200):
-        if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+        if waiting.exists() and len(waiting.read_text().splitlines()) == 2:
             return proc
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
