@@ -316,3 +316,48 @@ def test_manifest_without_bundle_hash_is_refused(station: Station) -> None:
     with pytest.raises(UserError) as ei:
         resolve_bundle(_opts(station))
     assert "bundle_sha256 is empty" in ei.value.message and "alma verify" in str(ei.value.hint)
+
+
+def test_protocol_phases_and_when_the_board_must_be_on_usb() -> None:
+    """From the real transcript: flashpkg ends at its '[/dev/sda]', storage starts at step 4;
+    the board must stay on USB only from the storage device's '[/dev/sdX]' to '[OK: ...]'."""
+    from alma.flash.protocol import Tracker
+
+    clock = iter(range(100))
+    seen: list[str] = []
+    t = Tracker(seen.append, clock=lambda: float(next(clock)))
+    for line in STUCK:
+        t.feed(line)
+    assert seen == ["sign", "rcm-boot", "flashpkg", "send-commands", "storage"]
+    assert t.present_windows == []  # the gadget's power-off after step 3 is no time to be present
+    t.feed("Waiting for USB storage device mmcblk0 from 1137aeb0...")
+    t.feed("[/dev/sdb]")
+    assert seen[-1] == "flash" and t.last_wait == "mmcblk0"
+    t.feed("  Writing alma-image.ext4 (size=15032385536) to /dev/sdb1 (size=15032385536)...")
+    start = t.present_windows[0][0]
+    assert start is not None and t.must_be_present_at(start + 0.5)
+    t.feed("[OK: /dev/sdb]")
+    end = t.present_windows[0][1]
+    assert end is not None and not t.must_be_present_at(end + 0.5)  # the host powers it off now
+
+
+def test_reason_after_got_flashpkg_never_points_at_device_logs() -> None:
+    lines = [*STUCK, "Waiting for USB storage device mmcblk0 from 1137aeb0...[got flashpkg when expecting mmcblk0]"]
+    why = reasons.reason_from_log([*lines, "ERR: could not find mmcblk0"], device_logs=False)
+    assert "flashpkg when mmcblk0 was expected" in why and "see the device logs" not in why
+    assert "fetched no device logs" in why
+
+
+def test_reason_for_the_flashpkg_wait_names_rcm_boot_and_the_usb_timeout() -> None:
+    lines = [*STUCK[:8], "Waiting for USB storage device flashpkg from 1137aeb0...", *USB_WRITE[:3]]
+    why = reasons.reason_from_log(lines, timed_out_phase="flashpkg", timeout_s=120)
+    assert why.startswith("the flashpkg USB gadget never appeared within 120 s")
+    assert "might be timeout in USB write" in why and "rcm-boot.sh still exits 0" in why
+    quiet = reasons.reason_from_log(STUCK[:8], timed_out_phase="flashpkg", timeout_s=120)
+    assert "did not boot the flashing kernel" in quiet
+
+
+def test_final_failed_points_at_device_logs_only_when_there_are_some() -> None:
+    lines = ["Final status: FAILED"]
+    assert "see the device logs" in reasons.reason_from_log(lines, device_logs=True)
+    assert "sent no logs" in reasons.reason_from_log(lines, device_logs=False)
