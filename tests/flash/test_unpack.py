@@ -407,3 +407,27 @@ def test_generated_bundles_never_write_outside_and_leave_only_inside_links(
             if p.is_symlink():
                 assert Path(os.path.realpath(p)).is_relative_to(root), (p, os.readlink(p))
     assert _snapshot(base, work) == before
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["threaded", "inline"])
+def test_members_ending_on_block_and_piece_boundaries(sandbox: Path, threaded: bool) -> None:
+    """tarfile peeks one byte back after each member: members of exactly 512 bytes and of
+    exactly one inflate step (4 MiB) end where a piece ends, so the peek crosses pieces."""
+    arc = Arc()
+    sizes = {"block": 512, "step": 4 << 20, "step2": 8 << 20, "odd": 4097}
+    for name, n in sizes.items():
+        arc.add(name, content=os.urandom(n))
+    b = arc.write(sandbox / "b.tar.gz")
+    u = unpack(b, sandbox / "work" / "bundle", _sha(b), budget=Budget(margin=0), threaded=threaded)
+    assert {n: (u.root / n).stat().st_size for n in sizes} == sizes
+    assert reader.scan(b).sha256 == u.sha256
+
+
+def test_bundle_names() -> None:
+    from alma.tegraflash.names import link_name, parse_name
+
+    n = parse_name("alma-image-jetson-orin-nano-devkit.rootfs-20261130120000.tegraflash.tar.gz")
+    assert n is not None and n.stamp == "20261130120000" and n.fmt == "tar.gz"
+    assert n.is_for("alma-image", "jetson-orin-nano-devkit") and not n.is_for("alma-image", "jetson-agx-orin-devkit")
+    assert parse_name(link_name("alma-image", "jetson-agx-orin-devkit", "zip")) is not None
+    assert parse_name("evil.tar.gz") is None
