@@ -448,7 +448,14 @@ def test_ctrl_c_during_all_stops_every_flash_and_records_it(station: Station, tm
                 break
             time.sleep(0.05)
         else:
-            pytest.fail("the simulated flashes never reached the storage wait")
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if kids:  # stacks of every alma thread, to see where it stands
+                os.kill(int(kids[0]), signal.SIGABRT)
+                time.sleep(1)
+            pytest.fail(
+                f"the simulated flashes never reached the storage wait (umockdev-run children {kids}; "
+                f"waiting: {waiting.read_text() if waiting.exists() else None!r}):\n" + "".join(err_lines)
+            )
         os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=60)
