@@ -117,13 +117,12 @@ def _refused(sandbox: Path, bundle: Path, says: str | None = None) -> UserError:
     return ei.value
 
 
-def test_cve_2025_4517_realpath_limit_chain(sandbox: Path) -> None:
-    """CPython test_realpath_limit_attack: symlinks whose expansion overflows PATH_MAX so
-    realpath() stops checking, then a hard link through them and a write through it."""
-    arc = Arc()
+def cve_2025_4517(arc: Arc, dest: Path, outside: Path) -> Arc:
+    """CPython's test_realpath_limit_attack chain, aimed from ``dest`` (where the archive is
+    unpacked) at ``outside/flag``: symlinks whose expansion overflows PATH_MAX so realpath()
+    stops checking, then a hard link through them, then a write through the hard link."""
     steps = "abcdefghijklmnop"
-    max_path = os.pathconf(sandbox, "PC_PATH_MAX")
-    dest = sandbox / "work" / ".extract-xxxxxxxx"
+    max_path = os.pathconf(dest.parent if dest.parent.exists() else "/", "PC_PATH_MAX")
     component = "d" * ((max_path - len(str(dest)) - 1) // (len(steps) + 1))
     path = ""
     for i in steps:
@@ -132,11 +131,16 @@ def test_cve_2025_4517_realpath_limit_chain(sandbox: Path) -> None:
         path = os.path.join(path, component)
     linkpath = os.path.join(*steps, "l" * 254)
     arc.add(linkpath, symlink_to=os.path.join(*[".."] * len(steps)))
-    rel_flag = os.path.relpath(sandbox / "outside" / "flag", sandbox / "work" / ".extract-xxxxxxxx")
-    arc.add("escape", symlink_to=os.path.join(linkpath, "..", rel_flag.rsplit("/", 1)[0]))
+    arc.add("escape", symlink_to=os.path.join(linkpath, "..", os.path.relpath(outside, dest)))
     arc.add("flaglink", hardlink_to=os.path.join("escape", "flag"))
     arc.add("flaglink", content="overwrite")
     arc.add("escape/newfile", content="new")
+    return arc
+
+
+def test_cve_2025_4517_realpath_limit_chain(sandbox: Path) -> None:
+    dest = sandbox / "work" / ".extract-xxxxxxxx"
+    arc = cve_2025_4517(Arc(), dest, sandbox / "outside")
     _refused(sandbox, arc.write(sandbox / "cve-2025-4517.tar.gz"), "which the archive made a symlink")
 
 
