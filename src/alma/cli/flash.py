@@ -165,20 +165,26 @@ def flash(
             raise UserError("flashing erases the boards and stdin is not a terminal", hint="add --yes to confirm")
         names = ", ".join(f"{b.usb_instance} ({b.module})" for b in boards)
         click.echo(f"bundle: {choice.path}\n  sha256 {choice.expected_sha256}\nboards: {names}", err=True)
-        with stop.suspended():  # Ctrl-C at the prompt aborts it (exit 130); nothing was touched
-            return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
+        # Ctrl-C at the prompt aborts it (exit 130): nothing was touched yet
+        return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
+
+    def confirmed(boards: list[UsbBoard], choice: BundleChoice) -> bool:
+        if not confirm(boards, choice):
+            return False
+        stop.install()  # from here on a signal only sets a flag the session acts on
+        return True
 
     display = _Display(json_mode=as_json)
     stop = Interruption()
-    session = FlashSession(opts, on_event=display.event, confirm=confirm, cancel=stop.cancel, urgent=stop.urgent)
+    session = FlashSession(opts, on_event=display.event, confirm=confirmed, cancel=stop.cancel, urgent=stop.urgent)
     try:
-        with stop.installed():
-            runs = session.run()
+        runs = session.run()
     except UserError:
         if not stop.interrupted:
             raise
         runs = []
     finally:
+        stop.restore()
         display.close()
     code = overall_exit(runs)
     if session.record_errors and code == 0:

@@ -5,6 +5,9 @@ the handler only sets ``cancel`` (first signal) and ``urgent`` (any further one)
 session owns the child processes: it sees ``cancel``, stops every initrd-flash process
 group, writes an INTERRUPTED record per board with the phases reached and keeps the logs;
 ``urgent`` only makes the stop faster (SIGKILL, no grace). The command exits 130.
+
+``alma flash`` installs the handlers once the user confirmed (or passed ``--yes``): before
+that nothing was touched, and Ctrl-C at the prompt simply aborts it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -47,6 +51,7 @@ class Interruption:
         self.cancel = SignalFlag()
         self.urgent = SignalFlag()
         self.received: list[int] = []
+        self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
@@ -58,30 +63,21 @@ class Interruption:
     def interrupted(self) -> bool:
         return self.cancel.is_set()
 
-    @contextmanager
-    def installed(self) -> Iterator[Interruption]:
-        """Install the handlers (main thread only; elsewhere a no-op) and restore them after."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
+    def install(self) -> None:
+        """Signals only set flags from now on (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread() or self._old:
             return
         self._old = {s: signal.signal(s, self._handler) for s in SIGNALS}
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+    @contextmanager
+    def installed(self) -> Iterator[Interruption]:
+        self.install()
         try:
             yield self
         finally:
-            for s, h in self._old.items():
-                signal.signal(s, h)
-
-    @contextmanager
-    def suspended(self) -> Iterator[None]:
-        """The previous handlers back for a moment: Ctrl-C at a prompt aborts the prompt
-        (nothing was touched yet), instead of setting a flag nobody reads while it waits."""
-        old = getattr(self, "_old", None)
-        if old is None or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        mine = {s: signal.signal(s, h) for s, h in old.items()}
-        try:
-            yield
-        finally:
-            for s, h in mine.items():
-                signal.signal(s, h)
+            self.restore()
