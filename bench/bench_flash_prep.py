@@ -10,6 +10,8 @@ Then, in one run and on the same (page-cached) file:
   (a) anchor: sha256sum B, then tar -xzf B (sequential, as a technician would)
       project: alma.flash.bundle.prepare(B, expected sha256)     target <= 0.7x
   (b) preparing 4 boards vs 1 (one extraction + per-board copies)  target <= 1.2x
+  (c) today's safe unpack (alma.tegraflash) vs the code before it (tarfile's own extraction,
+      run from git: --old-rev, default the commit before issue 10)   target <= 1.10x
 """
 
 from __future__ import annotations
@@ -111,9 +113,36 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
+OLD_REV = "9b07e45"  # main before issue 10: tarfile-filter extraction (alma.flash.bundle.extract_verified)
+_OLD_RUN = """
+import sys, time
+from pathlib import Path
+from alma.flash import bundle
+b, d, sha, boards = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+t0 = time.perf_counter()
+p = bundle.prepare(b, d, sha)
+for i in range(boards):
+    bundle.clone_for_board(p, d / "boards" / f"1-{i + 3}")
+print(time.perf_counter() - t0)
+"""
+
+
+def old_source(rev: str, into: Path) -> Path | None:
+    """The old src/ tree from git (None when this is no git checkout or the rev is absent)."""
+    try:
+        data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src"], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=data, check=True)
+    return into / "src"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old-rev", default=OLD_REV, help="git revision of the code to compare with")
     ap.add_argument("--size-gb", type=float, default=1.6)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of old and new each (best is reported)")
     ap.add_argument("--dir", type=Path, default=Path(os.environ.get("ALMA_BENCH_DIR", "/var/tmp/alma-bench")))
     ap.add_argument("--keep", action="store_true", help="keep the generated bundle for the next run")
     args = ap.parse_args()
@@ -150,8 +179,36 @@ def main() -> None:
             shutil.rmtree(d)
             return took
 
-        t_ours = ours(1)
+        def old(rev_src: Path) -> float | None:
+            d = work / "old-1"
+            os.sync()
+            env = {**os.environ, "PYTHONPATH": str(rev_src)}
+            out = subprocess.run(
+                [sys.executable, "-c", _OLD_RUN, str(b), str(d), digest["sha"], "1"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            shutil.rmtree(d, ignore_errors=True)
+            if out.returncode != 0:
+                print(f"old code ({args.old_rev}) did not run here: {out.stderr.strip().splitlines()[-1:]}")
+                return None
+            return float(out.stdout.strip().splitlines()[-1])
+
+        # old and new alternate, best of --repeat each: a shared, loaded machine is noisy
+        old_src = old_source(args.old_rev, work / "old")
+        news: list[float] = []
+        olds: list[float] = []
+        for _ in range(args.repeat):
+            news.append(ours(1))
+            if old_src is not None:
+                t = old(old_src)
+                if t is not None:
+                    olds.append(t)
+        t_ours = min(news)
         t_four = ours(4)
+        t_old: float | None = min(olds) if olds else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if not args.keep:
@@ -164,6 +221,13 @@ def main() -> None:
     print(f"alma    prepare for 4 boards      : {t_four:7.2f} s")
     print(f"ratio one-pass / anchor = {r1:.2f}x  (target <= 0.70x: {'met' if r1 <= 0.7 else 'NOT met'})")
     print(f"ratio 4 boards / 1 board = {r2:.2f}x  (target <= 1.20x: {'met' if r2 <= 1.2 else 'NOT met'})")
+    if t_old is not None:
+        r3 = t_ours / t_old
+        print(
+            f"old     prepare ({args.old_rev}, tarfile)  : {t_old:7.2f} s  "
+            f"(its one-pass / anchor = {t_old / t_anchor:.2f}x)"
+        )
+        print(f"ratio safe unpack / old unpack = {r3:.2f}x  (target <= 1.10x: {'met' if r3 <= 1.1 else 'NOT met'})")
 
 
 if __name__ == "__main__":

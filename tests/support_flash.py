@@ -65,13 +65,13 @@ def tar_gz(tree: Path, out: Path, *extra: str) -> Path:
 
 
 class Station:
-    """A flashing station in a temp dir: repo root with facts/, lock dir, work dir."""
+    """A flashing station in a temp dir: repo root with facts/, work dir (the board lock is
+    the board's own device node inside umockdev's testbed: no lock dir)."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
         self.root = base / "repo"
         (self.root / "facts").mkdir(parents=True)
-        self.locks = base / "locks"
         self.work = base / "work"
         self.records = self.root / "facts" / "flash-records"
 
@@ -98,7 +98,6 @@ class Station:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ALMA_", "KAS_"))}
         env.update(
             ALMA_ROOT=str(self.root),
-            ALMA_LOCK_DIR=str(self.locks),
             ALMA_FLASH_WORKDIR=str(self.work),
             PYTHONPATH=str(REPO / "src"),
         )

@@ -181,6 +181,7 @@ def run(
     max_output: int | None = None,
     max_line: int = MAX_LINE,
     stop_grace: float = STOP_GRACE_S,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Result:
     """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
 
@@ -198,6 +199,7 @@ def run(
     ``Result.stderr_lines``; it is still written to the log, prefixed ``stderr: ``.
     ``flush_partial_after=S`` hands an unfinished line to ``on_line`` once the tool has been
     quiet for S seconds (prompts, "Waiting for USB storage device ......").
+    ``on_start(proc)`` is called once the tool runs (its pid is its process group's id).
     """
     if stderr not in ("merge", "separate"):
         raise ValueError(f"stderr must be 'merge' or 'separate', not {stderr!r}")
@@ -231,6 +233,8 @@ def run(
             logf.close()
         raise ToolError(f"{name}: cannot start: {exc}", hint="check the tool's installation") from exc
 
+    if on_start is not None:
+        on_start(proc)
     assert proc.stdout is not None
     streams = {"out": proc.stdout} if proc.stderr is None else {"out": proc.stdout, "err": proc.stderr}
     sel = selectors.DefaultSelector()

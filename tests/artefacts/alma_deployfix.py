@@ -28,11 +28,43 @@ BANNER = (
 )
 STAMP = "20261130120000"
 
-# MACHINE -> (BOOTDEV, ROOTFS_DEVICE, BOARDID)
+# What .env.initrd-flash says per MACHINE, derived from the pinned layers (meta-tegra
+# scarthgap at 37530d284a27b904c34a94ef5856015825749b06), not from memory:
+#   BOOTDEV = TNSPEC_BOOTDEV, which defaults to TNSPEC_BOOTDEV_DEFAULT (conf/machine/include/
+#     tegra-common.inc:26-27, both ??=). The first ?= that is *read* wins:
+#     - jetson-orin-nano-devkit.conf requires orin-nano.inc at line 5, whose line 9 sets
+#       TNSPEC_BOOTDEV_DEFAULT ?= "mmcblk0p1"; the machine file's own ?= "mmcblk1p1" (line 8)
+#       comes later and changes nothing -> mmcblk0p1 (public scarthgap flash logs agree);
+#     - jetson-orin-nano-devkit-nvme.conf:6 TNSPEC_BOOTDEV ?= "nvme0n1p1" (before its require);
+#     - jetson-agx-orin-devkit: nothing sets it, tegra-common.inc:26 ??= "mmcblk0p1".
+#   ROOTFS_DEVICE = tegra_rootfs_device() (classes-recipe/image_types_tegra.bbclass:16-21):
+#     BOOTDEV with its trailing p<N> stripped.
+#   EXTERNAL_ROOTFS_DRIVE = TEGRAFLASH_ROOTFS_EXTERNAL (image_types_tegra.bbclass:95): 1 when
+#     TNSPEC_BOOTDEV differs from TNSPEC_BOOTDEV_DEFAULT.
+#   DEFAULTS[BOARDID/FAB/BOARDSKU/BOARDREV]: orin-nano.inc:1-4 ("3767", "RC1", "0005", "B.4");
+#     tegra234.inc:15-17 for the AGX devkit ("3701", "TS4", "0000", no BOARDREV).
+#   DTBFILE: KERNEL_DEVICETREE, orin-nano.inc:16 / jetson-agx-orin-devkit.conf:7;
+#   ODMDATA: orin-nano.inc:24 / agx-orin.inc:12. The file layout: image_types_tegra.bbclass:390-409.
 MACHINES = {
-    "jetson-orin-nano-devkit": ("mmcblk1p1", "mmcblk1", "3767"),
+    "jetson-orin-nano-devkit": ("mmcblk0p1", "mmcblk0", "3767"),
     "jetson-orin-nano-devkit-nvme": ("nvme0n1p1", "nvme0n1", "3767"),
     "jetson-agx-orin-devkit": ("mmcblk0p1", "mmcblk0", "3701"),
+}
+_BOARD = {  # BOARDID -> FAB, BOARDSKU, BOARDREV, DTBFILE, ODMDATA (sources above)
+    "3767": (
+        "RC1",
+        "0005",
+        "B.4",
+        "tegra234-p3768-0000+p3767-0005-nv-super.dtb",
+        "gbe-uphy-config-8,hsstp-lane-map-3,hsio-uphy-config-0",
+    ),
+    "3701": (
+        "TS4",
+        "0000",
+        "",
+        "tegra234-p3737-0000+p3701-0000-nv.dtb",
+        "gbe-uphy-config-22,hsstp-lane-map-3,nvhs-uphy-config-0,hsio-uphy-config-0,gbe0-enable-10g",
+    ),
 }
 COMPONENTS = ("alma-guard", "alma-health", "alma-watchdog-config", "eran-grid")
 
@@ -44,19 +76,20 @@ def env_text(machine: str, image: str, *, external: bool | None = None) -> str:
         external = "nvme" in machine
     elif external:
         bootdev, rootdev = "nvme0n1p1", "nvme0n1"
+    fab, sku, rev, dtb, odm = _BOARD[boardid]
     return f"""FLASH_HELPER=tegra-flash-helper.sh
 BOOTDEV="{bootdev}"
 ROOTFS_DEVICE="{rootdev}"
 CHIPID="0x23"
 MACHINE="{machine}"
 DEFAULTS[BOARDID]="{boardid}"
-DEFAULTS[FAB]="300"
+DEFAULTS[FAB]="{fab}"
 DEFAULTS[CHIPREV]=""
-DEFAULTS[BOARDSKU]="0005"
-DEFAULTS[BOARDREV]=""
-DTBFILE="tegra234-p3768-0000+p3767-0005-nv.dtb"
+DEFAULTS[BOARDSKU]="{sku}"
+DEFAULTS[BOARDREV]="{rev}"
+DTBFILE="{dtb}"
 EMMC_BCTS=""
-ODMDATA="gbe-uphy-config-8,hsstp-lane-map-3,hsio-uphy-config-0"
+ODMDATA="{odm}"
 LNXFILE="boot.img"
 ROOTFS_IMAGE="{image}.ext4"
 DATAFILE=""

@@ -144,8 +144,10 @@ def scenario_poll_loop() -> dict[str, object]:
 
 
 def scenario_flash_vanish() -> dict[str, object]:
-    """The board is unplugged during step 4; initrd-flash waits forever for its storage.
-    The record must say the board vanished (udev saw it go), not only that storage never came."""
+    """WHEN=write: the board is unplugged while its storage is written (initrd-flash hangs in
+    make-sdcard): the record must say it vanished (udev saw it go). WHEN=storage: it goes
+    away while initrd-flash waits for its storage device, which is what the host's own
+    ``udisksctl power-off`` of the flashpkg gadget does anyway: not "vanished"."""
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: support_flash
@@ -157,23 +159,34 @@ def scenario_flash_vanish() -> dict[str, object]:
     host_only(tb)
     syspath = _add(tb, _blocks("apx-7523-orin-nano-8gb")[2])
     unplug = os.environ.get("UNPLUG", "1") == "1"
+    when = os.environ.get("WHEN", "write")
     st = Station(Path(tempfile.mkdtemp(prefix="vanish-")))
-    b = st.bundle(outcomes={"*": "hang-storage"})
+    b = st.bundle(outcomes={"*": "hang-write" if when == "write" else "hang-storage"})
     opts = FlashOptions(
         bundle=b,
         sha256=sha256(b),
         board="1-3",
         console=None,
-        timeouts={"flash": 4.0},
+        timeouts={"flash": 4.0, "storage": 4.0},
         work_dir=st.work,
         records_dir=st.records,
-        lock_dir=st.locks,
         root=st.root,
     )
 
+    fired: list[bool] = []
+
     def on_event(kind: str, data: dict[str, object]) -> None:
         ev = data.get("event")
-        if unplug and kind == "line" and getattr(ev, "banner", False) and getattr(ev, "phase", "") == "flash":
+        line = str(getattr(ev, "line", ""))
+        trigger = ("  Writing " in line) if when == "write" else getattr(ev, "banner", False)
+        if (
+            unplug
+            and not fired
+            and kind == "line"
+            and trigger
+            and getattr(ev, "phase", "") == ("flash" if when == "write" else "storage")
+        ):
+            fired.append(True)
             threading.Thread(target=lambda: (time.sleep(0.3), _remove(tb, syspath)), daemon=True).start()
 
     try:

@@ -65,11 +65,19 @@ def test_cli_wait_returns_when_the_board_is_plugged_in() -> None:
 
 
 @pytest.mark.parametrize("unplug", [True, False], ids=["unplugged", "stays"])
-def test_board_vanishing_during_the_flash_is_named_from_udev(unplug: bool) -> None:
-    """initrd-flash only ever says 'Waiting for USB storage device'; udev says why."""
-    out = _scenario("flash-vanish", UNPLUG="1" if unplug else "0")
+def test_board_vanishing_during_the_write_is_named_from_udev(unplug: bool) -> None:
+    """make-sdcard only hangs; udev says the board left while it was being written."""
+    out = _scenario("flash-vanish", UNPLUG="1" if unplug else "0", WHEN="write")
     assert out["result"] == "TIMEOUT"
     assert out["phases"][-1] == "flash"  # type: ignore[index]
+    assert ("vanished from USB 1-3 during the write" in str(out["reason"])) is unplug
+
+
+def test_gadget_gone_while_waiting_for_storage_is_the_protocol_not_a_vanished_board() -> None:
+    """After step 3 the host powers the flashpkg gadget off itself (udisksctl power-off):
+    a removal then is no reason to blame the cable."""
+    out = _scenario("flash-vanish", UNPLUG="1", WHEN="storage")
+    assert out["result"] == "TIMEOUT"
+    assert out["phases"][-1] == "storage"  # type: ignore[index]
     reason = str(out["reason"])
-    assert "storage device mmcblk1 never appeared" in reason
-    assert ("vanished from USB 1-3" in reason) is unplug
+    assert "storage device mmcblk0 never appeared" in reason and "vanished" not in reason

@@ -16,10 +16,10 @@ from support_flash import Station
 
 from alma.errors import UserError
 from alma.flash import reasons, udev_rules
-from alma.flash.envfile import parse_env
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
 from alma.flash.pids import MODULES
+from alma.tegraflash.envfile import parse_env
 
 # A real transcript (OE4T/tegra-demo-distro issue 306, scarthgap, Orin Nano devkit).
 STUCK = """Starting at 2024-08-19T13:53:04-07:00
@@ -141,40 +141,62 @@ def test_wrong_chip_and_old_boards_and_unknown_machines() -> None:
         check_fits("my-custom-carrier", "0x23", "0955", "7523", "1-3")
 
 
+def _node(tmp_path: Path, name: str = "007") -> str:
+    """A temp file standing for the board's USB device node (/dev/bus/usb/001/007): flock
+    works the same on both; mode 0666 like a node any plugdev member may open."""
+    p = tmp_path / name
+    p.write_bytes(b"")
+    p.chmod(0o666)
+    return str(p)
+
+
 def test_lock_refuses_a_second_flasher_and_frees_on_exit(tmp_path: Path) -> None:
-    with BoardLock("1-8.4", tmp_path):
+    node = _node(tmp_path)
+    with BoardLock("1-8.4", node):
         with pytest.raises(UserError) as ei:
-            BoardLock("1-8.4", tmp_path).acquire()
-        assert f"pid {os.getpid()}" in ei.value.message
-        BoardLock("1-3", tmp_path).acquire()  # another board is independent
-    BoardLock("1-8.4", tmp_path).acquire()  # released
+            BoardLock("1-8.4", node).acquire()
+        assert "already being flashed" in ei.value.message and node in ei.value.message
+        BoardLock("1-3", _node(tmp_path, "008")).acquire()  # another board is independent
+    BoardLock("1-8.4", node).acquire()  # released
 
 
-def test_lock_held_by_another_process(tmp_path: Path) -> None:
+def test_lock_means_the_board_for_every_user_and_never_goes_stale(tmp_path: Path) -> None:
+    """Held by another process; a second flasher of the same node is refused (flock ignores
+    who opened the node, so any user is); kill -9 of the holder frees it (no lock file)."""
+    node = _node(tmp_path)
+    tmp_path.chmod(0o755)
+    code = (
+        "import sys; from alma.flash.lock import BoardLock; "
+        f"BoardLock('1-3', {node!r}).acquire(); print('held', flush=True); sys.stdin.read()"
+    )
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from pathlib import Path; from alma.flash.lock import BoardLock; "
-            f"BoardLock('1-3', Path({str(tmp_path)!r})).acquire(); print('held', flush=True); sys.stdin.read()",
-        ],
+        [sys.executable, "-c", code],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(UserError, match=f"pid {holder.pid}"):
-            BoardLock("1-3", tmp_path).acquire()
+        with pytest.raises(UserError, match="already being flashed"):
+            BoardLock("1-3", node).acquire()
     finally:
-        holder.communicate("")
-    BoardLock("1-3", tmp_path).acquire()  # the flock died with its process: no stale lock
-    fd = os.open(tmp_path / "alma-flash-1-3.lock", os.O_RDONLY)
+        holder.kill()
+        holder.wait()
+    BoardLock("1-3", node).acquire()  # the flock died with its process: no stale lock
+    fd = os.open(node, os.O_RDONLY)
     try:
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
+
+
+def test_lock_without_a_device_node_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no USB device node"):
+        BoardLock("1-3", None).acquire()
+    with pytest.raises(UserError) as ei:
+        BoardLock("1-3", str(tmp_path / "gone")).acquire()
+    assert "left recovery mode" in str(ei.value.hint)
 
 
 # udev rules: one line per rule, KEY{attr}OP"value" pairs separated by ", "
@@ -294,3 +316,48 @@ def test_manifest_without_bundle_hash_is_refused(station: Station) -> None:
     with pytest.raises(UserError) as ei:
         resolve_bundle(_opts(station))
     assert "bundle_sha256 is empty" in ei.value.message and "alma verify" in str(ei.value.hint)
+
+
+def test_protocol_phases_and_when_the_board_must_be_on_usb() -> None:
+    """From the real transcript: flashpkg ends at its '[/dev/sda]', storage starts at step 4;
+    the board must stay on USB only from the storage device's '[/dev/sdX]' to '[OK: ...]'."""
+    from alma.flash.protocol import Tracker
+
+    clock = iter(range(100))
+    seen: list[str] = []
+    t = Tracker(seen.append, clock=lambda: float(next(clock)))
+    for line in STUCK:
+        t.feed(line)
+    assert seen == ["sign", "rcm-boot", "flashpkg", "send-commands", "storage"]
+    assert t.present_windows == []  # the gadget's power-off after step 3 is no time to be present
+    t.feed("Waiting for USB storage device mmcblk0 from 1137aeb0...")
+    t.feed("[/dev/sdb]")
+    assert seen[-1] == "flash" and t.last_wait == "mmcblk0"
+    t.feed("  Writing alma-image.ext4 (size=15032385536) to /dev/sdb1 (size=15032385536)...")
+    start = t.present_windows[0][0]
+    assert start is not None and t.must_be_present_at(start + 0.5)
+    t.feed("[OK: /dev/sdb]")
+    end = t.present_windows[0][1]
+    assert end is not None and not t.must_be_present_at(end + 0.5)  # the host powers it off now
+
+
+def test_reason_after_got_flashpkg_never_points_at_device_logs() -> None:
+    lines = [*STUCK, "Waiting for USB storage device mmcblk0 from 1137aeb0...[got flashpkg when expecting mmcblk0]"]
+    why = reasons.reason_from_log([*lines, "ERR: could not find mmcblk0"], device_logs=False)
+    assert "flashpkg when mmcblk0 was expected" in why and "see the device logs" not in why
+    assert "fetched no device logs" in why
+
+
+def test_reason_for_the_flashpkg_wait_names_rcm_boot_and_the_usb_timeout() -> None:
+    lines = [*STUCK[:8], "Waiting for USB storage device flashpkg from 1137aeb0...", *USB_WRITE[:3]]
+    why = reasons.reason_from_log(lines, timed_out_phase="flashpkg", timeout_s=120)
+    assert why.startswith("the flashpkg USB gadget never appeared within 120 s")
+    assert "might be timeout in USB write" in why and "rcm-boot.sh still exits 0" in why
+    quiet = reasons.reason_from_log(STUCK[:8], timed_out_phase="flashpkg", timeout_s=120)
+    assert "did not boot the flashing kernel" in quiet
+
+
+def test_final_failed_points_at_device_logs_only_when_there_are_some() -> None:
+    lines = ["Final status: FAILED"]
+    assert "see the device logs" in reasons.reason_from_log(lines, device_logs=True)
+    assert "sent no logs" in reasons.reason_from_log(lines, device_logs=False)

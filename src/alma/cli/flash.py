@@ -21,9 +21,11 @@ EPILOG = (
     "2 refused before touching a board (no board, bundle/board mismatch, sha256 mismatch, "
     "unsafe or truncated archive, board locked by another flash, usage); 3 a flash failed "
     "(initrd-flash error or 'Final status: FAILED'); 4 a phase timed out (initrd-flash was "
-    "stopped); 5 flashed but no boot seen on the console; 130 interrupted. With --all the "
-    "worst outcome decides, in the order 130, 3, 4, 2, 5, 0. Every attempt writes a flash "
-    "record to facts/flash-records/."
+    "stopped); 5 flashed but no boot seen on the console; 130 interrupted (Ctrl-C or SIGTERM: "
+    "every initrd-flash is stopped, every board gets an INTERRUPTED record; a second signal "
+    "only stops them faster). With --all the worst outcome decides, in the order 130, 3, 4, 2, "
+    "5, 0. Every attempt writes a flash record to facts/flash-records/, with the host log, "
+    "device logs and transcript next to it."
 )
 
 
@@ -74,7 +76,30 @@ def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
     help="Serial console to watch for the boot (auto: the board's USB serial UART if one is found).",
 )
 @click.option("--boot-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, help="Seconds.")
-@click.option("--phase-timeout", multiple=True, metavar="PHASE=SECONDS", help="Override a phase's limit.")
+@click.option(
+    "--phase-timeout",
+    multiple=True,
+    metavar="PHASE=SECONDS",
+    help="Override a phase's limit (phases and defaults: docs/flash.md#phases; e.g. storage=300).",
+)
+@click.option("--erase-nvme", is_flag=True, help="initrd-flash --erase-nvme (AGX Orin whose NVMe was flashed before).")
+@click.option("--skip-bootloader", is_flag=True, help="initrd-flash --skip-bootloader (rootfs only).")
+@click.option(
+    "--pkc-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="PKC signing key file (initrd-flash -u); ignored with a warning for pre-signed bundles.",
+)
+@click.option(
+    "--sbk-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="SBK encryption key file (initrd-flash -v); ignored with a warning for pre-signed bundles.",
+)
+@click.option(
+    "--unpack-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="GB",
+    help="Refuse bundles whose unpacked data exceeds GB (default: free space less 1 GB decides).",
+)
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), help="Where bundles are unpacked.")
 @click.option("--records-dir", type=click.Path(file_okay=False, path_type=Path), help="Where flash records go.")
 @click.option("--keep-work", is_flag=True, help="Keep the unpacked bundle and per-board copies.")
@@ -122,6 +147,11 @@ def flash(
     console_port: str,
     boot_timeout: float,
     phase_timeout: tuple[str, ...],
+    erase_nvme: bool,
+    skip_bootloader: bool,
+    pkc_key: Path | None,
+    sbk_key: Path | None,
+    unpack_cap: float | None,
     work_dir: Path | None,
     records_dir: Path | None,
     keep_work: bool,
@@ -141,7 +171,9 @@ def flash(
     SUCCESS'; with a console the record also says whether the board booted.
     """
     from alma.errors import UserError
-    from alma.flash.session import FlashOptions, FlashSession, overall_exit
+    from alma.flash.flasher import FlashArgs
+    from alma.flash.interrupt import Interruption
+    from alma.flash.session import EXIT_INTERRUPTED, FlashOptions, FlashSession, overall_exit
 
     if board and all_boards:
         raise click.UsageError("--board and --all exclude each other")
@@ -163,6 +195,8 @@ def flash(
         timeouts=_phase_timeouts(phase_timeout),
         keep_work=keep_work,
         identity=ident,
+        flash_args=FlashArgs(erase_nvme, skip_bootloader, pkc_key, sbk_key),
+        unpack_cap=int(unpack_cap * 1e9) if unpack_cap else None,
     )
 
     def confirm(boards: list[UsbBoard], choice: BundleChoice) -> bool:
@@ -172,18 +206,35 @@ def flash(
             raise UserError("flashing erases the boards and stdin is not a terminal", hint="add --yes to confirm")
         names = ", ".join(f"{b.usb_instance} ({b.module})" for b in boards)
         click.echo(f"bundle: {choice.path}\n  sha256 {choice.expected_sha256}\nboards: {names}", err=True)
+        # Ctrl-C at the prompt aborts it (exit 130): nothing was touched yet
         return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
 
+    def confirmed(boards: list[UsbBoard], choice: BundleChoice) -> bool:
+        if not confirm(boards, choice):
+            return False
+        stop.install()  # from here on a signal only sets a flag the session acts on
+        return True
+
     display = _Display(json_mode=as_json)
-    session = FlashSession(opts, on_event=display.event, confirm=confirm)
+    stop = Interruption()
+    session = FlashSession(opts, on_event=display.event, confirm=confirmed, cancel=stop.cancel, urgent=stop.urgent)
     try:
         runs = session.run()
+    except UserError:
+        if not stop.interrupted:
+            raise
+        runs = []
     finally:
+        stop.restore()
         display.close()
     code = overall_exit(runs)
     from alma.fleet.join import after_flash  # issue 14: boards seen booting join the fleet
 
     joins = after_flash([r.record for r in runs], add_to_fleet, ssh_user)
+    if session.record_errors and code == 0:
+        code = session.record_errors[0].exit_code
+    if stop.interrupted:
+        code = EXIT_INTERRUPTED  # whatever else happened: the user stopped it
     if as_json:
         emit_json(
             {
@@ -195,6 +246,8 @@ def flash(
     else:
         _summary(runs)
         _print_joins(joins)
+    if stop.interrupted:
+        click.echo("interrupted: every initrd-flash was stopped (see the flash records)", err=True)
     if code:
         sys.exit(code)
 
@@ -244,8 +297,13 @@ class _Display:
             row["phase"], row["line"] = ev.phase, ev.line
             if self.live is not None:
                 self.live.update(self._render())
-            elif ev.banner or ev.line.startswith(("Final status:", "ERR", "ERROR", "watching")):
+            elif ev.banner or ev.line.startswith(("Final status:", "ERR", "ERROR", "WARN", "watching")):
                 click.echo(f"[{ev.usb_instance}] {ev.line}", err=True)
+        elif kind == "record-lost":
+            err = data["error"]
+            click.secho(f"error: {err.message}", fg="red", err=True)
+            click.echo(f"  try: {err.hint}", err=True)
+            click.echo(data["json"], err=True)
         elif kind == "warning":
             click.secho(f"warning: {data['message']}", fg="yellow", err=True)
         elif kind == "record":

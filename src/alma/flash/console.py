@@ -142,8 +142,9 @@ class ConsoleWatcher:
                 prompt = m2["prompt"]
         return banner, prompt
 
-    def wait_for_boot(self, timeout: float) -> Boot:
-        """Block until a login prompt appears after ``mark()``, or the timeout passes."""
+    def wait_for_boot(self, timeout: float, cancel: threading.Event | None = None) -> Boot:
+        """Block until a login prompt appears after ``mark()``, the timeout passes, or
+        ``cancel`` is set (Ctrl-C: the record says so)."""
         if not self._mark:
             self.mark()
         end = time.monotonic() + timeout
@@ -161,6 +162,10 @@ class ConsoleWatcher:
                     )
                 if self._error is not None:
                     return Boot(seen=False, console=self.port, kernel_banner=banner, reason=self._error)
+                if cancel is not None and cancel.is_set():
+                    return Boot(
+                        seen=False, console=self.port, kernel_banner=banner, reason="interrupted while watching"
+                    )
                 left = end - time.monotonic()
                 if left <= 0:
                     why = self._why_not(banner, timeout)
@@ -178,8 +183,6 @@ class ConsoleWatcher:
         if banner is not None:
             return f"timeout: the kernel started but no login prompt within {timeout:.0f} s"
         return f"timeout: no kernel banner and no login prompt within {timeout:.0f} s"
-
-
 
 
 def find_console(board_sys_path: str | None, context: Any = None, *, only_one_ok: bool = True) -> str | None:

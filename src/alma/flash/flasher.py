@@ -3,14 +3,19 @@
 meta-tegra's script (scarthgap, ``tegra-helper-scripts/initrd-flash.sh``) prints
 ``== Step N: <what> at <date -Is> ==`` banners, waits forever for the board and its USB
 storage, and exits 0 even when the device reports ``Final status: FAILED``. Here every
-banner starts a phase with its own deadline (``alma.runner.Deadline``), success needs exit
-0 *and* ``Final status: SUCCESS``, and a failure carries one line saying why.
+protocol step (alma.flash.protocol) starts a phase with its own deadline
+(``alma.runner.Deadline``), success needs exit 0 *and* ``Final status: SUCCESS``, and a
+failure carries one line saying why. A cancel (Ctrl-C, SIGTERM) stops the script's
+process group and returns an INTERRUPTED outcome with its logs, like any other outcome.
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
+import os
 import shutil
+import signal
+import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,35 +23,67 @@ from pathlib import Path
 from typing import Protocol
 
 from alma import runner, settings
-from alma.errors import Interrupted, ToolError, ToolTimeout, UserError
+from alma.errors import ToolError, ToolTimeout, UserError
 from alma.flash import reasons
-from alma.flash.envfile import read_env
+from alma.flash.protocol import PHASES, Tracker
 from alma.flash.records import Phase
 from alma.ground import utc_iso
+from alma.tegraflash.envfile import read_env
 
-BANNER = re.compile(r"^== Step (?P<n>\d+): (?P<what>.+?) at (?P<when>\S+) ==\s*$")
-
-# The real script's step texts -> our phase names (docs/flash.md).
-STEP_PHASES = {
-    "Signing binaries": "sign",
-    "Boot Jetson via RCM": "rcm-boot",
-    "Sending flash sequence commands": "send-commands",
-    "Writing partitions on internal storage device": "flash",
-    "Writing partitions on external storage device": "flash",
-    "Waiting for final status from device": "final-status",
-}
-
-# Per-phase budgets in seconds. Generous: a 14 GB rootfs over USB 2.0 takes ~10 min.
+# Per-phase budgets in seconds. Generous where the work is long (a 14 GB rootfs over USB 2.0
+# takes ~10 min), short where a wait means the board is not coming (flashpkg, storage).
 DEFAULT_TIMEOUTS: dict[str, float] = {
     "wait-board": 60,
     "sign": 600,
     "rcm-boot": 300,
+    "flashpkg": 120,
     "send-commands": 300,
+    "storage": 180,
     "flash": 3600,
     "final-status": 900,
 }
+assert tuple(DEFAULT_TIMEOUTS) == PHASES
+# initrd-flash prints "Waiting for USB storage device X from S..." without a newline and a
+# dot every 5 s: hand the unfinished line over once the script has been quiet this long.
+PARTIAL_AFTER_S = 0.5
+PRESIGNED_WARNING = "WARN: binaries already signed; ignoring signing options"
 
 
+@dataclass
+class FlashArgs:
+    """initrd-flash's own options (passed through, recorded; key *paths* only, never contents)."""
+
+    erase_nvme: bool = False
+    skip_bootloader: bool = False
+    pkc_key: Path | None = None  # -u
+    sbk_key: Path | None = None  # -v
+
+    def argv(self) -> list[str]:
+        out: list[str] = []
+        if self.erase_nvme:
+            out.append("--erase-nvme")
+        if self.skip_bootloader:
+            out.append("--skip-bootloader")
+        if self.pkc_key is not None:
+            out += ["-u", str(self.pkc_key)]
+        if self.sbk_key is not None:
+            out += ["-v", str(self.sbk_key)]
+        return out
+
+    def check(self) -> None:
+        for flag, key in (("-u", self.pkc_key), ("-v", self.sbk_key)):
+            if key is not None and not Path(key).is_file():
+                raise UserError(
+                    f"signing key {flag} {key}: not a readable file", hint="pass the path of the key file itself"
+                )
+
+    def record(self) -> dict[str, object]:
+        return {
+            "erase_nvme": self.erase_nvme,
+            "skip_bootloader": self.skip_bootloader,
+            "pkc_key": str(self.pkc_key) if self.pkc_key else None,
+            "sbk_key": str(self.sbk_key) if self.sbk_key else None,
+        }
 
 
 @dataclass
@@ -59,6 +96,8 @@ class FlashOutcome:
     host_log: Path | None = None
     device_logs: Path | None = None
     transcript: Path | None = None
+    tracker: Tracker | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -71,17 +110,18 @@ class FlashEvent:
 
 class Flasher(Protocol):
     """What ``alma flash`` needs from a flash method (initrd-flash today). Setting ``cancel``
-    stops a flash running in another thread (Ctrl-C during ``--all``)."""
+    stops every flash running in any thread; ``kill_all`` stops them without grace."""
 
     cancel: threading.Event
 
     def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome: ...
 
+    def kill_all(self) -> None: ...
+
 
 class _CancellableDeadline(runner.Deadline):
     """A phase deadline that also expires at once when ``cancel`` is set: the runner then
-    stops the tool's process group, from whichever thread runs it (KeyboardInterrupt only
-    reaches the main thread)."""
+    stops the tool's process group, from whichever thread runs it."""
 
     def __init__(self, seconds: float | None, phase: str, cancel: threading.Event) -> None:
         super().__init__(seconds, phase)
@@ -102,41 +142,67 @@ class InitrdFlasher:
         self,
         timeouts: Mapping[str, float] | None = None,
         *,
-        extra_args: tuple[str, ...] = (),
+        args: FlashArgs | None = None,
         env: Mapping[str, str] | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.timeouts = {**DEFAULT_TIMEOUTS, **(timeouts or {})}
-        self.extra_args = extra_args
+        self.args = args or FlashArgs()
         self.env = env
-        self.cancel = threading.Event()
+        self.cancel = cancel or threading.Event()
+        self._pids: set[int] = set()
+        self._pids_lock = threading.Lock()
 
     def command(self, bundle_dir: Path, usb_instance: str) -> list[str]:
         configured = settings.tool("initrd-flash")
         # The bundle's own script by default: it matches the bundle's binaries.
         exe = str(bundle_dir / "initrd-flash") if configured == "initrd-flash" else configured
-        return [exe, "--usb-instance", usb_instance, *self.extra_args]
+        return [exe, "--usb-instance", usb_instance, *self.args.argv()]
+
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._pids_lock:
+            self._pids.add(proc.pid)
+
+    def kill_all(self) -> None:
+        """A second Ctrl-C: no grace for the scripts (the runner still reaps them)."""
+        with self._pids_lock:
+            pids = list(self._pids)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
 
     def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome:
         phases: list[Phase] = [Phase("wait-board", utc_iso())]
         deadline = _CancellableDeadline(self.timeouts["wait-board"], "wait-board", self.cancel)
         lines: list[str] = []
+        warnings: list[str] = []
+
+        def on_phase(name: str) -> None:
+            phases[-1].finished = utc_iso()
+            phases[-1].result = "ok"
+            phases.append(Phase(name, utc_iso()))
+            deadline.reset(self.timeouts.get(name), name)
+
+        tracker = Tracker(on_phase)
 
         def on_line(line: str) -> None:
             lines.append(line)
-            m = BANNER.match(line.strip())
-            if m:
-                name = STEP_PHASES.get(m["what"], f"step-{m['n']}")
-                phases[-1].finished = utc_iso()
-                phases[-1].result = "ok"
-                phases.append(Phase(name, utc_iso()))
-                deadline.reset(self.timeouts.get(name), name)
-            on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=bool(m)))
+            banner = tracker.feed(line)
+            if line.strip() == PRESIGNED_WARNING and PRESIGNED_WARNING not in warnings:
+                warnings.append(PRESIGNED_WARNING)
+            on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=banner))
 
         transcript = bundle_dir / "alma-initrd-flash.log"
         result = "FAILED"
         exit_code: int | None = None
         timed_out: str | None = None
         timeout_s: float | None = None
+        pid_box: list[int] = []
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
+            pid_box.append(proc.pid)
+            self._started(proc)
+
         try:
             res = runner.run(
                 self.command(bundle_dir, usb_instance),
@@ -147,48 +213,58 @@ class InitrdFlasher:
                 log_path=transcript,
                 check=False,
                 what="initrd-flash",
+                flush_partial_after=PARTIAL_AFTER_S,
+                on_start=started,
             )
             exit_code = res.returncode
         except ToolTimeout:
             if self.cancel.is_set():
-                phases[-1].finished, phases[-1].result = utc_iso(), "failed"
-                raise Interrupted("initrd-flash: interrupted; stopped it") from None
-            timed_out, timeout_s = deadline.phase, deadline.seconds
-            result = "TIMEOUT"
-        except Interrupted:
-            phases[-1].finished, phases[-1].result = utc_iso(), "failed"
-            raise
+                result = "INTERRUPTED"
+            else:
+                timed_out, timeout_s = deadline.phase, deadline.seconds
+                result = "TIMEOUT"
         except ToolError as exc:  # could not start it at all
             lines.append(f"ERR: {exc.message}")
             exit_code = exc.returncode
+        finally:
+            with self._pids_lock:
+                self._pids.difference_update(pid_box)
+        if result == "FAILED" and self.cancel.is_set():
+            result = "INTERRUPTED"  # it ended while being stopped
 
         host_log, device_logs = collect_logs(bundle_dir)
         all_lines = list(lines)
         if host_log is not None:
             all_lines += host_log.read_text(encoding="utf-8", errors="replace").splitlines()
         status = reasons.final_status(lines)
-        if result != "TIMEOUT" and exit_code == 0 and status == "SUCCESS":
+        if result == "FAILED" and exit_code == 0 and status == "SUCCESS":
             result = "SUCCESS"
         reason = None
-        if result != "SUCCESS":
+        if result == "INTERRUPTED":
+            reason = f"interrupted (Ctrl-C or SIGTERM) in phase {phases[-1].name}; initrd-flash was stopped"
+        elif result != "SUCCESS":
             reason = reasons.reason_from_log(
                 all_lines,
                 usb_instance=usb_instance,
                 timed_out_phase=timed_out,
                 timeout_s=timeout_s,
                 waiting_for=_waits_for(bundle_dir, timed_out),
+                device_logs=device_logs is not None and any(device_logs.iterdir()),
+                erase_nvme=self.args.erase_nvme,
             )
         last = phases[-1]
         last.finished = utc_iso()
-        last.result = {"SUCCESS": "ok", "TIMEOUT": "timeout"}.get(result, "failed")
-        return FlashOutcome(result, reason, exit_code, status, phases, host_log, device_logs, transcript)
+        last.result = {"SUCCESS": "ok", "TIMEOUT": "timeout", "INTERRUPTED": "interrupted"}.get(result, "failed")
+        return FlashOutcome(
+            result, reason, exit_code, status, phases, host_log, device_logs, transcript, tracker, warnings
+        )
 
 
 def _waits_for(bundle_dir: Path, phase: str | None) -> str | None:
     """The USB storage device initrd-flash waits for in ``phase`` (see initrd-flash.sh)."""
-    if phase in ("send-commands", "final-status"):
+    if phase in ("flashpkg", "final-status"):
         return "flashpkg"
-    if phase == "flash":
+    if phase == "storage":
         try:
             return read_env(bundle_dir).rootfs_device or None
         except UserError:
@@ -214,7 +290,7 @@ def keep_logs(outcome: FlashOutcome, dest: Path) -> dict[str, object]:
         out["host_log"] = str(dest / outcome.host_log.name)
     if outcome.device_logs is not None:
         target = dest / outcome.device_logs.name
-        shutil.copytree(outcome.device_logs, target, dirs_exist_ok=True)
+        shutil.copytree(outcome.device_logs, target, dirs_exist_ok=True, symlinks=True)
         out["device_logs"] = sorted(str(p) for p in target.rglob("*") if p.is_file())
     if outcome.transcript is not None and outcome.transcript.exists():
         shutil.copy2(outcome.transcript, dest / outcome.transcript.name)

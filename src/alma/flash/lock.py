@@ -1,66 +1,66 @@
-"""One flasher per board: an flock(2) on ``<lock dir>/alma-flash-<usb instance>.lock``.
+"""One flasher per board, whoever runs it: ``flock(2)`` on the board's own USB device node.
 
-flock dies with its process, so a crashed flasher never leaves a stale lock; the pid
-written into the file only serves the error message.
+The lock is the node udev made for the board in recovery mode (``/dev/bus/usb/BBB/DDD``,
+its ``DEVNAME``), which every flasher of that board opens anyway (tegrarcm_v2 through
+libusb). So two ``alma flash`` runs of one board exclude each other whatever user runs them
+and whatever their environment says: there is no lock directory to point elsewhere and no
+lock file that could go stale or be created with the wrong owner. flock dies with its
+process (crash, kill -9), so nothing can lock anyone out.
+
+What it cannot do: stop a flasher that takes no lock (NVIDIA's own flash.sh run by hand).
+Opening the node needs read access: root, or the plugdev group (``alma setup udev``).
+The holder's pid is not stored anywhere (nothing to write into a device node); the
+refusal names the board and what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
-from pathlib import Path
 
 from alma.errors import UserError
 
-DEFAULT_LOCK_DIR = Path("/run/lock")
-
-
-def lock_dir() -> Path:
-    return Path(os.environ.get("ALMA_LOCK_DIR") or DEFAULT_LOCK_DIR)
-
-
-def lock_path(usb_instance: str, directory: Path | None = None) -> Path:
-    safe = usb_instance.replace("/", "_")
-    return (directory or lock_dir()) / f"alma-flash-{safe}.lock"
-
 
 class BoardLock:
-    def __init__(self, usb_instance: str, directory: Path | None = None) -> None:
+    def __init__(self, usb_instance: str, device_node: str | None) -> None:
         self.usb_instance = usb_instance
-        self.path = lock_path(usb_instance, directory)
+        self.device_node = device_node
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
-        except OSError as exc:
+        if not self.device_node:
             raise UserError(
-                f"cannot create the board lock {self.path}: {exc.strerror}",
-                hint="set ALMA_LOCK_DIR to a writable directory, or run alma setup udev and use the plugdev group",
+                f"board {self.usb_instance} has no USB device node (udev gave it no DEVNAME): cannot lock it",
+                hint="check that udev runs on this host (alma boards), then flash again",
+            )
+        try:
+            # O_NONBLOCK: never wait on a device; the node is only held, never read
+            fd = os.open(self.device_node, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as exc:
+            gone = exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO)
+            raise UserError(
+                f"cannot open board {self.usb_instance}'s device node {self.device_node} to lock it: {exc.strerror}",
+                hint="the board left recovery mode (alma boards --wait)"
+                if gone
+                else "run alma setup udev and join the plugdev group, or run as root",
             ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = ""
-            with contextlib.suppress(OSError, ValueError):
-                holder = os.pread(fd, 64, 0).decode().strip()
             os.close(fd)
-            who = f" (pid {holder})" if holder else ""
             raise UserError(
-                f"board {self.usb_instance} is already being flashed by another alma flash{who}",
+                f"board {self.usb_instance} is already being flashed by another alma flash "
+                f"(its device node {self.device_node} is locked)",
                 hint="wait for it to finish (alma boards shows the board's state); never flash one board twice at once",
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-            os.close(self._fd)  # closing drops the flock
+                os.close(self._fd)  # closing drops the flock
             self._fd = None
 
     def __enter__(self) -> BoardLock:

@@ -8,6 +8,7 @@ Records are written atomically (temp file + rename) so a crash never leaves half
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ class FlashRecord:
     boot: Boot | None = None
     image: str | None = None
     identity: dict[str, Any] | None = None  # issue 14: hostname (+ admin key) written at flash time
+    # initrd-flash's own options as passed (key paths only, never their contents)
+    options: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # e.g. meta-tegra's presigned-bundle warning
     tool: str = "alma flash"
     schema: str = SCHEMA
 
@@ -94,10 +98,39 @@ def record_filename(rec: FlashRecord) -> str:
     return f"{stamp}-{rec.machine}-{where}.json"
 
 
-def save(rec: FlashRecord, directory: Path) -> Path:
+def next_path(rec: FlashRecord, directory: Path) -> Path:
+    """Where ``rec`` goes; two attempts in one second get ``-2``, ``-3``... (never overwritten)."""
     path = directory / record_filename(rec)
+    n = 1
+    while path.exists():
+        n += 1
+        path = directory / f"{Path(record_filename(rec)).stem}-{n}.json"
+    return path
+
+
+def save(rec: FlashRecord, directory: Path, path: Path | None = None) -> Path:
+    path = path or next_path(rec, directory)
     write_atomic(path, json.dumps(rec.to_dict(), indent=2, sort_keys=True) + "\n")
     return path
+
+
+def probe_writable(directory: Path) -> None:
+    """Refuse up front (before any board is touched) when records cannot be written there."""
+    import tempfile
+
+    from alma.errors import UserError
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-", suffix=".tmp") as fh:
+            fh.write(b"{}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise UserError(
+            f"cannot write flash records to {directory}: {exc.strerror or exc}; nothing was flashed",
+            hint="make it writable, or choose another place: alma flash --records-dir DIR",
+        ) from exc
 
 
 def load_all(directory: Path) -> list[FlashRecord]:

@@ -2,20 +2,24 @@
 in its own copy (concurrently with ``--all``), watch the console, write one flash record
 per board and attempt (refusals included) so status labels move on evidence only.
 
-Order matters: everything that can refuse (board state, bundle/board match from the facts
-manifest, locks, hash, archive safety, the bundle's own ``.env.initrd-flash``) runs before
-the flash script touches a board; a refused board stays in recovery mode.
+Order matters: everything that can refuse (records dir writable, key files, board state,
+bundle/board match from the facts manifest, the lock on the board's device node, hash,
+archive safety, space for the unpack and the per-board copies, the bundle's own
+``.env.initrd-flash``) runs before the flash script touches a board; a refused board stays
+in recovery mode. Interruption (alma.flash.interrupt) is a flag the session polls: every
+board still gets its record, with the phases it reached and its logs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +30,13 @@ from alma.errors import Interrupted, UserError
 from alma.flash import bundle as bundles
 from alma.flash import discovery, identity, records
 from alma.flash.console import ConsoleWatcher, find_console
-from alma.flash.flasher import Flasher, FlashEvent, InitrdFlasher, keep_logs
+from alma.flash.flasher import FlashArgs, Flasher, FlashEvent, FlashOutcome, InitrdFlasher, keep_logs
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
 from alma.flash.records import Boot, FlashRecord, Phase
 from alma.ground import utc_iso
+from alma.tegraflash.names import parse_name
+from alma.tegraflash.unpack import DEFAULT_MARGIN, Budget
 
 # Exit codes of `alma flash` (also in its --help and docs/flash.md).
 EXIT_OK = 0
@@ -58,8 +64,10 @@ class FlashOptions:
     boot_timeout: float = 300.0
     work_dir: Path | None = None
     records_dir: Path | None = None
-    lock_dir: Path | None = None
     timeouts: dict[str, float] = field(default_factory=dict)
+    flash_args: FlashArgs = field(default_factory=FlashArgs)
+    unpack_cap: int | None = None  # bytes the unpack may write at most (None: free space decides)
+    space_margin: int = DEFAULT_MARGIN
     keep_work: bool = False
     root: Path | None = None  # repository root (facts/)
     identity: Any = None  # issue 14: an alma.flash.identity.IdentityPlan (names, per-board key)
@@ -137,7 +145,8 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
                 for m in cands
                 if _manifest_value(m, "bundle_path") and _abs(root, m.value("bundle_path")).resolve() == real
             ]
-            by_name = [m for m in cands if Path(opts.bundle).name.startswith(f"{m.image}-{m.machine}.rootfs")]
+            parsed = parse_name(Path(opts.bundle).name)
+            by_name = [m for m in cands if parsed is not None and parsed.is_for(str(m.image), m.machine)]
             cands = by_path or by_name
         if len(cands) == 1:
             chosen = cands[0]
@@ -231,16 +240,26 @@ class FlashSession:
         on_event: Event = _noop,
         udev_context: Any = None,
         confirm: Callable[[list[discovery.UsbBoard], BundleChoice], bool] | None = None,
+        cancel: threading.Event | None = None,
+        urgent: threading.Event | None = None,
     ) -> None:
         self.opts = opts
         self.confirm = confirm
-        self.flasher = flasher or InitrdFlasher(opts.timeouts)
+        self.cancel = cancel or (flasher.cancel if flasher is not None else threading.Event())
+        self.urgent = urgent or threading.Event()
+        self.flasher = flasher or InitrdFlasher(opts.timeouts, args=opts.flash_args, cancel=self.cancel)
+        self.flasher.cancel = self.cancel
         self.on_event = on_event
         self.ctx = udev_context
         root = opts.root or settings.repo_root()
         self.records_dir = opts.records_dir or Path(os.environ.get("ALMA_FLASH_RECORDS") or root / records.DEFAULT_DIR)
-        self.lock_dir = opts.lock_dir
+        self.budget = Budget(cap=opts.unpack_cap, margin=opts.space_margin)
+        self.record_errors: list[UserError] = []
         self._events_lock = threading.Lock()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.cancel.is_set()
 
     # -- records -----------------------------------------------------------------
     def _record(
@@ -265,11 +284,22 @@ class FlashSession:
             finished=utc_iso(),
             result=result,
             reason=reason,
-            phases=phases or [],
+            phases=list(phases or []),
+            options=self.opts.flash_args.record(),
         )
 
-    def _save(self, run: BoardRun) -> BoardRun:
-        run.path = records.save(run.record, self.records_dir)
+    def _save(self, run: BoardRun, path: Path | None = None) -> BoardRun:
+        try:
+            run.path = records.save(run.record, self.records_dir, path)
+        except OSError as exc:
+            # The disk filled up (or went read-only) since the probe: say so, and put the
+            # record where it can still be read (stderr), so the evidence is not lost.
+            err = UserError(
+                f"cannot write the flash record to {self.records_dir}: {exc.strerror or exc}",
+                hint="free space there; the record follows on stderr: save it as a .json in facts/flash-records/",
+            )
+            self.record_errors.append(err)
+            self._emit("record-lost", {"error": err, "json": json.dumps(run.record.to_dict(), sort_keys=True)})
         self._emit("record", {"run": run})
         return run
 
@@ -283,10 +313,26 @@ class FlashSession:
         rec = self._record(board, choice, started, "REFUSED", reason=exc.message, **kw)
         return self._save(BoardRun(board, rec, error=exc))
 
+    def _interrupted_before(
+        self, board: discovery.UsbBoard, choice: BundleChoice, started: str, phases: list[Phase], **kw: Any
+    ) -> BoardRun:
+        rec = self._record(
+            board,
+            choice,
+            started,
+            "INTERRUPTED",
+            reason="interrupted (Ctrl-C or SIGTERM) before the board was touched; nothing was flashed",
+            phases=phases,
+            **kw,
+        )
+        return self._save(BoardRun(board, rec))
+
     # -- the run -----------------------------------------------------------------
     def run(self) -> list[BoardRun]:
         started = utc_iso()
+        records.probe_writable(self.records_dir)  # no record could be written: refuse first
         try:
+            self.opts.flash_args.check()
             boards = pick_boards(self.opts, self.ctx)
             if self.opts.identity is not None:  # issue 14: name every board before touching one
                 self.opts.identity.bind([b.usb_instance for b in boards])
@@ -314,7 +360,7 @@ class FlashSession:
                 runs.append(self.refuse(exc, b, choice, started, machine=str(env_machine)))
         locks: dict[str, BoardLock] = {}
         for b in list(fitting):
-            lk = BoardLock(b.usb_instance, self.lock_dir)
+            lk = BoardLock(b.usb_instance, b.devnode)
             try:
                 lk.acquire()
                 locks[b.usb_instance] = lk
@@ -324,12 +370,14 @@ class FlashSession:
         try:
             if fitting and self.confirm is not None and not self.confirm(fitting, choice):
                 raise UserError("not confirmed: nothing was flashed", hint="pass --yes to flash without asking")
-            if fitting:
+            if fitting and self.interrupted:
+                runs += [self._interrupted_before(b, choice, started, []) for b in fitting]
+            elif fitting:
                 runs += self._prepare_and_flash(fitting, choice, started)
         finally:
             for lk in locks.values():
                 lk.release()
-        if len(boards) == 1 and runs and runs[0].error is not None:
+        if len(boards) == 1 and runs and runs[0].error is not None and not self.interrupted:
             raise runs[0].error
         return runs
 
@@ -338,87 +386,103 @@ class FlashSession:
             os.environ.get("ALMA_FLASH_WORKDIR")
             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alma" / "flash"
         )
-        base.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return Path(tempfile.mkdtemp(prefix="run-", dir=base))
+        try:
+            base.mkdir(parents=True, exist_ok=True, mode=0o700)
+            return Path(tempfile.mkdtemp(prefix="run-", dir=base))
+        except OSError as exc:
+            raise UserError(
+                f"cannot create a work directory in {base}: {exc.strerror or exc}",
+                hint="choose another place: alma flash --work-dir DIR",
+            ) from exc
 
     def _prepare_and_flash(
         self, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
     ) -> list[BoardRun]:
-        work = self._work_dir()
         try:
-            prep_phase = Phase("prepare", utc_iso())
-            try:
-                prepared = bundles.prepare(
-                    choice.path,
-                    work,
-                    choice.expected_sha256,
-                    progress=lambda done, total: self._emit("prepare", {"done": done, "total": total}),
-                )
-            except KeyboardInterrupt:
-                prep_phase.finished, prep_phase.result = utc_iso(), "failed"
-                for b in boards:
-                    rec = self._record(b, choice, started, "INTERRUPTED", reason="interrupted while unpacking")
-                    rec.phases = [prep_phase]
-                    self._save(BoardRun(b, rec))
-                raise Interrupted("interrupted while unpacking the bundle; nothing was flashed") from None
-            except UserError as exc:
-                prep_phase.finished, prep_phase.result = utc_iso(), "failed"
-                sha = _actual_sha(exc.message)
-                return [self.refuse(exc, b, choice, started, phases=[prep_phase], sha256=sha) for b in boards]
-            prep_phase.finished, prep_phase.result = utc_iso(), "ok"
-            self._emit("prepared", {"sha256": prepared.sha256, "members": prepared.members})
-
-            runs: list[BoardRun] = []
-            ok: list[discovery.UsbBoard] = []
-            for b in boards:
-                try:
-                    check_fits(prepared.env.machine, prepared.env.chipid, b.vendor, b.product, b.usb_instance)
-                    ok.append(b)
-                except UserError as exc:
-                    runs.append(
-                        self.refuse(
-                            exc,
-                            b,
-                            choice,
-                            started,
-                            phases=[prep_phase],
-                            sha256=prepared.sha256,
-                            machine=prepared.env.machine,
-                        )
-                    )
-            if not ok:
-                return runs
-            before = bundles.shared_payload_state(prepared)
-            if len(ok) == 1:
-                runs.append(self._flash_one(ok[0], prepared, choice, started, prep_phase, work))
-            else:
-                pool = ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash")
-                futures = [pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work) for b in ok]
-                try:
-                    wait(futures)
-                except KeyboardInterrupt:
-                    # Ctrl-C reaches only this thread: tell every flasher to stop its tool
-                    self.flasher.cancel.set()
-                    wait(futures)
-                finally:
-                    pool.shutdown(wait=True)
-                interrupted = False
-                for f in futures:
-                    failure = f.exception()
-                    if isinstance(failure, Interrupted):
-                        interrupted = True
-                    elif failure is not None:
-                        raise failure
-                    else:
-                        runs.append(f.result())
-                if interrupted:
-                    raise Interrupted("interrupted: every initrd-flash was stopped (see the flash records)")
-            if bundles.shared_payload_state(prepared) != before:
-                self._emit("warning", {"message": "a shared payload changed during the flash (hard-linked copy)"})
-            return runs
+            work = self._work_dir()
+        except UserError as exc:
+            return [self.refuse(exc, b, choice, started) for b in boards]
+        try:
+            return self._in_work(work, boards, choice, started)
         finally:
             if not self.opts.keep_work:
                 shutil.rmtree(work, ignore_errors=True)
+
+    def _in_work(
+        self, work: Path, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
+    ) -> list[BoardRun]:
+        prep_phase = Phase("prepare", utc_iso())
+        try:
+            prepared = bundles.prepare(
+                choice.path,
+                work,
+                choice.expected_sha256,
+                progress=lambda done, total: self._emit("prepare", {"done": done, "total": total}),
+                budget=self.budget,
+                cancel=self.cancel,
+            )
+        except Interrupted:
+            prep_phase.finished, prep_phase.result = utc_iso(), "interrupted"
+            return [self._interrupted_before(b, choice, started, [prep_phase]) for b in boards]
+        except UserError as exc:
+            prep_phase.finished, prep_phase.result = utc_iso(), "failed"
+            sha = _actual_sha(exc.message)
+            return [self.refuse(exc, b, choice, started, phases=[prep_phase], sha256=sha) for b in boards]
+        prep_phase.finished, prep_phase.result = utc_iso(), "ok"
+        self._emit("prepared", {"sha256": prepared.sha256, "members": prepared.members})
+        kw = {"sha256": prepared.sha256, "machine": prepared.env.machine}
+
+        runs: list[BoardRun] = []
+        ok: list[discovery.UsbBoard] = []
+        for b in boards:
+            try:
+                check_fits(prepared.env.machine, prepared.env.chipid, b.vendor, b.product, b.usb_instance)
+                ok.append(b)
+            except UserError as exc:
+                runs.append(self.refuse(exc, b, choice, started, phases=[prep_phase], **kw))
+        if not ok:
+            return runs
+        try:
+            bundles.check_copy_space(prepared, len(ok), self.budget, work)
+        except UserError as exc:
+            return runs + [self.refuse(exc, b, choice, started, phases=[prep_phase], **kw) for b in ok]
+        before = bundles.shared_payload_state(prepared)
+        pool = ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash")
+        futures: dict[Future[BoardRun], discovery.UsbBoard] = {
+            pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work): b for b in ok
+        }
+        try:
+            self._wait_all(list(futures))
+        finally:
+            pool.shutdown(wait=True)
+        for f, b in futures.items():
+            failure = f.exception()
+            if isinstance(failure, UserError):
+                runs.append(self.refuse(failure, b, choice, started, phases=[prep_phase], **kw))
+            elif failure is not None:
+                raise failure
+            else:
+                runs.append(f.result())
+        if bundles.shared_payload_state(prepared) != before:
+            self._emit("warning", {"message": "a shared payload changed during the flash (hard-linked copy)"})
+        return runs
+
+    def _wait_all(self, futures: list[Future[BoardRun]]) -> None:
+        """Wait in short steps (never blocked in one long wait): a second signal kills at once."""
+        pending = set(futures)
+        killed = False
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            if self.urgent.is_set() and not killed:
+                killed = True
+                self.flasher.kill_all()
+
+    def board_copy(self, board: discovery.UsbBoard, prepared: bundles.PreparedBundle, work: Path) -> Path:
+        """This board's private copy of the bundle: the one place per-board files go."""
+        board_dir = work / "boards" / board.usb_instance.replace("/", "_")
+        board_dir.parent.mkdir(exist_ok=True, mode=0o700)
+        bundles.clone_for_board(prepared, board_dir)
+        return board_dir
 
     def _flash_one(
         self,
@@ -429,15 +493,18 @@ class FlashSession:
         prep_phase: Phase,
         work: Path,
     ) -> BoardRun:
-        board_dir = work / "boards" / board.usb_instance.replace("/", "_")
-        board_dir.parent.mkdir(exist_ok=True, mode=0o700)
-        bundles.clone_for_board(prepared, board_dir)
+        kw = {"sha256": prepared.sha256, "machine": prepared.env.machine}
+        if self.interrupted:
+            return self._interrupted_before(board, choice, started, [prep_phase], **kw)
+        board_dir = self.board_copy(board, prepared, work)
         ident = self.opts.identity.assigned.get(board.usb_instance) if self.opts.identity else None  # issue 14
         if ident is not None:
             try:
                 identity.write_board_config(board_dir, ident)
             except UserError as exc:
                 return self.refuse(exc, board, choice, started, phases=[prep_phase], sha256=prepared.sha256)
+        if self.interrupted:
+            return self._interrupted_before(board, choice, started, [prep_phase], **kw)
         self._emit("start", {"board": board})
 
         watcher: ConsoleWatcher | None = None
@@ -457,45 +524,34 @@ class FlashSession:
                 watcher.mark()  # the board reboots into the new system now
             self._emit("line", {"event": ev})
 
-        rec = self._record(board, choice, started, "FAILED", sha256=prepared.sha256, machine=prepared.env.machine)
+        rec = self._record(board, choice, started, "FAILED", **kw)
         rec.phases = [prep_phase]
         rec.identity = ident.to_record() if ident is not None else None  # issue 14
         presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
-            try:
-                outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
-            except Interrupted:
-                rec.result, rec.reason, rec.finished = (
-                    "INTERRUPTED",
-                    "interrupted (Ctrl-C); initrd-flash stopped",
-                    utc_iso(),
-                )
-                self._save(BoardRun(board, rec))
-                raise
+            outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
             presence.stop()
             rec.result = outcome.result
-            rec.reason = outcome.reason
-            gone = presence.gone_for()
-            if outcome.result != "SUCCESS" and gone is not None and gone >= VANISHED_AFTER_S:
-                # udev saw the board leave its port and nothing come back: that is the cause
-                rec.reason = (
-                    f"the board vanished from USB {board.usb_instance} {gone:.0f} s before the end and did not "
-                    f"come back (check the cable and the board's power); initrd-flash: {outcome.reason}"
-                )
+            rec.reason = _vanished(outcome, presence, board.usb_instance) or outcome.reason
             rec.exit_code = outcome.exit_code
             rec.final_status = outcome.final_status
             rec.phases += outcome.phases
+            rec.warnings = list(outcome.warnings)
             rec.finished = utc_iso()
             run = BoardRun(board, rec)
-            logs_dir = self.records_dir / (Path(records.record_filename(rec)).stem + ".logs")
-            rec.logs = keep_logs(outcome, logs_dir)
-            rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
-            if watcher is not None and outcome.result == "SUCCESS":
+            path = records.next_path(rec, self.records_dir)
+            logs_dir = path.with_suffix(".logs")
+            try:
+                rec.logs = keep_logs(outcome, logs_dir)
+                rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
+            except OSError as exc:
+                rec.logs = {"error": f"logs not kept: {exc}"}
+            if watcher is not None and outcome.result == "SUCCESS" and not self.interrupted:
                 boot_phase = Phase("boot", utc_iso())
                 self._emit(
                     "line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")}
                 )
-                rec.boot = watcher.wait_for_boot(self.opts.boot_timeout)
+                rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
                 boot_phase.finished = utc_iso()
                 boot_phase.result = (
                     "ok" if rec.boot.seen else ("timeout" if "timeout" in (rec.boot.reason or "") else "failed")
@@ -504,11 +560,25 @@ class FlashSession:
                 rec.finished = utc_iso()
             elif port and outcome.result == "SUCCESS":
                 rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
-            return self._save(run)
+            return self._save(run, path)
         finally:
             presence.stop()
             if watcher is not None:
                 watcher.stop()
+
+
+def _vanished(outcome: FlashOutcome, presence: discovery.PresenceWatch, usb_instance: str) -> str | None:
+    """ "Vanished" only when udev saw the board leave while the protocol needs it on USB (the
+    write); the host's own power-offs between steps remove the gadget by design."""
+    if outcome.result in ("SUCCESS", "INTERRUPTED") or presence.gone_since is None or outcome.tracker is None:
+        return None
+    gone = presence.gone_for()
+    if gone is None or gone < VANISHED_AFTER_S or not outcome.tracker.must_be_present_at(presence.gone_since):
+        return None
+    return (
+        f"the board vanished from USB {usb_instance} during the write ({gone:.0f} s before the end) and did not "
+        f"come back (check the cable and the board's power); initrd-flash: {outcome.reason}"
+    )
 
 
 def _rel(value: Any, base: Path) -> Any:

@@ -1,7 +1,10 @@
-"""Read a bundle's ``.env.initrd-flash`` (written by meta-tegra's image_types_tegra.bbclass).
+"""The one parser of a bundle's ``.env.initrd-flash`` (written by meta-tegra's
+``image_types_tegra.bbclass``, ``create_tegraflash_pkg``).
 
-The real script sources it with bash; we never execute it. Lines are ``KEY="value"``,
-``KEY=value`` or ``DEFAULTS[BOARDID]="..."``; values are unquoted with shlex.
+The real ``initrd-flash`` sources it with bash; we never execute it. Lines are
+``KEY="value"``, ``KEY=value`` or ``DEFAULTS[BOARDID]="..."``; values are unquoted with shlex
+(no expansion: ``$(...)`` stays text). Anything else is an error with its line number: one
+strict parser, so ``alma verify`` and ``alma flash`` can never read one file two ways.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from pathlib import Path
 from alma.errors import UserError
 
 ENV_NAME = ".env.initrd-flash"
+ENV_MAX = 64 * 1024  # the real file is under 1 KiB; refuse anything absurd
 _LINE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<sub>[A-Za-z0-9_]+)\])?=(?P<val>.*)$")
+_HINT = "rebuild the bundle (bitbake writes this file)"
 
 
 @dataclass
@@ -46,8 +51,12 @@ class FlashEnv:
         """Bundle files the flash only reads (the rootfs image, the data partition image)."""
         return [v for v in (self.get("ROOTFS_IMAGE"), self.get("DATAFILE")) if v and "/" not in v]
 
+    def flat(self) -> dict[str, str]:
+        """``KEY`` and ``DEFAULTS[KEY]`` in one dict (the facts manifest's view)."""
+        return {**self.values, **{f"DEFAULTS[{k}]": v for k, v in self.defaults.items()}}
 
-def parse_env(text: str, path: Path | None = None) -> FlashEnv:
+
+def parse_env(text: str, path: Path | str | None = None) -> FlashEnv:
     values: dict[str, str] = {}
     defaults: dict[str, str] = {}
     where = str(path or ENV_NAME)
@@ -57,13 +66,11 @@ def parse_env(text: str, path: Path | None = None) -> FlashEnv:
             continue
         m = _LINE.match(line)
         if not m:
-            raise UserError(
-                f"{where}:{n}: not a KEY=value line: {raw!r}", hint="rebuild the bundle (bitbake writes this file)"
-            )
+            raise UserError(f"{where}:{n}: not a KEY=value line: {raw!r}", hint=_HINT)
         try:
             parts = shlex.split(m["val"], comments=True)
         except ValueError as exc:
-            raise UserError(f"{where}:{n}: {exc}", hint="rebuild the bundle (bitbake writes this file)") from exc
+            raise UserError(f"{where}:{n}: {exc}", hint=_HINT) from exc
         value = " ".join(parts)
         if m["sub"]:
             defaults[m["sub"]] = value
@@ -71,7 +78,13 @@ def parse_env(text: str, path: Path | None = None) -> FlashEnv:
             values[m["key"]] = value
     if not values.get("MACHINE"):
         raise UserError(f"{where}: no MACHINE", hint="rebuild the bundle with IMAGE_TEGRAFLASH_INITRD_FLASHER set")
-    return FlashEnv(values, defaults, path)
+    return FlashEnv(values, defaults, Path(path) if path else None)
+
+
+def decode_env(data: bytes, path: Path | str | None = None) -> FlashEnv:
+    if len(data) > ENV_MAX:
+        raise UserError(f"{path or ENV_NAME}: {len(data)} bytes, not a small env file", hint=_HINT)
+    return parse_env(data.decode("utf-8", "replace"), path)
 
 
 def read_env(bundle_dir: Path) -> FlashEnv:
@@ -82,4 +95,4 @@ def read_env(bundle_dir: Path) -> FlashEnv:
             hint="build it with meta-tegra scarthgap (Orin bundles carry initrd-flash); doflash.sh bundles "
             "are not supported by alma flash",
         )
-    return parse_env(path.read_text(encoding="utf-8", errors="replace"), path)
+    return decode_env(path.read_bytes(), path)

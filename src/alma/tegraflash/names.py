@@ -1,0 +1,39 @@
+"""Bundle names as meta-tegra (scarthgap) and oe-core's image-artifact-names make them.
+
+IMAGE_LINK_NAME ``<image>-<machine>.rootfs`` is a symlink to IMAGE_NAME
+``<image>-<machine>.rootfs-<YYYYMMDDHHMMSS>``; the bundle adds ``.tegraflash.tar.gz``
+(``TEGRAFLASH_PACKAGE_FORMAT = "tar"``, the default) or ``.tegraflash.zip``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TAR_EXT = ".tegraflash.tar.gz"
+ZIP_EXT = ".tegraflash.zip"
+BUNDLE_EXTS = (TAR_EXT, ZIP_EXT)
+_NAME = re.compile(r"^(?P<stem>.+)\.rootfs(?:-(?P<stamp>\d{14}))?\.tegraflash\.(?P<fmt>tar\.gz|zip)$")
+
+
+@dataclass(frozen=True)
+class BundleName:
+    stem: str  # "<image>-<machine>" (the split is ambiguous: both may contain '-')
+    stamp: str | None  # DATETIME, UTC
+    fmt: str  # "tar.gz" | "zip"
+
+    def is_for(self, image: str, machine: str) -> bool:
+        return self.stem == f"{image}-{machine}"
+
+
+def parse_name(name: str) -> BundleName | None:
+    m = _NAME.match(name)
+    return BundleName(m["stem"], m["stamp"], m["fmt"]) if m else None
+
+
+def is_zip(name: str) -> bool:
+    return name.endswith(ZIP_EXT) or name.endswith(".zip")
+
+
+def link_name(image: str, machine: str, fmt: str = "tar.gz") -> str:
+    return f"{image}-{machine}.rootfs.tegraflash.{fmt}"
