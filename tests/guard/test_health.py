@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from almaguard.health import HEALTH_DEFAULTS, Context, run_checks
-from almaguard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, status_line, worst
+from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, status_line, worst
 from almaguard.paths import Paths
 from support_guard import ALMA_HEALTH, FakeBoard, orin_zones
 

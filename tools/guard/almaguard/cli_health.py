@@ -19,7 +19,7 @@ from . import __version__
 from .errors import GuardError
 from .fsutil import iso
 from .health import CHECK_NAMES, Context, hostname, load_health_config, report, run_checks
-from .nagios import CODES, UNKNOWN, status_line
+from almaboard.nagios import CODES, UNKNOWN, status_line
 from .paths import from_root
 
 EPILOG = f"""checks: {", ".join(CHECK_NAMES)}

@@ -20,7 +20,7 @@ from . import kmsg, thermal
 from .config import load_guard_config, load_toml_layers
 from .errors import GuardError
 from .fsutil import boot_id, iso, parse_iso, read_int, read_json, read_text, write_json
-from .nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
+from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
 from .paths import Paths
 
 SCHEMA = "alma.health/1"
