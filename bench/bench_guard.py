@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tools" / "guard"))
 
+from almaboard.paths import Paths  # noqa: E402
 from almaguard.config import GuardConfig  # noqa: E402
 from almaguard.forensics import Forensics  # noqa: E402
 from almaguard.guard import Guard  # noqa: E402
-from almaguard.paths import Paths  # noqa: E402
 from support_guard import ALMA_GUARD, FakeBoard, orin_zones, proc_state, spawn_worker  # noqa: E402
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.guard import Guard
-from almaguard.paths import Paths
 from almaguard.pause import Pauser
 from support import IN_CI
 from support_guard import ALMA_GUARD, FakeBoard, orin_zones, proc_state, spawn_worker, wait_state

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from almaguard.health import HEALTH_DEFAULTS, Context, run_checks
 from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, status_line, worst
-from almaguard.paths import Paths
+from almaboard.paths import Paths
+from almaguard.health import HEALTH_DEFAULTS, Context, run_checks
 from support_guard import ALMA_HEALTH, FakeBoard, orin_zones
 
 

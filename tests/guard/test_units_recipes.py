@@ -5,6 +5,8 @@ and the image class's check on a rootfs."""
 from __future__ import annotations
 
 import configparser
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -202,39 +204,68 @@ class _Fatal(Exception):
     pass
 
 
+_CLASS_RUNNER = r"""
+import json, sys
+libdir, body, rootfs, ports = sys.argv[1:5]
+sys.path.append(libdir)  # what bitbake's addpylib does with the layer.conf line
+out = {"errors": [], "notes": [], "fatal": None}
+
+class Fatal(Exception):
+    pass
+
+class BB:
+    def fatal(self, msg):
+        out["fatal"] = msg
+        raise Fatal(msg)
+    def error(self, msg):
+        out["errors"].append(msg)
+    def note(self, msg):
+        out["notes"].append(msg)
+
+class D:
+    def getVar(self, name):
+        return {"IMAGE_ROOTFS": rootfs, "ALMA_FABRIC_PORTS": ports}.get(name)
+
+try:
+    exec(compile(body, "alma-fabric-check.bbclass", "exec"), {"d": D(), "bb": BB()})
+except Fatal:
+    pass
+print(json.dumps(out))
+"""
+
+
 class _BB:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.notes: list[str] = []
-
-    def fatal(self, msg: str) -> None:
-        raise _Fatal(msg)
-
-    def error(self, msg: str) -> None:
-        self.errors.append(msg)
-
-    def note(self, msg: str) -> None:
-        self.notes.append(msg)
+    def __init__(self, data: dict[str, object]) -> None:
+        self.errors = list(data["errors"])  # type: ignore[call-overload]
+        self.notes = list(data["notes"])  # type: ignore[call-overload]
 
 
-class _D:
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def getVar(self, name: str) -> str | None:
-        return self.values.get(name)
+def _addpylib_dir() -> str:
+    """The directory conf/layer.conf's ``addpylib DIR almaboard`` line puts on bitbake's path."""
+    text = (LAYER / "conf/layer.conf").read_text()
+    m = re.search(r"^addpylib\s+(\S+)\s+almaboard\s*$", text, re.MULTILINE)
+    assert m, "layer.conf must addpylib the board library"
+    return os.path.normpath(m.group(1).replace("${LAYERDIR}", str(LAYER)))
 
 
 def run_class_check(rootfs: Path, ports: str = "") -> _BB:
-    """Execute the class's python function body with bitbake's d and bb stood in for."""
+    """Execute the class's python function body in a bare interpreter (-I: no site-packages,
+    so nothing but the addpylib directory can provide almaboard), with d and bb stood in for."""
     text = BBCLASS.read_text()
     m = re.search(r"^python alma_fabric_check\(\) \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
     assert m
     body = "\n".join(line[4:] if line.startswith("    ") else line for line in m.group(1).splitlines())
-    bb = _BB()
-    d = _D({"ALMA_TOOLS_DIR": str(REPO / "tools"), "IMAGE_ROOTFS": str(rootfs), "ALMA_FABRIC_PORTS": ports})
-    exec(compile(body, str(BBCLASS), "exec"), {"d": d, "bb": bb})
-    return bb
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", _CLASS_RUNNER, _addpylib_dir(), body, str(rootfs), ports],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    data = json.loads(proc.stdout)
+    if data["fatal"]:
+        raise _Fatal(data["fatal"])
+    return _BB(data)
 
 
 def test_image_class_fails_a_rootfs_that_bridges_a_fabric_port(tmp_path: Path) -> None:

@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
-from .errors import GuardError
-from .fsutil import iso
-from .health import CHECK_NAMES, Context, hostname, load_health_config, report, run_checks
+from almaboard.errors import BoardError
+from almaboard.files import iso
 from almaboard.nagios import CODES, UNKNOWN, status_line
-from .paths import from_root
+from almaboard.paths import from_root
+
+from . import __version__
+from .health import CHECK_NAMES, Context, hostname, load_health_config, report, run_checks
 
 EPILOG = f"""checks: {", ".join(CHECK_NAMES)}
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(paths=paths, cfg=cfg, now=now, save=not args.no_save)
         checks = run_checks(ctx, args.check)
         rep = report(checks, hostname(paths), now)
-    except GuardError as exc:
+    except BoardError as exc:
         msg = exc.message + (f" (try: {exc.hint})" if exc.hint else "")
         if args.json:
             err = {"schema": "alma.health/1", "node": None, "time": iso(), "status": UNKNOWN, "code": 3}

@@ -89,6 +89,7 @@ class Sensors:
         self._ttys_next = float("-inf")
         self._vts: list[str] = []
         self._heat = thermal.Heat(False, "")
+        self.zones = thermal.ZoneWatch(cfg.machine.thermal, cfg.plausibility)
         self._on_ac = True
         self._sessions = presence.Activity(None, "")
 
@@ -100,7 +101,7 @@ class Sensors:
         mono = self._monotonic()
         if mono >= self._slow_next:
             self._slow_next = mono + cfg.slow_poll * 0.999
-            heat = thermal.zone_heat(thermal.read_zones(m.thermal), cfg.max_temp_c, cfg.zone_max_c)
+            heat = thermal.zone_heat(self.zones.read(mono), cfg.max_temp_c, cfg.zone_max_c)
             if not heat.hot:
                 heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
             self._heat = heat

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard.paths import Paths
+from almaboard.thermal import Plausibility
+
 from .errors import NotOptedIn, UserError
 
 DEFAULT_CONFIG = Path("/etc/eran-grid/eran-grid.toml")
@@ -23,7 +26,7 @@ class Machine:
     guard_state_path: str = "/run/alma-guard/state.json"
 
     def _p(self, path: str) -> Path:
-        return self.root / path.lstrip("/")
+        return Paths(self.root)(path)
 
     @property
     def power_supply(self) -> Path:
@@ -76,6 +79,8 @@ class Config:
     heat_holdoff: float = 60.0  # cool this long after a heat pause before resuming
     max_temp_c: float = 80.0
     zone_max_c: dict[str, float] = field(default_factory=dict)
+    # The guard's plausibility rules (almaboard.thermal): a zone they reject counts as hot.
+    plausibility: Plausibility = field(default_factory=Plausibility)
     cpu_busy: float = 0.25  # non-grid CPU share of all cores that counts as the owner working
     cpu_window: float = 2.0
     include_serial_ttys: bool = False
@@ -164,6 +169,21 @@ def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None
             machine = dataclasses.replace(
                 machine, guard_state_path=_typed("thermal.guard_state", thermal.pop("guard_state"), str, source)
             )
+        rules = {
+            key: float(_typed(f"thermal.{key}", thermal.pop(key), (int, float), source))
+            for key in ("plausible_min_c", "plausible_max_c", "max_rate_c_per_s")
+            if key in thermal
+        }
+        if rules:
+            plaus = dataclasses.replace(
+                Plausibility(),
+                **{{"plausible_min_c": "min_c", "plausible_max_c": "max_c"}.get(k, k): v for k, v in rules.items()},
+            )
+            if not plaus.min_c < plaus.max_c or plaus.max_rate_c_per_s <= 0:
+                raise UserError(
+                    f"{source}: [thermal] plausible_min_c must be below plausible_max_c, max_rate_c_per_s > 0"
+                )
+            kw["plausibility"] = plaus
         if thermal:
             raise UserError(f"{source}: unknown key(s) in [thermal]: {', '.join(sorted(thermal))}")
     if "root" in data:

@@ -5,6 +5,11 @@ Temperatures are millidegrees Celsius in ``thermal_zoneN/temp``; trip points are
 (R36) each of cpu/gpu/cv0-2/soc0-2/tj-thermal has a 99 C passive trip bound to the clock
 throttles, a 104.5 C critical trip (kernel shutdown) and a 70 C passive trip bound only to
 ``hot-surface-alert`` (a warning, not a throttle).
+
+Every reading goes through :class:`Plausibility`: a value outside the physical range
+(default -40..150 C), a jump faster than a die can heat or cool between two polls, or bytes
+that are not a number make the zone *unreadable* for that poll, with the reason. The guard
+and ERAN-GRID both read zones here, so they can never disagree about what "cool" means.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fsutil import read_int, read_text
+from .files import read_int, read_text
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,54 @@ def _zone_index(name: str) -> int:
     return int(digits) if digits.isdigit() else 1 << 30
 
 
+@dataclass(frozen=True)
+class Plausibility:
+    """What a real die temperature can be (the rules every reader applies).
+
+    ``min_c``/``max_c``: the physical range; outside it the sensor is lying (an unset
+    register reads -273150 or INT_MIN, a broken one 0x7fffffff). ``max_rate_c_per_s`` plus
+    ``slack_c``: the largest change between two accepted readings (silicon heats fast, but
+    not 50 C in a second; a stuck-then-jumping value is a fault). A rejected value never
+    becomes the reference: the next reading is judged against the last accepted one and the
+    time since, so a real sustained change is accepted a poll or two later.
+    """
+
+    min_c: float = -40.0
+    max_c: float = 150.0
+    max_rate_c_per_s: float = 50.0
+    slack_c: float = 2.0
+
+    def check(self, celsius: float, prev: tuple[float, float] | None, now: float) -> str:
+        """'' when plausible, else why not."""
+        if not self.min_c <= celsius <= self.max_c:
+            return f"implausible {celsius:.1f} C (outside {self.min_c:g}..{self.max_c:g} C)"
+        if prev is not None:
+            dt = max(0.0, now - prev[1])
+            if abs(celsius - prev[0]) > self.max_rate_c_per_s * dt + self.slack_c:
+                return f"implausible jump {prev[0]:.1f} -> {celsius:.1f} C in {dt:.1f} s"
+        return ""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One zone at one poll: ``celsius`` when readable and plausible, else ``problem``.
+
+    ``raw`` is the parsed value even when implausible (None when unparsable or unreadable),
+    so a caller can still fail closed on a hot-looking jump."""
+
+    celsius: float | None
+    problem: str = ""
+    raw: float | None = None
+
+
+def parse_millideg(raw: bytes) -> float | None:
+    """sysfs millidegrees (``b"51250\\n"``) → C; None for anything that is not one integer."""
+    try:
+        return int(raw) / 1000.0
+    except ValueError:
+        return None
+
+
 class Reader:
     """Reads every zone's temperature with one ``pread`` per zone on kept-open descriptors.
 
@@ -99,28 +152,48 @@ class Reader:
     lifetime). A failed read closes the descriptor and the next poll reopens it.
     """
 
-    def __init__(self, zones: list[Zone]) -> None:
+    def __init__(
+        self,
+        zones: list[Zone],
+        rules: Plausibility | None = None,
+        history: dict[str, tuple[float, float]] | None = None,
+    ) -> None:
         self.zones = zones
+        self.rules = rules or Plausibility()
         self._fds: dict[str, int] = {}
+        # name -> (last accepted C, at): pass the dict on to a re-created reader so the rate
+        # rule survives a rediscovery.
+        self.history: dict[str, tuple[float, float]] = {} if history is None else history
 
-    def read(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for z in self.zones:
-            out[z.name] = self._read_one(z)
-        return out
+    def read(self, now: float, verify: bool = False) -> dict[str, Reading]:
+        """Every zone at monotonic time ``now``. ``verify`` also checks that each kept
+        descriptor still names a live file (a zone removed under a kept descriptor would
+        otherwise keep returning its last value on a plain filesystem)."""
+        return {z.name: self._read_one(z, now, verify) for z in self.zones}
 
-    def _read_one(self, z: Zone) -> float | None:
+    def _read_one(self, z: Zone, now: float, verify: bool = False) -> Reading:
         fd = self._fds.get(z.name)
         try:
             if fd is None:
                 fd = os.open(z.path / "temp", os.O_RDONLY | os.O_CLOEXEC)
                 self._fds[z.name] = fd
             raw = os.pread(fd, 32, 0)
-            return int(raw) / 1000.0
-        except (OSError, ValueError):
-            # EIO/ENODATA from a sensor behind a firmware call, or garbage: unreadable now.
+            if verify and os.fstat(fd).st_nlink == 0:
+                self._drop(z.name)
+                return Reading(None, "vanished")
+        except OSError as exc:
+            # EIO/ENODATA from a sensor behind a firmware call, or the zone vanished.
             self._drop(z.name)
-            return None
+            return Reading(None, f"unreadable ({os.strerror(exc.errno or 0) if exc.errno else exc})")
+        celsius = parse_millideg(raw)
+        if celsius is None:
+            self._drop(z.name)
+            return Reading(None, f"unparsable value {raw[:16]!r}")
+        why = self.rules.check(celsius, self.history.get(z.name), now)
+        if why:
+            return Reading(None, why, celsius)
+        self.history[z.name] = (celsius, now)
+        return Reading(celsius, "", celsius)
 
     def _drop(self, name: str) -> None:
         fd = self._fds.pop(name, None)
@@ -131,3 +204,12 @@ class Reader:
     def close(self) -> None:
         for name in list(self._fds):
             self._drop(name)
+
+
+def read_once(thermal_dir: Path, rules: Plausibility | None = None, now: float = 0.0) -> dict[str, Reading]:
+    """Every zone under ``thermal_dir`` read once (a one-shot caller: alma-health, status)."""
+    reader = Reader(discover(thermal_dir), rules)
+    try:
+        return reader.read(now)
+    finally:
+        reader.close()
