@@ -15,4 +15,5 @@ RDEPENDS:${PN} = "\
     alma-health \
     alma-watchdog-config \
     eran-grid \
+    python3-almaboard \
 "
