@@ -91,9 +91,21 @@ class Config:
     checkpoint_max_bytes: int = 4 * 1024 * 1024
     result_max_bytes: int = 1024 * 1024
     state_dir: Path = Path("/var/lib/eran-grid")
+    # Each job gets its own cgroup under this cgroup v2 directory (the work slice, which the
+    # thermal guard freezes) where it is a writable cgroup; elsewhere its process group only.
+    job_cgroup_path: str = "/sys/fs/cgroup/alma.slice/alma-work.slice"
     status_path: Path = Path("/run/eran-grid/status.json")
     machine: Machine = field(default_factory=Machine)
     queue: QueueConfig = field(default_factory=QueueConfig)
+
+    @property
+    def job_cgroup(self) -> Path | None:
+        """The parent cgroup for jobs if it is a real, writable cgroup v2 directory."""
+        if not self.job_cgroup_path:
+            return None
+        from .process import usable_cgroup_parent
+
+        return usable_cgroup_parent(Paths(self.machine.root)(self.job_cgroup_path))
 
     def require_opt_in(self, source: str) -> None:
         if self.enabled is not True:
@@ -154,6 +166,8 @@ def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None
     for key in ("state_dir", "status_path"):
         if key in data:
             kw[key] = Path(_typed(key, data.pop(key), str, source))
+    if "job_cgroup" in data:
+        kw["job_cgroup_path"] = _typed("job_cgroup", data.pop("job_cgroup"), str, source)
     if "poll" in kw and not 0.01 <= kw["poll"] <= 5:
         raise UserError(f"{source}: `poll` must be between 0.01 and 5 seconds")
 
