@@ -19,6 +19,7 @@ so a running guard that keeps its descriptors open sees every change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -297,8 +298,14 @@ class ReadOnly:
 
 
 def remove_zone(board: FakeBoard, kind: str, whole_dir: bool = False) -> None:
-    """The zone's ``temp`` (or its whole thermal_zoneN directory) disappears."""
+    """The zone's ``temp`` (or its whole thermal_zoneN directory) disappears.
+
+    As on sysfs, where a descriptor kept on a removed attribute fails to read (kernfs:
+    ENODEV), a reader holding the file open must not keep seeing the old value: the file is
+    emptied in place first (an empty read is unparsable), then removed."""
     d = board._zones[kind]
+    with contextlib.suppress(FileNotFoundError):
+        os.truncate(d / "temp", 0)
     if whole_dir:
         shutil.rmtree(d)
     else:

@@ -19,6 +19,7 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from .files import read_int, read_text
 
@@ -124,12 +125,12 @@ class Plausibility:
         return ""
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """One zone at one poll: ``celsius`` when readable and plausible, else ``problem``.
 
     ``raw`` is the parsed value even when implausible (None when unparsable or unreadable),
-    so a caller can still fail closed on a hot-looking jump."""
+    so a caller can still fail closed on a hot-looking jump. (A NamedTuple: the guard makes
+    nine of these every second for the board's lifetime.)"""
 
     celsius: float | None
     problem: str = ""
@@ -152,48 +153,92 @@ class Reader:
     lifetime). A failed read closes the descriptor and the next poll reopens it.
     """
 
-    def __init__(
-        self,
-        zones: list[Zone],
-        rules: Plausibility | None = None,
-        history: dict[str, tuple[float, float]] | None = None,
-    ) -> None:
+    def __init__(self, zones: list[Zone], rules: Plausibility | None = None, carry: Reader | None = None) -> None:
         self.zones = zones
         self.rules = rules or Plausibility()
         self._fds: dict[str, int] = {}
-        # name -> (last accepted C, at): pass the dict on to a re-created reader so the rate
-        # rule survives a rediscovery.
-        self.history: dict[str, tuple[float, float]] = {} if history is None else history
+        # The rate rule's memory (``carry`` hands it on to a reader re-created for a new zone
+        # list): the last accepted value of each zone, the time of the previous read (when
+        # most zones were last accepted), and the accept time of zones NOT accepted then.
+        self._last: dict[str, float] = dict(carry._last) if carry else {}
+        self._at: dict[str, float] = dict(carry._at) if carry else {}
+        self._prev_now: float | None = carry._prev_now if carry else None
+
+    def accepted(self, name: str) -> tuple[float, float] | None:
+        """The last accepted reading of ``name`` and when it was taken, if any."""
+        if name not in self._last:
+            return None
+        at = self._at.get(name, self._prev_now)
+        return (self._last[name], at if at is not None else 0.0)
 
     def read(self, now: float, verify: bool = False) -> dict[str, Reading]:
-        """Every zone at monotonic time ``now``. ``verify`` also checks that each kept
-        descriptor still names a live file (a zone removed under a kept descriptor would
-        otherwise keep returning its last value on a plain filesystem)."""
-        return {z.name: self._read_one(z, now, verify) for z in self.zones}
+        """Every zone at monotonic time ``now``, as :class:`Reading` s."""
+        temps, bad = self.read_split(now, verify)
+        out = {name: Reading(c, "", c) for name, c in temps.items()}
+        out.update(bad)
+        return {z.name: out[z.name] for z in self.zones}
 
-    def _read_one(self, z: Zone, now: float, verify: bool = False) -> Reading:
-        fd = self._fds.get(z.name)
-        try:
-            if fd is None:
-                fd = os.open(z.path / "temp", os.O_RDONLY | os.O_CLOEXEC)
-                self._fds[z.name] = fd
-            raw = os.pread(fd, 32, 0)
-            if verify and os.fstat(fd).st_nlink == 0:
-                self._drop(z.name)
-                return Reading(None, "vanished")
-        except OSError as exc:
-            # EIO/ENODATA from a sensor behind a firmware call, or the zone vanished.
-            self._drop(z.name)
-            return Reading(None, f"unreadable ({os.strerror(exc.errno or 0) if exc.errno else exc})")
-        celsius = parse_millideg(raw)
-        if celsius is None:
-            self._drop(z.name)
-            return Reading(None, f"unparsable value {raw[:16]!r}")
-        why = self.rules.check(celsius, self.history.get(z.name), now)
-        if why:
-            return Reading(None, why, celsius)
-        self.history[z.name] = (celsius, now)
-        return Reading(celsius, "", celsius)
+    def read_split(self, now: float, verify: bool = False) -> tuple[dict[str, float], dict[str, Reading]]:
+        """Readable, plausible zones as name -> C, and every other zone's :class:`Reading`
+        (the guard's hot path: no object per good reading).
+
+        ``verify`` also checks that each kept descriptor still names a live file. On sysfs a
+        removed zone's attribute fails to read (kernfs returns ENODEV), which the plain path
+        sees; a plain filesystem would keep returning the last value through a kept
+        descriptor, so callers whose decision must not rest on a vanished file (the guard
+        while it sheds, ERAN-GRID) pass ``verify``."""
+        temps: dict[str, float] = {}
+        bad: dict[str, Reading] = {}
+        rules = self.rules
+        lo, hi, rate, slack = rules.min_c, rules.max_c, rules.max_rate_c_per_s, rules.slack_c
+        last, at, prev_now = self._last, self._at, self._prev_now
+        # Plausibility.check inlined (the hot path; tests/guard hold the two to one answer):
+        # most zones were accepted at the previous read, so one limit serves them all.
+        common = rate * max(0.0, now - prev_now) + slack if prev_now is not None else 0.0
+        fds = self._fds
+        pread = os.pread
+        for z in self.zones:
+            name = z.name
+            fd = fds.get(name)
+            try:
+                if fd is None:
+                    fd = os.open(z.path / "temp", os.O_RDONLY | os.O_CLOEXEC)
+                    fds[name] = fd
+                raw = pread(fd, 32, 0)
+                if verify and os.fstat(fd).st_nlink == 0:
+                    self._drop(name)
+                    bad[name] = Reading(None, "vanished")
+                    continue
+            except OSError as exc:
+                # EIO/ENODATA from a sensor behind a firmware call, or the zone vanished.
+                self._drop(name)
+                bad[name] = Reading(None, f"unreadable ({os.strerror(exc.errno) if exc.errno else exc})")
+                continue
+            try:
+                celsius = int(raw) / 1000.0
+            except ValueError:
+                self._drop(name)
+                bad[name] = Reading(None, f"unparsable value {raw[:16]!r}")
+                continue
+            if not lo <= celsius <= hi:
+                bad[name] = Reading(None, f"implausible {celsius:.1f} C (outside {lo:g}..{hi:g} C)", celsius)
+                continue
+            ref = last.get(name)
+            if ref is not None:
+                limit = rate * max(0.0, now - at[name]) + slack if at and name in at else common
+                if not -limit <= celsius - ref <= limit:
+                    bad[name] = Reading(None, rules.check(celsius, self.accepted(name), now), celsius)
+                    continue
+                if at:
+                    at.pop(name, None)
+            last[name] = celsius
+            temps[name] = celsius
+        if bad and prev_now is not None:
+            for name in bad:
+                if name in last:
+                    at.setdefault(name, prev_now)  # its last accept was at the previous read (or before)
+        self._prev_now = now
+        return temps, bad
 
     def _drop(self, name: str) -> None:
         fd = self._fds.pop(name, None)

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from almaboard import thermal
-from almaboard.files import iso, write_json
+from almaboard.files import iso, read_json, write_json
 from almaboard.paths import Paths
 
 from .config import GuardConfig, Thresholds
-from .forensics import Forensics, died_below
+from .forensics import Ending, Forensics, died_below
 from .notify import Notifier
 from .pause import Pauser, slice_path
 
@@ -88,6 +88,7 @@ class Guard:
         self.forensics = forensics
         self.zones: list[thermal.Zone] = []
         self.thresholds: dict[str, Thresholds] = {}
+        self._shed_c: dict[str, float] = {}
         self.reader = thermal.Reader([], cfg.plausibility)
         self._last_discover = float("-inf")
         self.status = GuardStatus(since_wall=wall())
@@ -98,14 +99,23 @@ class Guard:
         self.transitions: list[tuple[float, str, str]] = []  # (now, "shed"|"resume", reason)
         self._io_errors: dict[str, str] = {}  # what -> message; logged when it first appears
         self._problems: dict[str, str] = {}
+        # The zones a previous guard watched: from its pause record, else from the forensics
+        # ring on the other filesystem (/var/lib), so a zone that vanished is still waited for.
         recorded = dict(self.pauser.recorded_zones)
+        if forensics is not None and not recorded:
+            ring = read_json(forensics.ring_file)
+            same_boot = isinstance(ring, dict) and ring.get("boot_id") == forensics.boot_id
+            zones = ring.get("zones") if same_boot and isinstance(ring, dict) else None
+            if isinstance(zones, dict):
+                recorded = {str(k): str(v) for k, v in zones.items()}
         self.discover(float("-inf"))
+        # Zones a previous guard of this boot watched and that are gone now stay on the list
+        # (unreadable until they come back): a vanished sensor is not a cool one.
+        for name, path in recorded.items():
+            if name not in self.thresholds:
+                self._add_zone(thermal.Zone(name=name, path=Path(path)))
         if self.pauser.paused:
             # A previous guard (crashed or killed) left the work paused: adopt that pause.
-            # Zones it guarded that are gone now stay on the list (unreadable: no resume).
-            for name, path in recorded.items():
-                if name not in self.thresholds:
-                    self._add_zone(thermal.Zone(name=name, path=Path(path)))
             self.status.shedding = True
             self.status.reason = f"adopted a pause ({self.pauser.method}) left by a previous guard"
 
@@ -126,12 +136,16 @@ class Guard:
         self._set_zones([*self.zones, zone])
 
     def _set_zones(self, zones: list[thermal.Zone]) -> None:
-        history = self.reader.history
-        self.reader.close()
+        old = self.reader
+        old.close()
         self.zones = zones
         self.thresholds = {z.name: self.cfg.thresholds(z) for z in zones}
-        self.reader = thermal.Reader(zones, self.cfg.plausibility, history)
-        self.pauser.remember_zones({z.name: str(z.path) for z in zones})
+        self._shed_c = {name: th.shed_c for name, th in self.thresholds.items()}
+        self.reader = thermal.Reader(zones, self.cfg.plausibility, carry=old)
+        known = {z.name: str(z.path) for z in zones}
+        self.pauser.remember_zones(known)
+        if self.forensics is not None:
+            self.forensics.ring["zones"] = known
 
     @property
     def min_shed_c(self) -> float | None:
@@ -145,26 +159,24 @@ class Guard:
     def step(self, now: float) -> str | None:
         """One poll at monotonic time ``now``; returns "shed", "resume" or None."""
         st = self.status
-        if now - self._last_discover >= (10.0 if self.zones else 1.0):
+        if now - self._last_discover >= (30.0 if self.zones else 1.0):
             self.discover(now)  # sensors may be probed late or come back; look again, not every poll
         # While shedding, also check that kept descriptors still name live files (a resume
         # must never rest on a vanished sensor's last value).
-        readings = self.reader.read(now, verify=st.shedding)
-        ok: dict[str, float] = {}
+        ok, bad = self.reader.read_split(now, verify=st.shedding)
+        thresholds = self.thresholds
+        shed_c = self._shed_c
+        hot = [(n, t, thresholds[n]) for n, t in ok.items() if t >= shed_c[n]]
         problems: dict[str, str] = {}
-        hot: list[tuple[str, float, Thresholds]] = []
-        for name, r in readings.items():
-            th = self.thresholds[name]
-            if r.celsius is not None:
-                ok[name] = r.celsius
-                if r.celsius >= th.shed_c:
-                    hot.append((name, r.celsius, th))
-            else:
-                problems[name] = r.problem
-                rules = self.cfg.plausibility
-                if r.raw is not None and rules.min_c <= r.raw <= rules.max_c and r.raw >= th.shed_c:
-                    hot.append((name, r.raw, th))  # a jump to a hot value: maybe real, fail closed
-        unreadable = sorted(problems)
+        unreadable: list[str] = []
+        if bad:
+            lo, hi = self.cfg.plausible_min_c, self.cfg.plausible_max_c
+            for name, (_celsius, problem, raw) in bad.items():
+                problems[name] = problem
+                # A rejected jump to a hot value (within the physical range): maybe real, shed.
+                if raw is not None and lo <= raw <= hi and raw >= thresholds[name].shed_c:
+                    hot.append((name, raw, thresholds[name]))
+            unreadable = sorted(problems)
         st.zones = ok
         st.unreadable = unreadable
         changed = unreadable != self._last_unreadable
@@ -206,12 +218,12 @@ class Guard:
             self.write_state(now_wall)
         if self.forensics is not None:
             # A hot jump the rate rule rejected still counts for forensics: it may be real.
-            seen = {**ok, **{n: t for n, t, _th in hot}}
+            seen = {**ok, **{n: t for n, t, _th in hot}} if bad and hot else ok
             hottest = max(seen.items(), key=lambda kv: kv[1]) if seen else (None, None)
             self.forensics.sample(now_wall, hottest[1], hottest[0], st.shedding, force=action is not None)
-        if not self.notifier.keepalive() and self.notifier.enabled:
+        if not self.notifier.keepalive() and self.notifier.address is not None:
             self._io_error("notify", f"cannot notify systemd at {self.notifier.address!r}")
-        else:
+        elif self._io_errors:
             self._io_ok("notify")
         return action
 
@@ -226,6 +238,9 @@ class Guard:
             log.info("%s: writable again", what)
 
     def _collect_errors(self) -> None:
+        fx = self.forensics
+        if not (self._io_errors or self.pauser.record_error or (fx is not None and fx.write_error)):
+            return  # the common case: nothing to report, nothing to clear
         if self.pauser.record_error:
             self._io_error("record", self.pauser.record_error)
         else:
@@ -285,6 +300,16 @@ class Guard:
             with contextlib.suppress(FileNotFoundError, OSError):
                 self.paths.guard_state_fallback.unlink()
 
+    def start_forensics(self) -> Ending | None:
+        """Open this boot's forensics ring (classifying the previous boot once per boot); the
+        ring also keeps the zones this guard watches, for a guard restarted without a record."""
+        if self.forensics is None:
+            return None
+        ending = self.forensics.start(self.min_shed_c, self.min_resume_c, self.wall())
+        self.forensics.ring["zones"] = {z.name: str(z.path) for z in self.zones}
+        self.forensics.flush(self.wall())
+        return ending
+
     # -- the service loop ----------------------------------------------------------------
     def run(self, *, max_polls: int | None = None, clock: Callable[[], float] = time.monotonic) -> int:
         """Poll until SIGTERM/SIGINT; returns the exit code."""
@@ -298,9 +323,7 @@ class Guard:
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             now = clock()
-            ending = None
-            if self.forensics is not None:
-                ending = self.forensics.start(self.min_shed_c, self.min_resume_c, self.wall())
+            ending = self.start_forensics()
             if ending is not None:
                 log.warning("previous boot %s ended: %s (%s)", ending.boot_id, ending.ended, "; ".join(ending.evidence))
             if self.forensics is not None and self.min_shed_c is not None:

@@ -47,7 +47,7 @@ def proc_start(pid: int, proc: Path = Path("/proc")) -> int | None:
 
 def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
-    out = []
+    out: list[int] = []
     try:
         names = os.listdir(proc)
     except OSError:

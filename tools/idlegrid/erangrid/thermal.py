@@ -31,15 +31,19 @@ class ZoneWatch:
     def __init__(self, thermal_dir: Path, rules: Plausibility | None = None) -> None:
         self.thermal_dir = thermal_dir
         self.rules = rules or Plausibility()
-        self.history: dict[str, tuple[float, float]] = {}
         self.known: set[str] = set()
+        self._reader: board_thermal.Reader | None = None
 
     def read(self, now: float) -> dict[str, Reading]:
-        reader = board_thermal.Reader(board_thermal.discover(self.thermal_dir), self.rules, self.history)
+        # Zones are looked up afresh each read (they come and go); the reader carries the
+        # rate rule's memory from one read to the next. Descriptors are not kept: this runs
+        # once a second at most, and a fresh open sees a removed zone at once.
+        reader = board_thermal.Reader(board_thermal.discover(self.thermal_dir), self.rules, carry=self._reader)
         try:
-            readings = reader.read(now)
+            readings = reader.read(now, verify=True)
         finally:
             reader.close()
+        self._reader = reader
         for name in sorted(self.known - set(readings)):
             readings[name] = Reading(None, "vanished")
         self.known |= set(readings)
