@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,26 +77,34 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
             return orig(self, now, reason)
 
         monkeypatch.setattr(g.Guard, "_shed", shed)
-    elif name == "no-range-check":
-        monkeypatch.setattr(th.Plausibility, "check", _check_without_range)
-    elif name == "no-rate-check":
-        monkeypatch.setattr(th.Plausibility, "check", _check_without_rate)
+    elif name in ("no-range-check", "no-rate-check"):
+        import almaguard.config as gc
+
+        inf = float("inf")
+        loose = {"no-range-check": {"min_c": -inf, "max_c": inf}, "no-rate-check": {"max_rate_c_per_s": inf}}[name]
+        orig_prop = gc.GuardConfig.plausibility.fget  # type: ignore[attr-defined]
+        monkeypatch.setattr(
+            gc.GuardConfig, "plausibility", property(lambda self: replace(orig_prop(self), **loose))
+        )
+        if name == "no-range-check":
+            monkeypatch.setattr(gc.GuardConfig, "plausible_min_c", -inf, raising=False)
+            monkeypatch.setattr(gc.GuardConfig, "plausible_max_c", inf, raising=False)
     elif name == "unreadable-does-not-block-resume":  # the old rule: only readable zones count
-        orig_read = th.Reader.read
+        orig_split = th.Reader.read_split
 
-        def read(self: th.Reader, now: float, verify: bool = False) -> dict[str, th.Reading]:
-            out = orig_read(self, now, verify)
-            good = {k: v for k, v in out.items() if v.celsius is not None}
-            return good if good else out
+        def read_split(self: th.Reader, now: float, verify: bool = False) -> Any:
+            ok, bad = orig_split(self, now, verify)
+            return (ok, {}) if ok else (ok, bad)
 
-        monkeypatch.setattr(th.Reader, "read", read)
+        monkeypatch.setattr(th.Reader, "read_split", read_split)
     elif name == "hot-jump-is-not-hot":
-        orig_read = th.Reader.read
+        orig_split2 = th.Reader.read_split
 
-        def read2(self: th.Reader, now: float, verify: bool = False) -> dict[str, th.Reading]:
-            return {k: th.Reading(v.celsius, v.problem, v.celsius) for k, v in orig_read(self, now, verify).items()}
+        def read_split2(self: th.Reader, now: float, verify: bool = False) -> Any:
+            ok, bad = orig_split2(self, now, verify)
+            return ok, {k: th.Reading(None, v.problem, None) for k, v in bad.items()}
 
-        monkeypatch.setattr(th.Reader, "read", read2)
+        monkeypatch.setattr(th.Reader, "read_split", read_split2)
     elif name == "no-recovery-from-machine":  # the old _adopt: only what paused.json says
 
         def adopt(self: pz.Pauser) -> None:
@@ -125,13 +134,15 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
 
         monkeypatch.setattr(g.Guard, "_stop", stop)
     elif name == "forget-vanished-zones":
-        orig_disc = g.Guard.discover
+        orig_step = g.Guard.step
 
-        def discover(self: g.Guard, now: float) -> None:
-            self.zones = [z for z in self.zones if (z.path / "temp").exists()]
-            orig_disc(self, now)
+        def step2(self: g.Guard, now: float) -> str | None:
+            present = [z for z in self.zones if (z.path / "temp").exists()]
+            if len(present) != len(self.zones):
+                self._set_zones(present)
+            return orig_step(self, now)
 
-        monkeypatch.setattr(g.Guard, "discover", discover)
+        monkeypatch.setattr(g.Guard, "step", step2)
     elif name:
         raise ValueError(f"unknown mutant {name}")
 
@@ -148,16 +159,6 @@ MUTANTS = (
     "sigterm-resumes-when-blind",
     "forget-vanished-zones",
 )
-
-
-def _check_without_range(self: Any, celsius: float, prev: tuple[float, float] | None, now: float) -> str:
-    if prev is not None and abs(celsius - prev[0]) > self.max_rate_c_per_s * max(0.0, now - prev[1]) + self.slack_c:
-        return "implausible jump"
-    return ""
-
-
-def _check_without_rate(self: Any, celsius: float, prev: tuple[float, float] | None, now: float) -> str:
-    return "" if self.min_c <= celsius <= self.max_c else "implausible"
 
 
 class Truth:
@@ -328,6 +329,15 @@ class GuardFaults(RuleBasedStateMachine):
         elif not on and self.ro.mounted:
             self.ro.off()
             self.ro_since, self.rw_since = None, self.t
+        self._poll()
+
+    @rule()
+    def lose_run_files(self) -> None:
+        """/run/alma-guard's files are lost (cleared by hand, a tmpfs remounted)."""
+        if self.ro.mounted:
+            return
+        for f in self.run_dir.iterdir():
+            f.unlink()
         self._poll()
 
     @rule(kill9=st.booleans())
