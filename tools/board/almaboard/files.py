@@ -22,13 +22,21 @@ def parse_iso(text: str) -> float:
     return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int | None = 0o644) -> None:
     """Write ``path`` so a reader sees the old or the new content, never half of it.
 
     ``durable`` fsyncs the file and its directory: the forensics ring must survive an
-    abrupt reset; the /run state file (tmpfs) does not need it.
+    abrupt reset; the /run state file (tmpfs) does not need it. ``mode=None`` keeps the mode
+    of the file replaced, else 0644 less the umask (the host's records and manifests).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o644 & ~umask
     # A unique sibling name opened O_EXCL (tempfile would cost ~8 ms of imports per run).
     tmp = str(path.parent / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
