@@ -256,3 +256,106 @@ def test_a_vacated_job_yields_with_its_reason_in_the_line(grid, machine) -> None
     [line] = [line for line in lines if line.startswith("yielded")]
     assert "()" not in line and "owner active" in line  # the old line said "yielded job 1 ():"
     agent.shutdown()
+
+
+# -- a job's own cgroup (the real cgroup v2 hierarchy) -----------------------------------------
+
+ESCAPER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    shared = sys.argv[1]
+    # A grandchild that leaves the job's process group and session (setsid): only a
+    # cgroup still holds it.
+    writer = subprocess.Popen([sys.executable, "-c",
+        "import sys, time\\nwhile True:\\n    open(sys.argv[1], 'a').write('x')\\n    time.sleep(0.02)",
+        os.path.join(shared, "written")], start_new_session=True)
+    with open(os.path.join(shared, "pids"), "a") as fh:
+        fh.write(f"{os.getpid()} {writer.pid}\\n")
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+def _cgroup2_mount() -> Path | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return None
+
+
+@pytest.fixture
+def work_slice(machine):
+    """A real cgroup v2 directory standing in for the work slice, reachable under the fake
+    root as /sys/fs/cgroup/<name> (the fake tree links to the real hierarchy)."""
+    from support import IN_CI
+
+    mount = _cgroup2_mount()
+    name = f"eran-grid-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        if mount is None:
+            raise OSError("no cgroup2 hierarchy mounted")
+        (mount / name).mkdir()
+    except OSError as exc:
+        if IN_CI:
+            pytest.fail(f"cgroup v2 not writable in CI: {exc}")
+        pytest.skip(f"cgroup v2 not writable here: {exc}")
+    (machine.root / "sys/fs").mkdir(parents=True, exist_ok=True)
+    (machine.root / "sys/fs/cgroup").symlink_to(mount)
+    yield f"/sys/fs/cgroup/{name}", mount / name
+    for child in (mount / name).iterdir() if (mount / name).exists() else []:
+        if child.is_dir():
+            with contextlib_suppress():
+                (child / "cgroup.kill").write_text("1")
+            deadline = time.monotonic() + 5
+            while child.exists() and time.monotonic() < deadline:
+                with contextlib_suppress():
+                    child.rmdir()
+                time.sleep(0.02)
+    with contextlib_suppress():
+        (mount / name).rmdir()
+
+
+def contextlib_suppress():
+    import contextlib
+
+    return contextlib.suppress(OSError)
+
+
+@pytest.mark.slow
+def test_a_job_in_its_own_cgroup_is_frozen_not_stopped_and_nothing_escapes_a_kill_9(
+    grid, machine, eran_grid_cmd, family: Path, tmp_path: Path, work_slice
+) -> None:
+    rel, real = work_slice
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    g = grid(lease_ttl=600, job_cgroup=rel)
+    g.queue.submit([sys.executable, str(script), str(family)])
+    agent = g.agent()
+    agent.start()
+    g.drive(agent, lambda: len(_pids(family)) == 1 and (family / "written").exists())
+    [(job_pid, writer_pid)] = _pids(family)
+    [cg] = [p for p in real.iterdir() if p.is_dir()]
+    assert str(writer_pid) in (cg / "cgroup.procs").read_text()  # left the group, not the cgroup
+    machine.touch_pts(0, time.time())  # the owner is back: pause
+    line = agent.step()
+    assert line.startswith("paused job")
+    _wait(lambda: "frozen 1" in (cg / "cgroup.events").read_text(), 5, "the job's cgroup to freeze")
+    state = Path(f"/proc/{job_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state != "T"  # frozen, so the guard never adopts an owner pause as its own
+    agent.shutdown()  # yields: the job is ended, the cgroup removed
+    _wait(lambda: not _alive(job_pid) and not _alive(writer_pid), 10, "the job and its escaped grandchild to end")
+
+    # Now the hard way: a real agent killed with -9 while the job and the setsid'd grandchild run.
+    (family / "pids").unlink()
+    machine.touch_pts(0, time.time() - 3600)
+    proc = _start_agent(eran_grid_cmd, g.config_file())
+    try:
+        _wait(lambda: len(_pids(family)) == 1, 30, "the job to run again")
+        [(job_pid, writer_pid)] = _pids(family)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        _stop(proc)
+    _wait(lambda: not _alive(job_pid) and not _alive(writer_pid), 10, "everything in the job's cgroup to die")

@@ -266,6 +266,7 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            self.proc.reap_group()  # what the job left behind (its group, its cgroup)
             self._yield("agent stopping")
         self.backend.close()
 
