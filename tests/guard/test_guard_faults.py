@@ -37,7 +37,7 @@ from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.forensics import Forensics
 from almaguard.guard import Guard
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 from support import IN_CI
@@ -379,5 +379,7 @@ def test_guard_invariants_hold_under_injected_faults(monkeypatch: pytest.MonkeyP
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         database=None,
+        # A mutant run only needs to know THAT it is caught: skip shrinking the example.
+        phases=[Phase.explicit, Phase.reuse, Phase.generate] if MUTANT else list(Phase),
     )(GuardFaults)
     machine.TestCase().runTest()
