@@ -62,12 +62,10 @@ _POLL_SCRIPT = r"""
 import json, sys, tempfile, time
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
-try:
-    from almaboard.paths import Paths
-    if not Path(sys.argv[1], "almaguard", "paths.py").exists():
-        raise ImportError
-except ImportError:
+if Path(sys.argv[1], "almaguard", "paths.py").exists():  # the guard before the board library
     from almaguard.paths import Paths
+else:
+    from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.forensics import Forensics
 from almaguard.guard import Guard
