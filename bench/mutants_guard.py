@@ -6,7 +6,7 @@ shedding, recovery from the machine, I/O errors never raising, SIGTERM keeping b
 paused, vanished zones staying on the list), run the state machine with that mutant and
 report whether it was caught (the run fails with an invariant violation). Every mutant must
 be caught; the unmutated guard must pass. Prints one line per run and exits 1 on a survivor.
-Run: .venv/bin/python bench/mutants_guard.py [--examples 100]
+Run: .venv/bin/python bench/mutants_guard.py [--examples 500]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> int:
     from test_guard_faults import MUTANTS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--examples", type=int, default=100)
+    ap.add_argument("--examples", type=int, default=500)
     ap.add_argument("--only", action="append", help="run only this mutant (repeatable)")
     args = ap.parse_args()
     ok, _, dt = run("", args.examples)

@@ -335,6 +335,24 @@ class GuardFaults(RuleBasedStateMachine):
     def _hot_zones(self) -> list[str]:
         return [z for z in ZONES if self.truth.sane(z) and self.truth.value[z] >= SHED]  # type: ignore[operator]
 
+    @rule(z=st.sampled_from(ZONES), peak=st.sampled_from([92.0, 100.0]))
+    def heat_spike(self, z: str, peak: float) -> None:
+        """A load step: a cool zone is hot one poll later (faster than the rate rule allows:
+        the guard must shed on it all the same)."""
+        if not (self.board._zones[z] / "temp").exists():
+            restore_zone(self.board, z, 20.0)
+        self.board.set_temp(z, 20.0)
+        self.truth.value[z] = 20.0
+        self.truth.lying.discard(z)
+        self._hot_update(z)
+        self._changed()
+        self._poll()
+        self.board.set_temp(z, peak)
+        self.truth.value[z] = peak
+        self._hot_update(z)
+        self._changed()
+        self._poll()
+
     @precondition(lambda self: bool(self._hot_zones()))
     @rule(low=st.sampled_from([20.0, 30.0]))
     def glitch_at_stop(self, low: float) -> None:
