@@ -51,6 +51,7 @@ SANE = (-40.0, 150.0)
 GARBAGE = ("-273150", "-2147483648", "2147483647", "banana", "", "99999999999999999999")
 
 MUTANT = os.environ.get("ALMA_GUARD_MUTANT", "")
+STATS = {"runs": 0, "polls": 0}
 
 
 def apply_mutant(name: str, monkeypatch: Any) -> None:
@@ -193,6 +194,7 @@ class GuardFaults(RuleBasedStateMachine):
 
     @initialize()
     def setup(self) -> None:
+        STATS["runs"] += 1
         # tmpfs where there is one: the guard fsyncs its forensics, and the state machine
         # restarts it hundreds of times (fsync on tmpfs is free; the logic is the same).
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -233,6 +235,7 @@ class GuardFaults(RuleBasedStateMachine):
 
     # -- helpers -------------------------------------------------------------------------
     def _poll(self, seconds: float = 1.0) -> None:
+        STATS["polls"] += 1
         end = self.t + seconds
         while self.t < end:
             self.t += 1.0
@@ -450,3 +453,5 @@ def test_guard_invariants_hold_under_injected_faults(monkeypatch: pytest.MonkeyP
         phases=[Phase.explicit, Phase.reuse, Phase.generate] if MUTANT else list(Phase),
     )(GuardFaults)
     machine.TestCase().runTest()
+    print(f"guard fault machine: {STATS['runs']} runs, {STATS['polls']} injected faults/waits")
+    assert STATS["runs"] >= min(examples, 50)  # the machine really ran (a round may end early)

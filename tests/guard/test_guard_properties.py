@@ -42,6 +42,9 @@ class RecordingPauser:
         self.method = None
         return PauseResult("freeze", "recorded")
 
+    def retry_record(self) -> None:
+        pass
+
     def remember_zones(self, zones: dict[str, str]) -> None:
         self.recorded_zones = dict(zones)
 

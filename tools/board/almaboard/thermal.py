@@ -163,6 +163,9 @@ class Reader:
         self._last: dict[str, float] = dict(carry._last) if carry else {}
         self._at: dict[str, float] = dict(carry._at) if carry else {}
         self._prev_now: float | None = carry._prev_now if carry else None
+        # A rejected jump UP may have been real: until the zone reads something consistent
+        # with it, a fall from it faster than the rate is as implausible as any other jump.
+        self._suspect: dict[str, tuple[float, float]] = dict(carry._suspect) if carry else {}
 
     def accepted(self, name: str) -> tuple[float, float] | None:
         """The last accepted reading of ``name`` and when it was taken, if any."""
@@ -191,7 +194,7 @@ class Reader:
         bad: dict[str, Reading] = {}
         rules = self.rules
         lo, hi, rate, slack = rules.min_c, rules.max_c, rules.max_rate_c_per_s, rules.slack_c
-        last, at, prev_now = self._last, self._at, self._prev_now
+        last, at, prev_now, suspect = self._last, self._at, self._prev_now, self._suspect
         # Plausibility.check inlined (the hot path; tests/guard hold the two to one answer):
         # most zones were accepted at the previous read, so one limit serves them all.
         common = rate * max(0.0, now - prev_now) + slack if prev_now is not None else 0.0
@@ -228,7 +231,15 @@ class Reader:
                 limit = rate * max(0.0, now - at[name]) + slack if at and name in at else common
                 if not -limit <= celsius - ref <= limit:
                     bad[name] = Reading(None, rules.check(celsius, self.accepted(name), now), celsius)
+                    if celsius > ref:
+                        suspect[name] = (celsius, now)  # maybe a real spike: a fall from it is judged too
                     continue
+                if suspect and name in suspect:
+                    peak, when = suspect[name]
+                    if peak - celsius > rate * max(0.0, now - when) + slack:
+                        bad[name] = Reading(None, f"implausible fall from a rejected {peak:.1f} C", celsius)
+                        continue
+                    del suspect[name]
                 if at:
                     at.pop(name, None)
             last[name] = celsius

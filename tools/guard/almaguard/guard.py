@@ -241,6 +241,7 @@ class Guard:
         fx = self.forensics
         if not (self._io_errors or self.pauser.record_error or (fx is not None and fx.write_error)):
             return  # the common case: nothing to report, nothing to clear
+        self.pauser.retry_record()
         if self.pauser.record_error:
             self._io_error("record", self.pauser.record_error)
         else:

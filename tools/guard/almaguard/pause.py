@@ -202,9 +202,13 @@ class Pauser:
             res = self._sigstop_all()
             if self.stopped != before:
                 return res
-        if self.record_error:
-            self._save()  # the state dir may be writable again
+        self.retry_record()
         return None
+
+    def retry_record(self) -> None:
+        """Write the record again if the last write failed (the state dir may be back)."""
+        if self.record_error:
+            self._save()
 
     def remember_zones(self, zones: dict[str, str]) -> None:
         """Zones to recreate if a later guard finds them gone (a vanished zone stays unreadable)."""
