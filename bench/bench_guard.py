@@ -5,6 +5,9 @@
    10 s, sd_notify keep-alive), against two anchors reading the same 9 files each poll:
    a bare Python open/read/close loop (what a naive guard does) and `cat` of the 9 files
    (what a shell-script guard does). Target: < 1 ms per poll (< 0.1 % of a core at 1 Hz).
+   Beside it, the same step() measured for the guard as it was before the plausibility
+   rules (issue 11), taken from git (`--old-rev`, default 7f88049) and run in the same
+   way in the same run: the rules may cost at most 20 % more per poll.
 2. Reaction time with the REAL alma-guard process at the default 1 s poll and a REAL
    child process: from writing the crossing temperature to the child being stopped (T in
    /proc/PID/stat). Target: <= one poll + 50 ms. The anchor is that bound itself.
@@ -31,10 +34,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tools" / "guard"))
 
+from almaboard.paths import Paths  # noqa: E402
 from almaguard.config import GuardConfig  # noqa: E402
 from almaguard.forensics import Forensics  # noqa: E402
 from almaguard.guard import Guard  # noqa: E402
-from almaguard.paths import Paths  # noqa: E402
 from support_guard import ALMA_GUARD, FakeBoard, orin_zones, proc_state, spawn_worker  # noqa: E402
 
 
@@ -53,6 +56,58 @@ def per_poll_guard(board: FakeBoard, polls: int) -> tuple[list[float], list[floa
         cpu.append(time.thread_time() - c0)
     guard.reader.close()
     return out, cpu
+
+
+_POLL_SCRIPT = r"""
+import json, sys, tempfile, time
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+if Path(sys.argv[1], "almaguard", "paths.py").exists():  # the guard before the board library
+    from almaguard.paths import Paths
+else:
+    from almaboard.paths import Paths
+from almaguard.config import GuardConfig
+from almaguard.forensics import Forensics
+from almaguard.guard import Guard
+from support_guard import FakeBoard, orin_zones
+with tempfile.TemporaryDirectory() as tmp:
+    board = FakeBoard(Path(tmp) / "board"); orin_zones(board, 55.0)
+    paths = Paths(board.root); wall = [1.78e9]; cfg = GuardConfig()
+    guard = Guard(cfg, paths, wall=lambda: wall[0], forensics=Forensics(paths, cfg.ring_every_s))
+    guard.forensics.start(guard.min_shed_c, guard.min_resume_c, wall[0])
+    cpu = []
+    for i in range(int(sys.argv[3])):
+        wall[0] += 1.0
+        c0 = time.thread_time(); guard.step(float(i)); cpu.append(time.thread_time() - c0)
+    print(json.dumps(cpu))
+"""
+
+
+def old_vs_new(rev: str, polls: int, rounds: int = 3) -> tuple[list[float], list[float]] | None:
+    """CPU per step() of the guard at ``rev`` and of this tree, interleaved in fresh
+    interpreters (same load for both), ``rounds`` times each."""
+    import json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        old.mkdir()
+        arch = subprocess.run(
+            ["git", "-C", str(REPO), "archive", rev, "tools/guard", "tests/support_guard.py"], capture_output=True
+        )
+        if arch.returncode != 0:
+            print(f"  (no old figure: git archive {rev} failed: {arch.stderr.decode().strip()[:80]})")
+            return None
+        subprocess.run(["tar", "-x", "-C", str(old)], input=arch.stdout, check=True)
+        sides = {"old": (old / "tools/guard", old / "tests"), "new": (REPO / "tools/guard", REPO / "tests")}
+        out: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(rounds):
+            for name, (tools, tests) in sides.items():
+                r = subprocess.run(
+                    [sys.executable, "-c", _POLL_SCRIPT, str(tools), str(tests), str(polls)],
+                    capture_output=True, text=True, cwd=tmp, check=True,
+                )  # fmt: skip
+                out[name] += json.loads(r.stdout)
+        return out["old"], out["new"]
 
 
 def per_poll_bare(files: list[Path], polls: int) -> tuple[list[float], list[float]]:
@@ -129,6 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--polls", type=int, default=3000)
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--old-rev", default="7f88049", help="the guard before the plausibility rules (git rev)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         board = FakeBoard(Path(tmp) / "board")
@@ -149,6 +205,15 @@ def main() -> None:
             f"  target < 1000 us CPU per poll: {'MET' if gm < 1e-3 else 'NOT MET'} "
             f"({gm * 1e6:.0f} us = {gm * 100:.4f} % of a core at 1 Hz)"
         )
+        both = old_vs_new(args.old_rev, args.polls)
+        if both is not None:
+            old, new = both
+            ratio = statistics.median(new) / statistics.median(old)
+            print(f"  plausibility rules: step() CPU before (git {args.old_rev}) vs now, same run, 3 rounds each")
+            print(f"    before  {us(old)}")
+            print(f"    now     {us(new)}")
+            verdict = "MET" if ratio <= 1.2 else "NOT MET"
+            print(f"    ratio (median) now/before {ratio:5.2f}   target <= 1.20: {verdict}")
         print("  wall time per poll (includes waiting on fsync of the forensics ring every 10 s):")
         print(f"    alma-guard step()        {us(g)}")
         print(f"    anchor: python read loop {us(b)}")

@@ -19,8 +19,10 @@ so a running guard that keeps its descriptors open sees every change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -256,3 +258,73 @@ def spawn_worker(procs: list[subprocess.Popen[bytes]], counter: Path | None = No
     p = subprocess.Popen(args)
     procs.append(p)
     return p
+
+
+class ReadOnly:
+    """Make ``path`` a read-only bind mount of itself (a read-only /run, as the issue found it)
+    and back. Real EROFS for root too, unlike chmod 0555 (root ignores mode bits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.mounted = False
+
+    @staticmethod
+    def available() -> str:
+        """'' when bind mounts work here, else why not."""
+        if os.geteuid() != 0:
+            return "read-only bind mounts need root"
+        if not shutil.which("mount"):
+            return "no mount(8)"
+        return ""
+
+    def on(self) -> None:
+        if self.mounted:
+            return
+        subprocess.run(["mount", "--bind", str(self.path), str(self.path)], check=True, capture_output=True)
+        self.mounted = True
+        subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(self.path)], check=True, capture_output=True
+        )
+
+    def off(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
+            self.mounted = False
+
+    def __enter__(self) -> ReadOnly:
+        self.on()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.off()
+
+
+def remove_zone(board: FakeBoard, kind: str, whole_dir: bool = False) -> None:
+    """The zone's ``temp`` (or its whole thermal_zoneN directory) disappears.
+
+    As on sysfs, where a descriptor kept on a removed attribute fails to read (kernfs:
+    ENODEV), a reader holding the file open must not keep seeing the old value: the file is
+    emptied in place first (an empty read is unparsable), then removed."""
+    d = board._zones[kind]
+    with contextlib.suppress(FileNotFoundError):
+        os.truncate(d / "temp", 0)
+    if whole_dir:
+        shutil.rmtree(d)
+    else:
+        (d / "temp").unlink()
+
+
+def restore_zone(board: FakeBoard, kind: str, temp_c: float) -> None:
+    d = board._zones[kind]
+    if not d.exists():
+        d.mkdir(parents=True)
+        _put(d / "type", kind + "\n")
+        for i, (tkind, ttemp) in enumerate(ORIN_TRIPS):
+            _put(d / f"trip_point_{i}_type", tkind + "\n")
+            _put(d / f"trip_point_{i}_temp", f"{int(round(ttemp * 1000))}\n")
+    board.set_temp(kind, temp_c)
+
+
+def set_raw(board: FakeBoard, kind: str, text: str) -> None:
+    """Write raw bytes into a zone's ``temp`` (garbage, INT_MIN, -273150, ...)."""
+    _put(board._zones[kind] / "temp", text)

@@ -9,43 +9,24 @@ Reading is the sibling module's: every input file (text, YAML, TOML, JSON) goes 
 
 from __future__ import annotations
 
-import os
-import tempfile
+import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 
+from almaboard.files import write_atomic as board_write_atomic
+
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same dir, fsync and rename.
+    """Write ``text`` to ``path`` atomically and durably (temp file, fsync, rename, fsync of
+    the directory) with the board library's one implementation, shared with the on-board tools.
 
     The file keeps the mode of the file it replaces, else ``mode``, else 0644 less the
-    umask (mkstemp's 0600 would hide committed manifests and served pages from readers).
+    umask (a 0600 temp file would hide committed manifests and served pages from readers).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o644 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            os.fchmod(fh.fileno(), mode)
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    # the rename itself must survive a power cut too
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    board_write_atomic(path, text.encode("utf-8"), durable=True, mode=mode)
 
 
 def utc_now() -> datetime:

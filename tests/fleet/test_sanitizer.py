@@ -163,7 +163,7 @@ def test_host_outputs_never_carry_controls(
 def test_board_status_line_never_forgeable(
     summaries: list[str], perf: list[tuple[str, object, object, object, bool]]
 ) -> None:
-    from almaguard.nagios import Check, Perf, status_line
+    from almaboard.nagios import Check, Perf, status_line
 
     checks = [
         Check(s[:10] or "c", st_, s, [Perf(lab, v, "%", w, c, 0, 100, low) for lab, v, w, c, low in perf])  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch: py
     def boom(*a: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(ground.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)  # the board library does the rename
     with pytest.raises(OSError):
         ground.write_atomic(target, "new")
     assert target.read_text() == "old"

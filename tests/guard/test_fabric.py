@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from almaguard import netcheck
+from almaboard import netcheck
 from almaguard.errors import GuardError
 from almaguard.fabric import load, parse
 from support_guard import ALMA_FABRIC, GUARD_DIR, REPO

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from almaboard.paths import Paths
 from almaguard.forensics import Forensics, PmcReason, classify, died_below, pmc_family
-from almaguard.paths import Paths
 from support_guard import FakeBoard
 
 

@@ -13,14 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
+from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.guard import Guard
-from almaguard.paths import Paths
 from almaguard.pause import Pauser
-from support import IN_CI
 from support_guard import ALMA_GUARD, FakeBoard, orin_zones, proc_state, spawn_worker, wait_state
 
 FAST = """[guard]
@@ -258,48 +257,6 @@ def test_status_reports_stale_state(board: FakeBoard) -> None:
 
 
 # -- the cgroup v2 freeze path ---------------------------------------------------------------
-
-
-def _cgroup2_mount() -> Path | None:
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if len(fields) > 2 and fields[2] == "cgroup2":
-            return Path(fields[1])
-    return None
-
-
-def _no_cgroup(why: str) -> NoReturn:
-    # The one permitted skip, on a developer machine; CI's machine (root, cgroup v2) must run it.
-    if IN_CI:
-        pytest.fail(f"cgroup v2 freeze path not testable in CI: {why}")
-    pytest.skip(why)
-
-
-@pytest.fixture
-def child_cgroup() -> Iterator[Path]:
-    mount = _cgroup2_mount()
-    if mount is None:
-        _no_cgroup("no cgroup2 hierarchy mounted on this machine")
-    cg = mount / f"alma-guard-test-{os.getpid()}"
-    try:
-        cg.mkdir()
-    except OSError as exc:
-        _no_cgroup(f"cannot create a child cgroup under {mount}: {exc.strerror}")
-    try:
-        if not (cg / "cgroup.freeze").exists():
-            _no_cgroup(f"{mount} has no cgroup.freeze (kernel < 5.2)")
-        yield cg
-    finally:
-        procs = cg / "cgroup.procs"
-        for pid in procs.read_text().split() if procs.exists() else []:
-            os.kill(int(pid), signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
 
 
 def _frozen(cg: Path) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.guard import Guard
-from almaguard.paths import Paths
 from almaguard.pause import PauseResult
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +24,8 @@ SHED, RESUME, HOLDOFF = 89.0, 79.0, 5.0
 class RecordingPauser:
     def __init__(self) -> None:
         self.method: str | None = None
+        self.record_error = ""
+        self.recorded_zones: dict[str, str] = {}
         self.calls: list[str] = []
 
     @property
@@ -39,6 +41,12 @@ class RecordingPauser:
         self.calls.append("resume")
         self.method = None
         return PauseResult("freeze", "recorded")
+
+    def retry_record(self) -> None:
+        pass
+
+    def remember_zones(self, zones: dict[str, str]) -> None:
+        self.recorded_zones = dict(zones)
 
     def refresh(self) -> None:
         return None

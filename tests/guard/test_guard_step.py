@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from almaboard.errors import ConfigError as GuardError
+from almaboard.paths import Paths
+from almaboard.thermal import Zone, discover
 from almaguard.config import GuardConfig, load_guard_config
-from almaguard.errors import GuardError
 from almaguard.guard import Guard
-from almaguard.paths import Paths
 from almaguard.pause import Pauser, slice_path
-from almaguard.thermal import Zone, discover
 from support_guard import ORIN_ZONES, FakeBoard, orin_zones, proc_state, spawn_worker, wait_state
 
 STOPPED = {"T"}
@@ -197,7 +197,8 @@ def test_state_file_is_exactly_the_documented_format(board: FakeBoard) -> None:
     guard.step(clock.t)
     state_dir = board.p("/run/alma-guard")
     state = json.loads((state_dir / "state.json").read_text())
-    assert set(state) == {"schema", "updated", "shedding", "since", "reason", "zones", "unreadable"}
+    assert set(state) == {"schema", "updated", "shedding", "since", "reason", "zones", "unreadable", "errors"}
+    assert state["errors"] == []
     assert state["schema"] == "alma.guard-state/1"
     assert state["updated"].endswith("Z") and state["zones"]["tj-thermal"] == 61.5
     assert [p.name for p in state_dir.iterdir() if p.name.startswith(".")] == []  # no temp files left
@@ -348,13 +349,18 @@ def test_a_process_stopped_by_someone_else_is_left_stopped(
     import os
     import signal
 
-    orin_zones(board, 95.0)
+    orin_zones(board, 50.0)
     ours, theirs = spawn_worker(children), spawn_worker(children)
-    os.kill(theirs.pid, signal.SIGSTOP)  # e.g. its owner pressed Ctrl-Z
-    assert wait_state(theirs.pid, STOPPED) == "T"
     board.set_slice_pids([ours.pid, theirs.pid])
     clock = Clock()
     guard = make_guard(board, clock, holdoff_s=1.0)
+    guard.step(clock.t)
+    # Stopped while this guard watches (its owner pressed Ctrl-Z): not the guard's pause. (A
+    # process found stopped when a guard STARTS is taken as a pause a previous guard left.)
+    os.kill(theirs.pid, signal.SIGSTOP)
+    assert wait_state(theirs.pid, STOPPED) == "T"
+    board.set_all_temps(95.0)
+    clock.t += 5.0
     guard.step(clock.t)
     assert wait_state(ours.pid, STOPPED) == "T"
     board.set_all_temps(50.0)

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, status_line, worst
+from almaboard.paths import Paths
 from almaguard.health import HEALTH_DEFAULTS, Context, run_checks
-from almaguard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, status_line, worst
-from almaguard.paths import Paths
 from support_guard import ALMA_HEALTH, FakeBoard, orin_zones
 
 
@@ -334,3 +334,32 @@ def test_state_not_saved_is_said(board: FakeBoard, tmp_path: Path) -> None:
     board.p("/var/lib/alma-health").write_text("not a directory")
     c = one(board, "storm")
     assert "state not saved" in c.summary
+
+
+@pytest.mark.slow
+def test_a_huge_kernel_log_file_is_streamed_in_bounded_memory(board: FakeBoard) -> None:
+    """Issue 11: a 173 MB kmsg file was read whole (458 MB RSS). Streamed, RSS stays small."""
+    healthy(board)
+    line = "6,{seq},{seq}000,-;usb 1-1: " + "x" * 150 + "\n SUBSYSTEM=usb\n"
+    with board.p("/dev/kmsg").open("w") as fh:
+        chunk = []
+        for seq in range(1, 400_001):  # ~70 MB
+            chunk.append(line.format(seq=seq))
+            if len(chunk) == 10_000:
+                fh.write("".join(chunk))
+                chunk.clear()
+        fh.write("3,400001,400001000,-;nvgpu: 17000000.gpu gk20a_fifo_handle_pbdma_intr:1234 [ERR]  pbdma fault\n")
+    size_mb = board.p("/dev/kmsg").stat().st_size / 2**20
+    assert size_mb > 60
+    probe = (
+        "import json, resource, subprocess, sys\n"
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "print(json.dumps({'rc': r.returncode, 'out': r.stdout,"
+        " 'rss_kb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"
+    )
+    cmd = [sys.executable, str(ALMA_HEALTH), "--root", str(board.root), "--check", "gpu", "--json"]
+    res = json.loads(subprocess.run([sys.executable, "-c", probe, *cmd], capture_output=True, text=True,
+                                    timeout=300).stdout)  # fmt: skip
+    report = json.loads(res["out"])
+    assert report["checks"][0]["status"] == "WARNING" and "pbdma fault" in report["checks"][0]["summary"]
+    assert res["rss_kb"] < 60 * 1024, f"{res['rss_kb'] / 1024:.0f} MB RSS for a {size_mb:.0f} MB log"

@@ -5,6 +5,8 @@ and the image class's check on a rootfs."""
 from __future__ import annotations
 
 import configparser
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,12 +15,13 @@ from pathlib import Path
 
 import pytest
 from support import require_tool
+from support_board import SITE, build_and_install, recipe_function, run_installed, run_shell_function
 from support_guard import GUARD_DIR, REPO, UNITS_DIR
 
 LAYER = REPO / "layers" / "meta-alma"
 RECIPES = {
     name: next((LAYER / "recipes-alma" / name).glob(f"{name}_*.bb"))
-    for name in ("alma-guard", "alma-health", "alma-watchdog-config", "alma-fabric-network")
+    for name in ("python3-almaboard", "alma-guard", "alma-health", "alma-watchdog-config", "alma-fabric-network")
 }
 BBCLASS = LAYER / "classes" / "alma-fabric-check.bbclass"
 UNITS = ["alma-guard.service", "alma-health.service", "alma-health.timer", "alma-fabric-network.service"]
@@ -133,37 +136,26 @@ def test_oelint_adv_has_zero_findings_on_the_guard_recipes() -> None:
     assert r.returncode == 0 and findings == [], "\n".join(findings)
 
 
-def _do_install(recipe: Path) -> str:
+def run_do_install(recipe: Path, dest: Path, workdir: Path, masked: str = "") -> None:
+    """A recipe's install, the way bitbake would run it: the PEP 517 wheel build + install for
+    recipes that inherit python_setuptools_build_meta (and their do_install:append), else
+    do_install, with bash."""
     text = recipe.read_text()
-    m = re.search(r"^do_install\(\) \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
-    assert m, recipe
-    return m.group(1)
-
-
-def run_do_install(recipe: Path, dest: Path, masked: str = "") -> None:
-    """Run a recipe's do_install with bash, the way bitbake would with these variables."""
-    env_vars = {
-        "D": str(dest),
-        "S": str(GUARD_DIR),
-        "bindir": "/usr/bin",
-        "sysconfdir": "/etc",
-        "systemd_unitdir": "/usr/lib/systemd",
-        "systemd_system_unitdir": "/usr/lib/systemd/system",
-        "PYTHON_SITEPACKAGES_DIR": "/usr/lib/python3.12/site-packages",
-        "ALMA_MASKED_SERVICES": masked,
-    }
-    body = _do_install(recipe)
-    for key, val in env_vars.items():
-        body = body.replace("${" + key + "}", val)
-    assert "${" not in body.replace("$unit", ""), f"unexpanded variable in {recipe.name}: {body}"
-    subprocess.run(["bash", "-euc", body], check=True)
+    s = GUARD_DIR
+    if re.search(r"^inherit .*python_setuptools_build_meta", text, re.M):
+        src = REPO / "tools" / re.search(r'^SRC_URI = "file://(\w+)"', text, re.M).group(1)  # type: ignore[union-attr]
+        s = build_and_install(src, dest, workdir)
+    variables = {"D": str(dest), "S": str(s), "ALMA_MASKED_SERVICES": masked}
+    for fn in ("do_install", "do_install:append"):
+        if recipe_function(recipe, fn) is not None:
+            run_shell_function(recipe, fn, variables)
 
 
 def test_recipes_install_what_the_units_need(tmp_path: Path) -> None:
     d = tmp_path / "image"
     masked = re.search(r'ALMA_MASKED_SERVICES \?= "([^"]*)"', (LAYER / "conf/distro/alma.conf").read_text())
     for recipe in RECIPES.values():
-        run_do_install(recipe, d, masked.group(1) if masked else "fwupd.service")
+        run_do_install(recipe, d, tmp_path, masked.group(1) if masked else "fwupd.service")
     units = d / "usr/lib/systemd/system"
     assert sorted(p.name for p in units.iterdir()) == sorted(UNITS)
     assert (d / "usr/lib/systemd/system.conf.d/10-alma-watchdog.conf").is_file()
@@ -171,30 +163,37 @@ def test_recipes_install_what_the_units_need(tmp_path: Path) -> None:
         for line in (units / unit).read_text().splitlines():
             if line.startswith("ExecStart="):
                 assert (d / line.split("=", 1)[1].split()[0].lstrip("/")).is_file()
-    assert (d / "usr/lib/python3.12/site-packages/almaguard/guard.py").is_file()
+    assert (d / SITE / "almaguard/guard.py").is_file()
+    assert (d / SITE / "almaboard/nagios.py").is_file()  # the board library's own recipe
     for conf in ("guard.toml", "health.toml", "fabric.toml"):
         assert (d / "etc/alma" / conf).is_file()
     mask_dir = d / "etc/systemd/system"
     if masked and masked.group(1).split():
         for svc in masked.group(1).split():
             assert (mask_dir / svc).is_symlink() and str((mask_dir / svc).readlink()) == "/dev/null"
-    # the installed layout runs: scripts find the package in site-packages
-    r = subprocess.run(
-        [sys.executable, str(d / "usr/bin/alma-health"), "--version"],
-        env={"PYTHONPATH": str(d / "usr/lib/python3.12/site-packages"), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0 and r.stdout.startswith("alma-health 0.1.0")
+    # the installed layout runs: console scripts find the packages in site-packages
+    for cmd in ("alma-health", "alma-guard", "alma-fabric"):
+        r = run_installed(d, cmd, "--version")
+        assert r.returncode == 0 and r.stdout.startswith(f"{cmd} 0.1.0"), r.stderr
+
+
+def test_python_recipes_build_with_pep517_not_path_shims() -> None:
+    for name in ("alma-guard", "python3-almaboard"):
+        text = RECIPES[name].read_text()
+        assert re.search(r"^inherit python_setuptools_build_meta\b", text, re.M), name
+        assert "sys.path" not in text and "site-packages" not in text
+    lib = re.search(r'^RDEPENDS:\$\{PN\}-lib = "([^"]*)"', RECIPES["alma-guard"].read_text(), re.M | re.S)
+    assert lib and "python3-almaboard" in lib.group(1)
 
 
 def test_recipes_fetch_from_the_single_source() -> None:
-    for recipe in RECIPES.values():
+    for name, recipe in RECIPES.items():
         text = recipe.read_text()
-        assert 'SRC_URI = "file://guard"' in text and 'FILESPATH:prepend = "${ALMA_TOOLS_DIR}:"' in text
+        src = "board" if name == "python3-almaboard" else "guard"
+        assert f'SRC_URI = "file://{src}"' in text and 'FILESPATH:prepend = "${ALMA_TOOLS_DIR}:"' in text
     layer_conf = (LAYER / "conf/layer.conf").read_text()
     assert "ALMA_TOOLS_DIR" in layer_conf
-    assert (GUARD_DIR / "LICENSE").is_file()
+    assert (GUARD_DIR / "LICENSE").is_file() and (REPO / "tools/board/LICENSE").is_file()
     assert not list((LAYER / "recipes-alma").rglob("*.py"))  # no copied code in the layer
 
 
@@ -202,39 +201,68 @@ class _Fatal(Exception):
     pass
 
 
+_CLASS_RUNNER = r"""
+import json, sys
+libdir, body, rootfs, ports = sys.argv[1:5]
+sys.path.append(libdir)  # what bitbake's addpylib does with the layer.conf line
+out = {"errors": [], "notes": [], "fatal": None}
+
+class Fatal(Exception):
+    pass
+
+class BB:
+    def fatal(self, msg):
+        out["fatal"] = msg
+        raise Fatal(msg)
+    def error(self, msg):
+        out["errors"].append(msg)
+    def note(self, msg):
+        out["notes"].append(msg)
+
+class D:
+    def getVar(self, name):
+        return {"IMAGE_ROOTFS": rootfs, "ALMA_FABRIC_PORTS": ports}.get(name)
+
+try:
+    exec(compile(body, "alma-fabric-check.bbclass", "exec"), {"d": D(), "bb": BB()})
+except Fatal:
+    pass
+print(json.dumps(out))
+"""
+
+
 class _BB:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.notes: list[str] = []
-
-    def fatal(self, msg: str) -> None:
-        raise _Fatal(msg)
-
-    def error(self, msg: str) -> None:
-        self.errors.append(msg)
-
-    def note(self, msg: str) -> None:
-        self.notes.append(msg)
+    def __init__(self, data: dict[str, object]) -> None:
+        self.errors = list(data["errors"])  # type: ignore[call-overload]
+        self.notes = list(data["notes"])  # type: ignore[call-overload]
 
 
-class _D:
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def getVar(self, name: str) -> str | None:
-        return self.values.get(name)
+def _addpylib_dir() -> str:
+    """The directory conf/layer.conf's ``addpylib DIR almaboard`` line puts on bitbake's path."""
+    text = (LAYER / "conf/layer.conf").read_text()
+    m = re.search(r"^addpylib\s+(\S+)\s+almaboard\s*$", text, re.MULTILINE)
+    assert m, "layer.conf must addpylib the board library"
+    return os.path.normpath(m.group(1).replace("${LAYERDIR}", str(LAYER)))
 
 
 def run_class_check(rootfs: Path, ports: str = "") -> _BB:
-    """Execute the class's python function body with bitbake's d and bb stood in for."""
+    """Execute the class's python function body in a bare interpreter (-I: no site-packages,
+    so nothing but the addpylib directory can provide almaboard), with d and bb stood in for."""
     text = BBCLASS.read_text()
     m = re.search(r"^python alma_fabric_check\(\) \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
     assert m
     body = "\n".join(line[4:] if line.startswith("    ") else line for line in m.group(1).splitlines())
-    bb = _BB()
-    d = _D({"ALMA_TOOLS_DIR": str(REPO / "tools"), "IMAGE_ROOTFS": str(rootfs), "ALMA_FABRIC_PORTS": ports})
-    exec(compile(body, str(BBCLASS), "exec"), {"d": d, "bb": bb})
-    return bb
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", _CLASS_RUNNER, _addpylib_dir(), body, str(rootfs), ports],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    data = json.loads(proc.stdout)
+    if data["fatal"]:
+        raise _Fatal(data["fatal"])
+    return _BB(data)
 
 
 def test_image_class_fails_a_rootfs_that_bridges_a_fabric_port(tmp_path: Path) -> None:

@@ -50,15 +50,15 @@ def test_kill_9_of_the_agent_mid_job_requeues_on_lease_expiry_and_resumes(grid, 
     try:
         # Wait until the job runs and a heartbeat has carried a checkpoint into the queue.
         _wait(lambda: (g.queue.jobs()[0]["checkpoint_bytes"] or 0) > 0, what="a synced checkpoint")
-        [job_pid] = _pids_with(seed)
+        [job_pid] = [p for p in _pids_with(seed) if "wrapper.py" not in _cmdline(p)]
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
     finally:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-    # The job dies with its agent (PR_SET_PDEATHSIG): no orphan keeps computing a job that
-    # is about to be handed to another node.
+    # The job dies with its agent (the wrapper's PR_SET_PDEATHSIG kills the job's group): no
+    # orphan keeps computing a job that is about to be handed to another node.
     _wait(lambda: not Path(f"/proc/{job_pid}").exists() or _state(job_pid) == "Z", 10, "the orphan to die")
     [row] = g.queue.jobs()
     assert row["state"] == "leased" and row["lease_owner"] == "node-a"
@@ -73,6 +73,13 @@ def test_kill_9_of_the_agent_mid_job_requeues_on_lease_expiry_and_resumes(grid, 
     [row] = g.queue.jobs()
     assert (row["attempts"], row["failures"], row["yields"]) == (2, 1, 0)
     assert "lease expired" not in row["detail"]  # the result replaced the crash note
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _state(pid: int) -> str:

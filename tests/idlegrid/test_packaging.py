@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from support import require_tool
+from support_board import SITE, build_and_install, run_installed, run_shell_function
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools/idlegrid"
@@ -68,63 +68,33 @@ def test_single_sourced_no_copy_in_the_layer():
     assert Path(tools_dir, "idlegrid") == TOOLS
 
 
-def _install(dest: Path) -> None:
-    """Replay the recipe's do_install with oe-core's paths (each line is install(1) argv)."""
+def _install(dest: Path, workdir: Path) -> None:
+    """The recipe's build: the board library's wheel, then eran-grid's wheel and its append."""
+    build_and_install(REPO / "tools/board", dest, workdir)
+    s = build_and_install(TOOLS, dest, workdir)
+    run_shell_function(RECIPE, "do_install:append", {"S": str(s), "D": str(dest)})
+
+
+def test_recipe_builds_with_pep517_not_a_path_shim():
     text = RECIPE.read_text()
-    body = re.search(r"^do_install\(\) \{\n(.*?)^\}", text, re.S | re.M)
-    assert body
-    paths = {
-        "S": str(TOOLS),
-        "D": str(dest),
-        "bindir": "/usr/bin",
-        "datadir": "/usr/share",
-        "sysconfdir": "/etc",
-        "nonarch_libdir": "/usr/lib",
-        "systemd_system_unitdir": "/usr/lib/systemd/system",
-    }
-    for line in body.group(1).splitlines():
-        line = re.sub(r"\$\{(\w+)\}", lambda m: paths[m.group(1)], line.strip())
-        argv = shlex.split(line)
-        assert argv[0] == "install"
-        expanded: list[str] = []
-        for arg in argv:
-            expanded += sorted(str(p) for p in Path("/").glob(arg.lstrip("/"))) if "*" in arg else [arg]
-        subprocess.run(expanded, check=True)
+    assert re.search(r"^inherit python_setuptools_build_meta\b", text, re.M)
+    assert "python3-almaboard" in re.search(r'^RDEPENDS:\$\{PN\} = "([^"]*)"', text, re.M | re.S).group(1)
+    assert "sys.path" not in text and "nonarch_libdir}/eran-grid" not in text
 
 
 def test_installed_tree_runs_and_refuses_until_opted_in(tmp_path):
     dest = tmp_path / "image"
-    _install(dest)
-    shipped = {p.name for p in (dest / "usr/lib/eran-grid/erangrid").iterdir()}
+    _install(dest, tmp_path)
+    shipped = {p.name for p in (dest / SITE / "erangrid").iterdir() if p.suffix == ".py"}
     assert shipped == {p.name for p in (TOOLS / "erangrid").glob("*.py")}
+    assert (dest / SITE / "almaboard/thermal.py").is_file()
     assert os.access(dest / "usr/bin/eran-grid", os.X_OK)
     assert (dest / "usr/lib/systemd/system/eran-grid.service").read_bytes() == UNIT.read_bytes()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(dest / "usr/bin/eran-grid"),
-            "--config",
-            str(dest / "etc/eran-grid/eran-grid.toml"),
-            "run",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert proc.returncode == 2
+    conf = str(dest / "etc/eran-grid/eran-grid.toml")
+    proc = run_installed(dest, "eran-grid", "--config", conf, "run")
+    assert proc.returncode == 2, proc.stderr
     assert "disabled: opt-in required" in proc.stderr and "enabled = true" in proc.stderr
-    status = subprocess.run(
-        [
-            sys.executable,
-            str(dest / "usr/bin/eran-grid"),
-            "--config",
-            str(dest / "etc/eran-grid/eran-grid.toml"),
-            "status",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    status = run_installed(dest, "eran-grid", "--config", conf, "status")
     assert status.stdout.strip() == "disabled: opt-in required" and status.returncode == 1
 
 

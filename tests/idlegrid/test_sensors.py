@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from almaboard.thermal import Reading
 from erangrid import power, presence, thermal
 
 
@@ -44,21 +45,43 @@ def test_peripheral_battery_is_not_the_machines_power(machine):
     assert power.on_ac(machine.ps) is False
 
 
+def _temps(readings):
+    return {name: r.celsius for name, r in readings.items()}
+
+
 def test_zone_over_its_limit_is_hot_and_named(machine):
-    zones = thermal.read_zones(machine.thermal)
-    assert zones == {"cpu-thermal": 45.0, "tj-thermal": 50.0}
+    watch = thermal.ZoneWatch(machine.thermal)
+    zones = watch.read(0.0)
+    assert _temps(zones) == {"cpu-thermal": 45.0, "tj-thermal": 50.0}
     assert not thermal.zone_heat(zones, 80.0, {}).hot
     machine.zone(1, "tj-thermal", 91.2)
-    heat = thermal.zone_heat(thermal.read_zones(machine.thermal), 80.0, {})
+    heat = thermal.zone_heat(watch.read(10.0), 80.0, {})
     assert heat.hot and heat.reason == "tj-thermal 91 °C"
     # A per-zone limit overrides the default both ways.
-    assert not thermal.zone_heat(thermal.read_zones(machine.thermal), 80.0, {"tj-thermal": 95.0}).hot
-    assert thermal.zone_heat({"cpu-thermal": 45.0}, 80.0, {"cpu-thermal": 40.0}).hot
+    assert not thermal.zone_heat(watch.read(11.0), 80.0, {"tj-thermal": 95.0}).hot
+    assert thermal.zone_heat({"cpu-thermal": Reading(45.0)}, 80.0, {"cpu-thermal": 40.0}).hot
 
 
-def test_unreadable_zone_is_skipped_not_fatal(machine):
-    (machine.thermal / "thermal_zone1" / "temp").write_text("garbage\n")
-    assert thermal.read_zones(machine.thermal) == {"cpu-thermal": 45.0}
+@pytest.mark.parametrize("garbage", ["garbage\n", "-273150\n", "-2147483648\n", "2147483647\n", "\n"])
+def test_unreadable_or_implausible_zone_counts_as_hot(machine, garbage):
+    """Issue 11: an impossible reading was skipped (= cool); it must hard-pause instead."""
+    (machine.thermal / "thermal_zone1" / "temp").write_text(garbage)
+    heat = thermal.zone_heat(thermal.ZoneWatch(machine.thermal).read(0.0), 80.0, {})
+    assert heat.hot and "tj-thermal" in heat.reason and "counts as hot" in heat.reason
+
+
+def test_a_jump_faster_than_physics_counts_as_hot_and_a_vanished_zone_too(machine):
+    watch = thermal.ZoneWatch(machine.thermal)
+    assert not thermal.zone_heat(watch.read(0.0), 80.0, {}).hot
+    machine.zone(1, "tj-thermal", 0.0)  # 50 -> 0 C in half a second: a glitch, not cooling
+    heat = thermal.zone_heat(watch.read(0.5), 80.0, {})
+    assert heat.hot and "implausible jump" in heat.reason
+    assert not thermal.zone_heat(watch.read(60.0), 80.0, {}).hot  # sustained: accepted later
+    import shutil
+
+    shutil.rmtree(machine.thermal / "thermal_zone1")
+    heat = thermal.zone_heat(watch.read(61.0), 80.0, {})
+    assert heat.hot and "tj-thermal vanished" in heat.reason
 
 
 def test_guard_state_fresh_shedding_stale_missing(machine):

@@ -4,7 +4,8 @@
 #
 # The lab's broadcast storm came from a declarative bridge over fabric ports that came back
 # on every boot; the fabric is routed point-to-point only (alma-fabric-network). The check
-# is the stdlib module tools/guard/almaguard/netcheck.py, single-sourced with `alma lint`.
+# is the board library's stdlib module almaboard.netcheck (tools/board), single-sourced with
+# `alma lint` and `alma-fabric check`.
 # Fabric ports: those named in the rootfs's /etc/alma/fabric.toml plus ALMA_FABRIC_PORTS.
 #
 # Usage (in an image recipe): inherit alma-fabric-check
@@ -14,21 +15,10 @@ ALMA_FABRIC_PORTS ??= ""
 
 alma_fabric_check[doc] = "Fail the rootfs when a networkd or NetworkManager config bridges a fabric port"
 python alma_fabric_check() {
-    import importlib.util
-    import os
-    import sys
-    tools = d.getVar('ALMA_TOOLS_DIR')
-    if not tools:
-        bb.fatal("alma-fabric-check: ALMA_TOOLS_DIR is not set; conf/layer.conf of meta-alma sets it")
-    path = os.path.join(tools, 'guard', 'almaguard', 'netcheck.py')
-    spec = importlib.util.spec_from_file_location('alma_netcheck', path)
-    if spec is None or spec.loader is None or not os.path.exists(path):
-        bb.fatal("alma-fabric-check: cannot load %s" % path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
+    # conf/layer.conf puts the board library on bitbake's path (addpylib).
+    from almaboard import netcheck
     extra = (d.getVar('ALMA_FABRIC_PORTS') or '').split()
-    findings = mod.scan_rootfs(d.getVar('IMAGE_ROOTFS'), extra_ports=extra)
+    findings = netcheck.scan_rootfs(d.getVar('IMAGE_ROOTFS'), extra_ports=extra)
     for f in findings:
         bb.error("alma-fabric-check: %s:%d: %s" % (f.path, f.line, f.message))
     if findings:
@@ -39,4 +29,4 @@ python alma_fabric_check() {
 
 ROOTFS_POSTPROCESS_COMMAND += "alma_fabric_check"
 # Re-run the check when the checker itself changes.
-do_rootfs[file-checksums] += "${ALMA_TOOLS_DIR}/guard/almaguard/netcheck.py:True"
+do_rootfs[file-checksums] += "${ALMA_TOOLS_DIR}/board/almaboard/netcheck.py:True"

@@ -11,11 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-from . import __version__, logsetup, netcheck
+from almaboard import netcheck
+from almaboard.errors import run_main
+from almaboard.files import write_atomic
+from almaboard.paths import from_root
+
+from . import __version__
 from .errors import GuardError
 from .fabric import NETWORK_PREFIX, load, node_name
-from .fsutil import write_atomic
-from .paths import from_root
 
 EPILOG = """commands:
   generate  write /run/systemd/network/10-alma-fabric-<port>.network for this node (boot service)
@@ -51,45 +54,42 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return run_main("alma-fabric", lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
-        paths = from_root(args.root)
-        if args.cmd == "check":
-            rootfs = Path(args.rootfs) if args.rootfs else paths.root
-            hits = netcheck.scan_rootfs(rootfs, args.port)
-            for h in hits:
-                print(f"{h.path}:{h.line}: {h.message}")
-            if not hits:
-                print(f"no fabric port is bridged under {rootfs}")
-            return 1 if hits else 0
-        cfg = Path(args.config) if args.config else paths.etc_alma / "fabric.toml"
-        fab = load(cfg)
-        node = args.node or node_name(paths("/etc/hostname"))
-        if node not in fab.nodes:
-            print(f"alma-fabric: node {node} has no fabric link in {cfg}; nothing to do", file=sys.stderr)
-        files = fab.networkd_files(node)
-        if args.cmd == "show":
-            data = {"node": node, "files": files, "routes": fab.routes(node), "ports": fab.ports(node)}
-            print(json.dumps(data, indent=1) if args.json else "\n".join(f"== {k}\n{v}" for k, v in files.items()))
-            return 0
-        out = Path(args.out) if args.out else paths("/run/systemd/network")
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            write_atomic(out / name, text.encode(), durable=False)
-        for stale in out.glob(f"{NETWORK_PREFIX}*.network"):
-            if stale.name not in files:
-                stale.unlink()  # a link removed from the description must not linger
-        print(f"alma-fabric: node {node}: wrote {len(files)} file(s) to {out}")
-        return 0
-    except GuardError as exc:
-        print(f"alma-fabric: error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"  try: {exc.hint}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        logsetup.silence_stdout()
-        return 0
+        return _commands(args)
     except OSError as exc:
-        print(f"alma-fabric: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        raise GuardError(str(exc), hint="check the path and its permissions") from exc
+
+
+def _commands(args: argparse.Namespace) -> int:
+    paths = from_root(args.root)
+    if args.cmd == "check":
+        rootfs = Path(args.rootfs) if args.rootfs else paths.root
+        hits = netcheck.scan_rootfs(rootfs, args.port)
+        for h in hits:
+            print(f"{h.path}:{h.line}: {h.message}")
+        if not hits:
+            print(f"no fabric port is bridged under {rootfs}")
+        return 1 if hits else 0
+    cfg = Path(args.config) if args.config else paths.etc_alma / "fabric.toml"
+    fab = load(cfg)
+    node = args.node or node_name(paths("/etc/hostname"))
+    if node not in fab.nodes:
+        print(f"alma-fabric: node {node} has no fabric link in {cfg}; nothing to do", file=sys.stderr)
+    files = fab.networkd_files(node)
+    if args.cmd == "show":
+        data = {"node": node, "files": files, "routes": fab.routes(node), "ports": fab.ports(node)}
+        print(json.dumps(data, indent=1) if args.json else "\n".join(f"== {k}\n{v}" for k, v in files.items()))
+        return 0
+    out = Path(args.out) if args.out else paths("/run/systemd/network")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_atomic(out / name, text.encode(), durable=False)
+    for stale in out.glob(f"{NETWORK_PREFIX}*.network"):
+        if stale.name not in files:
+            stale.unlink()  # a link removed from the description must not linger
+    print(f"alma-fabric: node {node}: wrote {len(files)} file(s) to {out}")
+    return 0

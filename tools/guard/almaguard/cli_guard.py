@@ -15,14 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from almaboard.errors import run_main
+from almaboard.files import parse_iso, read_json
+from almaboard.paths import Paths, from_root
+
 from . import __version__, logsetup
 from .config import GuardConfig, load_guard_config
 from .errors import GuardError
 from .forensics import Forensics, died_below, pending_ending
-from .fsutil import parse_iso, read_json
 from .guard import Guard
 from .notify import Notifier
-from .paths import Paths, from_root
 
 STALE_S = 30.0
 
@@ -66,27 +68,20 @@ def _config(args: argparse.Namespace, paths: Paths) -> GuardConfig:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logsetup.setup("alma-guard", args.verbose)
-    try:
-        paths = from_root(args.root)
-        cfg = _config(args, paths)
-        cmd = args.cmd or "run"
-        if cmd == "run":
-            return _run(cfg, paths, args.polls)
-        if cmd == "status":
-            return _status(paths, args.json)
-        if cmd == "resets":
-            return _resets(cfg, paths, args.json)
-        return _thresholds(cfg, paths, args.json)
-    except GuardError as exc:
-        print(f"alma-guard: error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"  try: {exc.hint}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        logsetup.silence_stdout()
-        return 0
+    return run_main("alma-guard", lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    paths = from_root(args.root)
+    cfg = _config(args, paths)
+    cmd = args.cmd or "run"
+    if cmd == "run":
+        return _run(cfg, paths, args.polls)
+    if cmd == "status":
+        return _status(paths, args.json)
+    if cmd == "resets":
+        return _resets(cfg, paths, args.json)
+    return _thresholds(cfg, paths, args.json)
 
 
 def _run(cfg: GuardConfig, paths: Paths, polls: int | None) -> int:
@@ -105,17 +100,26 @@ def _run(cfg: GuardConfig, paths: Paths, polls: int | None) -> int:
     return guard.run(max_polls=polls)
 
 
-def _status(paths: Paths, as_json: bool) -> int:
-    state = read_json(paths.guard_state)
-    age = None
+def _age(state: Any) -> float | None:
     if isinstance(state, dict) and isinstance(state.get("updated"), str):
         try:
-            age = time.time() - parse_iso(state["updated"])
+            return time.time() - parse_iso(state["updated"])
         except ValueError:
-            age = None
+            return None
+    return None
+
+
+def _status(paths: Paths, as_json: bool) -> int:
+    state, source = read_json(paths.guard_state), paths.guard_state
+    age = _age(state)
+    # The guard writes here instead when /run/alma-guard is not writable (invariant 4).
+    fallback = read_json(paths.guard_state_fallback)
+    fb_age = _age(fallback)
+    if fb_age is not None and (age is None or fb_age < age):
+        state, source, age = fallback, paths.guard_state_fallback, fb_age
     fresh = age is not None and age <= STALE_S
     if as_json:
-        print(json.dumps({"state": state, "age_s": age, "fresh": fresh}, indent=1))
+        print(json.dumps({"state": state, "source": str(source), "age_s": age, "fresh": fresh}, indent=1))
     elif not isinstance(state, dict):
         print(f"no guard state at {paths.guard_state}: is alma-guard running? (try: systemctl status alma-guard)")
     else:
@@ -128,6 +132,10 @@ def _status(paths: Paths, as_json: bool) -> int:
             print(f"  {name:<16} {temp:6.1f} C")
         for name in state.get("unreadable") or []:
             print(f"  {name:<16} UNREADABLE")
+        for err in state.get("errors") or []:
+            print(f"  I/O ERROR: {err}")
+        if source != paths.guard_state:
+            print(f"  (read from {source}: {paths.guard_state} is not being written)")
     return 0 if fresh else 1
 
 

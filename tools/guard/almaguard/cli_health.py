@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 
 from almaboard import text
+from almaboard.errors import BoardError
+from almaboard.files import iso
+from almaboard.nagios import CODES, UNKNOWN, status_line
+from almaboard.paths import from_root
 
 from . import __version__
-from .errors import GuardError
-from .fsutil import iso
 from .health import CHECK_NAMES, Context, hostname, load_health_config, report, run_checks
-from .nagios import CODES, UNKNOWN, status_line
-from .paths import from_root
 
 EPILOG = f"""checks: {", ".join(CHECK_NAMES)}
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(paths=paths, cfg=cfg, now=now, save=not args.no_save)
         checks = run_checks(ctx, args.check)
         rep = report(checks, hostname(paths), now)
-    except GuardError as exc:
+    except BoardError as exc:
         msg = exc.message + (f" (try: {exc.hint})" if exc.hint else "")
         print(f"alma-health: error: {text.terminal(msg)}", file=sys.stderr)
         if args.json:

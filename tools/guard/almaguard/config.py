@@ -2,18 +2,21 @@
 
 ``/etc/alma/guard.toml`` then ``/etc/alma/guard.d/*.toml`` in name order (the per-board
 measured values go in a drop-in, e.g. ``guard.d/50-board.toml``); the same for health.
-A missing file means defaults; a broken one is an error with the file named.
+A missing file means defaults; a broken one is an error naming ``file:line``.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard.config import load_layers, load_toml_layers
+from almaboard.thermal import Plausibility, Zone
+
 from .errors import GuardError
-from .thermal import Zone
+
+__all__ = ["GUARD_DEFAULTS", "GuardConfig", "Thresholds", "load_guard_config", "load_toml_layers"]
 
 GUARD_DEFAULTS: dict[str, Any] = {
     "interval_s": 1.0,
@@ -31,37 +34,14 @@ GUARD_DEFAULTS: dict[str, Any] = {
     "exclude": [],
     # How often the forensics ring is fsync'd (and on every shed/resume).
     "ring_every_s": 10.0,
-    # The state file is rewritten on change and at least this often (formats.md: 10 s).
+    # The state file is rewritten on change and at least this often (formats.md).
     "state_every_s": 5.0,
+    # Plausibility (almaboard.thermal.Plausibility): outside this range, or changing faster
+    # than this between polls, a reading makes its zone unreadable (fail closed).
+    "plausible_min_c": -40.0,
+    "plausible_max_c": 150.0,
+    "max_rate_c_per_s": 50.0,
 }
-
-
-def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
-    for key, val in src.items():
-        if isinstance(val, dict) and isinstance(dst.get(key), dict):
-            _merge(dst[key], val)
-        else:
-            dst[key] = val
-
-
-def load_toml_layers(main: Path) -> tuple[dict[str, Any], list[Path]]:
-    """``main`` plus ``<main stem>.d/*.toml`` merged in order; the files actually read."""
-    merged: dict[str, Any] = {}
-    used: list[Path] = []
-    dropins = sorted((main.parent / f"{main.stem}.d").glob("*.toml")) if main.parent.is_dir() else []
-    for path in [main, *dropins]:
-        if not path.is_file():
-            continue
-        try:
-            with path.open("rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise GuardError(
-                f"{path}: {exc}", hint=f"fix the TOML in {path} (or move it away to use defaults)"
-            ) from exc
-        _merge(merged, data)
-        used.append(path)
-    return merged, used
 
 
 @dataclass
@@ -84,6 +64,9 @@ class GuardConfig:
     exclude: list[str] = field(default_factory=list)
     ring_every_s: float = 10.0
     state_every_s: float = 5.0
+    plausible_min_c: float = -40.0
+    plausible_max_c: float = 150.0
+    max_rate_c_per_s: float = 50.0
     zones: dict[str, dict[str, float]] = field(default_factory=dict)  # per-zone shed_c/resume_c
     files: list[Path] = field(default_factory=list)
 
@@ -108,23 +91,34 @@ class GuardConfig:
             )
         return Thresholds(shed, resume, source)
 
+    @property
+    def plausibility(self) -> Plausibility:
+        return Plausibility(self.plausible_min_c, self.plausible_max_c, self.max_rate_c_per_s)
+
 
 def load_guard_config(path: Path) -> GuardConfig:
-    data, used = load_toml_layers(path)
+    layers = load_layers(path)
+    data = layers.data
     section = dict(GUARD_DEFAULTS)
     g = data.get("guard", {})
     if not isinstance(g, dict):
-        raise GuardError(f"{path}: [guard] must be a table")
-    unknown = set(g) - set(GUARD_DEFAULTS)
+        raise layers.error(("guard",), "[guard] must be a table")
+    unknown = sorted(set(g) - set(GUARD_DEFAULTS))
     if unknown:
-        raise GuardError(
-            f"{path}: unknown [guard] key(s): {', '.join(sorted(unknown))}",
+        raise layers.error(
+            ("guard", unknown[0]),
+            f"unknown [guard] key(s): {', '.join(unknown)}",
             hint="known keys: " + ", ".join(sorted(GUARD_DEFAULTS)),
         )
     section.update(g)
     zones = data.get("zones", {})
     if not isinstance(zones, dict) or not all(isinstance(v, dict) for v in zones.values()):
-        raise GuardError(f'{path}: [zones."<type>"] entries must be tables')
+        raise layers.error(("zones",), '[zones."<type>"] entries must be tables')
+    for key, val in section.items():
+        numeric = isinstance(val, (int, float)) and not isinstance(val, bool)
+        if key.endswith(("_c", "_s")) and val is not None and not numeric:
+            hint = f"e.g. {key} = {GUARD_DEFAULTS[key]}"
+            raise layers.error(("guard", key), f"bad value: {key} must be a number, not {val!r}", hint=hint)
     try:
         cfg = GuardConfig(
             interval_s=float(section["interval_s"]),
@@ -138,16 +132,28 @@ def load_guard_config(path: Path) -> GuardConfig:
             exclude=[str(x) for x in section["exclude"]],
             ring_every_s=float(section["ring_every_s"]),
             state_every_s=float(section["state_every_s"]),
+            plausible_min_c=float(section["plausible_min_c"]),
+            plausible_max_c=float(section["plausible_max_c"]),
+            max_rate_c_per_s=float(section["max_rate_c_per_s"]),
             zones={str(k): {kk: float(vv) for kk, vv in v.items()} for k, v in zones.items()},
-            files=used,
+            files=layers.files,
         )
     except (TypeError, ValueError) as exc:
         raise GuardError(
-            f"{path}: bad value: {exc}", hint="numbers for *_c and *_s keys, lists for include/exclude"
+            f"{layers.where('guard')}: bad value: {exc}",
+            hint="numbers for *_c and *_s keys, lists for include/exclude",
         ) from exc
     if cfg.interval_s <= 0 or cfg.holdoff_s < 0 or cfg.hysteresis_c <= 0:
-        raise GuardError(
-            f"{path}: interval_s and hysteresis_c must be > 0, holdoff_s >= 0",
+        bad = "interval_s" if cfg.interval_s <= 0 else "holdoff_s" if cfg.holdoff_s < 0 else "hysteresis_c"
+        raise layers.error(
+            ("guard", bad),
+            "interval_s and hysteresis_c must be > 0, holdoff_s >= 0",
             hint="e.g. interval_s = 1.0, hysteresis_c = 10.0, holdoff_s = 60.0",
+        )
+    if not cfg.plausible_min_c < cfg.plausible_max_c or cfg.max_rate_c_per_s <= 0:
+        raise layers.error(
+            ("guard", "plausible_min_c"),
+            "plausible_min_c must be below plausible_max_c and max_rate_c_per_s > 0",
+            hint="the defaults are -40, 150 and 50",
         )
     return cfg

@@ -1,12 +1,10 @@
-"""The one error type of the on-board tools: a message and a next step, never a traceback."""
+"""The guard tools' error: the board library's ConfigError (exit 2 for alma-guard and
+alma-fabric, UNKNOWN 3 for alma-health), printed with its hint, never a traceback."""
 
 from __future__ import annotations
 
+from almaboard.errors import ConfigError
 
-class GuardError(Exception):
+
+class GuardError(ConfigError):
     """A user or configuration error; the CLI prints it with its hint and exits non-zero."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint

@@ -27,8 +27,9 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from almaboard.files import read_text
+
 from .errors import GuardError
-from .fsutil import read_text
 
 NETWORK_PREFIX = "10-alma-fabric-"
 

@@ -22,8 +22,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fsutil import iso, read_json, read_text, write_json
-from .paths import Paths
+from almaboard.files import iso, read_json, read_text, write_json
+from almaboard.paths import Paths
 
 log = logging.getLogger("alma-guard")
 RING_SCHEMA = "alma.guard-ring/1"
@@ -197,6 +197,7 @@ class Forensics:
         self._interval_max: tuple[float, str] | None = None
         self._last_flush = float("-inf")
         self._write_failed = False
+        self.write_error = ""  # the last failed write, for the guard's STATUS= and state
 
     # -- start of a guard run ----------------------------------------------------------
     def start(self, shed_c: float | None, resume_c: float | None, now: float) -> Ending | None:
@@ -268,8 +269,10 @@ class Forensics:
             if not self._write_failed:
                 log.error("cannot write %s: %s (reset forensics are off)", self.ring_file, exc.strerror)
             self._write_failed = True
+            self.write_error = f"cannot write {self.ring_file}: {exc.strerror or exc}"
         else:
             self._write_failed = False
+            self.write_error = ""
 
     def clean_stop(self, now: float) -> None:
         """The guard is being stopped in order: flush the ring, then write the marker."""

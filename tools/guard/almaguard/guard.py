@@ -3,17 +3,24 @@
 ``Guard.step(now)`` is one poll with an injected monotonic clock (tests drive it
 deterministically); ``Guard.run()`` is the service loop with sd_notify keep-alives.
 
-Rules:
-- any readable zone at or above its shed threshold -> pause the work at once (this poll);
+Rules (the invariants of docs/guard.md, "Invariants"):
+- a zone is *readable* at a poll when its value parses and passes the plausibility rules
+  (almaboard.thermal.Plausibility); anything else makes it unreadable for that poll;
+- any readable zone at or above its shed threshold, or a zone rejected for an implausible
+  jump to a value at or above it -> pause the work at once (this poll);
 - no zone readable at all -> pause (fail closed); some unreadable -> alert, keep going;
-- paused -> resume only when every readable zone is below its resume threshold and has
-  stayed there for ``holdoff_s`` without interruption (hysteresis + hold-off: a sensor
-  that jitters by a few degrees cannot make the work flap);
+- paused -> resume only when EVERY zone (including any that vanished) is readable and below
+  its resume threshold and has stayed so for ``holdoff_s`` without interruption
+  (hysteresis + hold-off: a sensor that jitters by a few degrees cannot make the work flap);
+  a zone that is unreadable blocks the resume, and a SIGTERM in that state leaves work paused;
+- an I/O error on the guard's own files (state, pause record, forensics) or on the notify
+  socket is logged once, shown in STATUS= and the state's ``errors``, and never stops the loop;
 - never kill anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -24,12 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import thermal
+from almaboard import thermal
+from almaboard.files import iso, read_json, write_json
+from almaboard.paths import Paths
+
 from .config import GuardConfig, Thresholds
-from .forensics import Forensics, died_below
-from .fsutil import iso, write_json
+from .forensics import Ending, Forensics, died_below
 from .notify import Notifier
-from .paths import Paths
 from .pause import Pauser, slice_path
 
 log = logging.getLogger("alma-guard")
@@ -43,6 +51,7 @@ class GuardStatus:
     reason: str = "starting"
     zones: dict[str, float] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     def to_state(self, now_wall: float) -> dict[str, Any]:
         """The state file of docs/formats.md, exactly."""
@@ -54,6 +63,7 @@ class GuardStatus:
             "reason": self.reason,
             "zones": {k: round(v, 1) for k, v in self.zones.items()},
             "unreadable": list(self.unreadable),
+            "errors": list(self.errors),
         }
 
 
@@ -78,14 +88,32 @@ class Guard:
         self.forensics = forensics
         self.zones: list[thermal.Zone] = []
         self.thresholds: dict[str, Thresholds] = {}
-        self.reader = thermal.Reader([])
+        self._shed_c: dict[str, float] = {}
+        self.reader = thermal.Reader([], cfg.plausibility)
         self._last_discover = float("-inf")
         self.status = GuardStatus(since_wall=wall())
         self._cool_since: float | None = None
         self._last_state_write = float("-inf")
         self._last_unreadable: list[str] = []
+        self._last_errors: list[str] = []
         self.transitions: list[tuple[float, str, str]] = []  # (now, "shed"|"resume", reason)
+        self._io_errors: dict[str, str] = {}  # what -> message; logged when it first appears
+        self._problems: dict[str, str] = {}
+        # The zones a previous guard watched: from its pause record, else from the forensics
+        # ring on the other filesystem (/var/lib), so a zone that vanished is still waited for.
+        recorded = dict(self.pauser.recorded_zones)
+        if forensics is not None and not recorded:
+            ring = read_json(forensics.ring_file)
+            same_boot = isinstance(ring, dict) and ring.get("boot_id") == forensics.boot_id
+            zones = ring.get("zones") if same_boot and isinstance(ring, dict) else None
+            if isinstance(zones, dict):
+                recorded = {str(k): str(v) for k, v in zones.items()}
         self.discover(float("-inf"))
+        # Zones a previous guard of this boot watched and that are gone now stay on the list
+        # (unreadable until they come back): a vanished sensor is not a cool one.
+        for name, path in recorded.items():
+            if name not in self.thresholds:
+                self._add_zone(thermal.Zone(name=name, path=Path(path)))
         if self.pauser.paused:
             # A previous guard (crashed or killed) left the work paused: adopt that pause.
             self.status.shedding = True
@@ -93,12 +121,31 @@ class Guard:
 
     # -- zones ---------------------------------------------------------------------------
     def discover(self, now: float) -> None:
+        """Add the zones present now; a zone seen before and gone now is kept (unreadable)."""
         self._last_discover = now
-        zones = thermal.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
-        self.reader.close()
+        found = thermal.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
+        known = {z.name: z for z in self.zones}
+        if all(z.name in known and known[z.name].path == z.path for z in found) and self.zones:
+            return
+        for z in found:
+            if z.name not in known or known[z.name].path != z.path:
+                known[z.name] = z
+        self._set_zones(list(known.values()))
+
+    def _add_zone(self, zone: thermal.Zone) -> None:
+        self._set_zones([*self.zones, zone])
+
+    def _set_zones(self, zones: list[thermal.Zone]) -> None:
+        old = self.reader
+        old.close()
         self.zones = zones
         self.thresholds = {z.name: self.cfg.thresholds(z) for z in zones}
-        self.reader = thermal.Reader(zones)
+        self._shed_c = {name: th.shed_c for name, th in self.thresholds.items()}
+        self.reader = thermal.Reader(zones, self.cfg.plausibility, carry=old)
+        known = {z.name: str(z.path) for z in zones}
+        self.pauser.remember_zones(known)
+        if self.forensics is not None:
+            self.forensics.ring["zones"] = known
 
     @property
     def min_shed_c(self) -> float | None:
@@ -111,54 +158,109 @@ class Guard:
     # -- one poll ------------------------------------------------------------------------
     def step(self, now: float) -> str | None:
         """One poll at monotonic time ``now``; returns "shed", "resume" or None."""
-        if not self.zones and now - self._last_discover >= 10.0:
-            self.discover(now)  # sensors may be probed late; look again, but not every poll
-        readings = self.reader.read()
-        ok = {n: t for n, t in readings.items() if t is not None}
-        unreadable = sorted(n for n, t in readings.items() if t is None)
         st = self.status
+        if now - self._last_discover >= (30.0 if self.zones else 1.0):
+            self.discover(now)  # sensors may be probed late or come back; look again, not every poll
+        # While shedding, also check that kept descriptors still name live files (a resume
+        # must never rest on a vanished sensor's last value).
+        ok, bad = self.reader.read_split(now, verify=st.shedding)
+        thresholds = self.thresholds
+        shed_c = self._shed_c
+        hot = [(n, t, thresholds[n]) for n, t in ok.items() if t >= shed_c[n]]
+        problems: dict[str, str] = {}
+        unreadable: list[str] = []
+        if bad:
+            lo, hi = self.cfg.plausible_min_c, self.cfg.plausible_max_c
+            for name, (_celsius, problem, raw) in bad.items():
+                problems[name] = problem
+                # A rejected jump to a hot value (within the physical range): maybe real, shed.
+                if raw is not None and lo <= raw <= hi and raw >= thresholds[name].shed_c:
+                    hot.append((name, raw, thresholds[name]))
+            unreadable = sorted(problems)
         st.zones = ok
         st.unreadable = unreadable
-        if unreadable != self._last_unreadable:
-            if unreadable:
-                log.warning("sensor(s) unreadable: %s", ", ".join(unreadable))
-            else:
-                log.info("all sensors readable again")
         changed = unreadable != self._last_unreadable
+        if problems != self._problems:
+            new = sorted(set(problems) - set(self._problems))
+            if new:
+                log.warning("sensor(s) unreadable: %s", ", ".join(f"{n} ({problems[n]})" for n in new))
+            if not problems:
+                log.info("all sensors readable again")
+        self._problems = problems
         self._last_unreadable = unreadable
 
         action: str | None = None
-        if not ok:
+        if not ok and not hot:
             why = "no thermal zone found" if not self.zones else "no thermal sensor readable"
             if not st.shedding:
                 action = self._shed(now, f"{why} (fail closed)")
             self._cool_since = None
+        elif not st.shedding:
+            if hot:
+                n, t, th = max(hot, key=lambda x: x[1] - x[2].shed_c)
+                action = self._shed(now, f"{n} {t:.1f} C >= shed {th.shed_c:.1f} C")
         else:
-            hot = [(n, t, self.thresholds[n]) for n, t in ok.items() if t >= self.thresholds[n].shed_c]
-            if not st.shedding:
-                if hot:
-                    n, t, th = max(hot, key=lambda x: x[1] - x[2].shed_c)
-                    action = self._shed(now, f"{n} {t:.1f} C >= shed {th.shed_c:.1f} C")
-            else:
-                cool = all(t < self.thresholds[n].resume_c for n, t in ok.items())
-                if not cool:
-                    self._cool_since = None
-                elif self._cool_since is None:
-                    self._cool_since = now
-                elif now - self._cool_since >= self.cfg.holdoff_s:
-                    action = self._resume(now)
+            cool = not problems and all(t < self.thresholds[n].resume_c for n, t in ok.items())
+            if not cool:
+                self._cool_since = None
+            elif self._cool_since is None:
+                self._cool_since = now
+            elif now - self._cool_since >= self.cfg.holdoff_s:
+                action = self._resume(now)
         if st.shedding and action is None:
             res = self.pauser.refresh()
             if res is not None:
                 log.warning("paused more work: %s", res.detail)
         now_wall = self.wall()
+        self._collect_errors()
+        changed = changed or st.errors != self._last_errors
         if action or changed or now_wall - self._last_state_write >= self.cfg.state_every_s:
             self.write_state(now_wall)
         if self.forensics is not None:
-            hottest = max(ok.items(), key=lambda kv: kv[1]) if ok else (None, None)
+            # A hot jump the rate rule rejected still counts for forensics: it may be real.
+            seen = {**ok, **{n: t for n, t, _th in hot}} if bad and hot else ok
+            hottest = max(seen.items(), key=lambda kv: kv[1]) if seen else (None, None)
             self.forensics.sample(now_wall, hottest[1], hottest[0], st.shedding, force=action is not None)
-        self.notifier.keepalive()
+        if not self.notifier.keepalive() and self.notifier.address is not None:
+            self._io_error("notify", f"cannot notify systemd at {self.notifier.address!r}")
+        elif self._io_errors:
+            self._io_ok("notify")
         return action
+
+    # -- invariant 4: I/O errors on our own paths are reported, never fatal -------------
+    def _io_error(self, what: str, message: str) -> None:
+        if self._io_errors.get(what) != message:
+            log.error("%s (the guard keeps guarding)", message)
+        self._io_errors[what] = message
+
+    def _io_ok(self, what: str) -> None:
+        if self._io_errors.pop(what, None) is not None:
+            log.info("%s: writable again", what)
+
+    def _collect_errors(self) -> None:
+        fx = self.forensics
+        if not (self._io_errors or self.pauser.record_error or (fx is not None and fx.write_error)):
+            return  # the common case: nothing to report, nothing to clear
+        self.pauser.retry_record()
+        if self.pauser.record_error:
+            self._io_error("record", self.pauser.record_error)
+        else:
+            self._io_ok("record")
+        if self.forensics is not None and self.forensics.write_error:
+            self._io_error("forensics", self.forensics.write_error)
+        elif self.forensics is not None:
+            self._io_ok("forensics")
+        errors = sorted(self._io_errors.values())
+        if errors != self.status.errors:
+            self.status.errors = errors
+            self.notifier.status(self._status_text())
+
+    def _status_text(self) -> str:
+        st = self.status
+        text = f"{'shedding' if st.shedding else 'normal'}: {st.reason}"
+        if st.errors:
+            text += "; I/O errors: " + "; ".join(st.errors)
+        return text
 
     def _shed(self, now: float, reason: str) -> str:
         return self._transition(now, "shed", reason, self.pauser.pause().detail)
@@ -176,15 +278,38 @@ class Guard:
         self._cool_since = None
         self.transitions.append((now, kind, reason))
         log.warning("%s: %s; %s", kind.upper(), reason, detail)
-        self.notifier.status(f"{'shedding' if kind == 'shed' else 'normal'}: {reason}")
+        self.notifier.status(self._status_text())
         return kind
 
     def write_state(self, now_wall: float) -> None:
+        """The state file; when /run/alma-guard is not writable, the same state (with the
+        error in it) goes to /var/lib/alma-guard/state.json, where `alma-guard status` looks
+        next, so the guard is never silent about it."""
         self._last_state_write = now_wall
+        self._last_errors = list(self.status.errors)
         try:
             write_json(self.paths.guard_state, self.status.to_state(now_wall), durable=False)
         except OSError as exc:
-            log.error("cannot write %s: %s", self.paths.guard_state, exc)
+            self._io_error("state", f"cannot write {self.paths.guard_state}: {exc.strerror or exc}")
+            self.status.errors = sorted(self._io_errors.values())
+            with contextlib.suppress(OSError):
+                write_json(self.paths.guard_state_fallback, self.status.to_state(now_wall), durable=False)
+        else:
+            if "state" in self._io_errors:
+                self._io_ok("state")
+                self.status.errors = sorted(self._io_errors.values())
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self.paths.guard_state_fallback.unlink()
+
+    def start_forensics(self) -> Ending | None:
+        """Open this boot's forensics ring (classifying the previous boot once per boot); the
+        ring also keeps the zones this guard watches, for a guard restarted without a record."""
+        if self.forensics is None:
+            return None
+        ending = self.forensics.start(self.min_shed_c, self.min_resume_c, self.wall())
+        self.forensics.ring["zones"] = {z.name: str(z.path) for z in self.zones}
+        self.forensics.flush(self.wall())
+        return ending
 
     # -- the service loop ----------------------------------------------------------------
     def run(self, *, max_polls: int | None = None, clock: Callable[[], float] = time.monotonic) -> int:
@@ -199,9 +324,7 @@ class Guard:
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             now = clock()
-            ending = None
-            if self.forensics is not None:
-                ending = self.forensics.start(self.min_shed_c, self.min_resume_c, self.wall())
+            ending = self.start_forensics()
             if ending is not None:
                 log.warning("previous boot %s ended: %s (%s)", ending.boot_id, ending.ended, "; ".join(ending.evidence))
             if self.forensics is not None and self.min_shed_c is not None:
@@ -258,8 +381,9 @@ class Guard:
         self.notifier.stopping()
         st = self.status
         if st.shedding:
-            hottest = max(st.zones.values(), default=None)
-            if hottest is not None and all(t < self.thresholds[n].shed_c for n, t in st.zones.items()):
+            # Resume on the way out only with every zone readable and below shed (a system
+            # shutdown must not leave frozen work behind); blind or hot, the work stays paused.
+            if st.zones and not st.unreadable and all(t < self.thresholds[n].shed_c for n, t in st.zones.items()):
                 res = self.pauser.resume()
                 st.shedding, st.since_wall, st.reason = (
                     False,
@@ -271,6 +395,7 @@ class Guard:
                 # Resuming hot work with nobody watching is how boards die: leave it paused;
                 # the next guard adopts the pause from paused.json.
                 log.warning("stopping while hot or blind: the work stays paused for the next guard")
+                self.pauser.refresh()  # retry the record if the state dir came back
         self.write_state(self.wall())
         if self.forensics is not None:
             self.forensics.clean_stop(self.wall())

@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import kmsg, thermal
-from .config import load_toml_layers
-from .errors import GuardError
-from .fsutil import boot_id, iso, parse_iso, read_int, read_json, read_text, write_json
-from .nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
-from .paths import Paths
+from almaboard import thermal
+from almaboard.config import load_layers
+from almaboard.errors import BoardError
+from almaboard.files import boot_id, iso, parse_iso, read_int, read_json, read_text, write_json
+from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
+from almaboard.paths import Paths
+
+from . import kmsg
+from .config import load_guard_config
 
 SCHEMA = "alma.health/1"
 CHECK_NAMES = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
@@ -49,17 +52,20 @@ XID = re.compile(r"NVRM: Xid \((?P<dev>[^)]*)\): (?P<xid>\d+)")
 
 
 def load_health_config(path: Path) -> dict[str, dict[str, Any]]:
-    data, _used = load_toml_layers(path)
+    layers = load_layers(path)
     cfg = {k: dict(v) for k, v in HEALTH_DEFAULTS.items()}
-    for section, values in data.items():
+    for section, values in layers.data.items():
         if section not in cfg or not isinstance(values, dict):
-            raise GuardError(
-                f"{path}: unknown section [{section}]", hint="sections: " + ", ".join(f"[{s}]" for s in HEALTH_DEFAULTS)
+            raise layers.error(
+                (section,),
+                f"unknown section [{section}]",
+                hint="sections: " + ", ".join(f"[{s}]" for s in HEALTH_DEFAULTS),
             )
-        unknown = set(values) - set(cfg[section])
+        unknown = sorted(set(values) - set(cfg[section]))
         if unknown:
-            raise GuardError(
-                f"{path}: unknown key(s) in [{section}]: {', '.join(sorted(unknown))}",
+            raise layers.error(
+                (section, unknown[0]),
+                f"unknown key(s) in [{section}]: {', '.join(unknown)}",
                 hint="known: " + ", ".join(sorted(cfg[section])),
             )
         cfg[section].update(values)
@@ -261,8 +267,13 @@ def check_gpu(ctx: Context) -> Check:
 def check_thermal(ctx: Context) -> Check:
     c = ctx.cfg["thermal"]
     zones = thermal.discover(ctx.paths.thermal)
-    reader = thermal.Reader(zones)
-    temps = reader.read()
+    try:  # the guard's own plausibility rules, so both judge a reading alike
+        rules = load_guard_config(ctx.paths.etc_alma / "guard.toml").plausibility
+    except BoardError:
+        rules = thermal.Plausibility()
+    reader = thermal.Reader(zones, rules)
+    # One read: only the range and parse rules apply (no previous reading to judge a jump by).
+    temps = {name: r.celsius for name, r in reader.read(time.monotonic()).items()}
     reader.close()
     st = OK
     parts: list[str] = []
@@ -455,7 +466,7 @@ def run_checks(ctx: Context, only: list[str] | None = None) -> list[Check]:
     for name in only or list(CHECK_NAMES):
         try:
             results.append(CHECKS[name](ctx))
-        except GuardError as exc:
+        except BoardError as exc:
             results.append(Check(name, UNKNOWN, f"{exc.message}" + (f" (try: {exc.hint})" if exc.hint else "")))
         except Exception as exc:
             results.append(Check(name, UNKNOWN, f"check failed: {type(exc).__name__}: {exc}"))

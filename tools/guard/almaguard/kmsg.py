@@ -73,21 +73,23 @@ def read_records(path: Path, needles: tuple[str, ...] = ()) -> Iterator[Record]:
                 if rec:
                     yield rec
         else:
-            with os.fdopen(os.dup(fd), "r", encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().splitlines()
-            # Dictionary continuation lines start with a space; find the newest record for
-            # the cursor, then parse only the lines that can matter (C-speed filtering).
-            last = next((ln for ln in reversed(lines) if ln and not ln.startswith(" ")), None)
-            if needles:
-                pat = re.compile("|".join(map(re.escape, needles)))
-                wanted = [ln for ln in lines if pat.search(ln) and not ln.startswith(" ")]
-            else:
-                wanted = [ln for ln in lines if ln and not ln.startswith(" ")]
-            for line in wanted:
-                rec = parse_line(line)
-                if rec:
-                    yield rec
-            if last is not None and (not wanted or wanted[-1] is not last):
+            # A regular file (a fake tree, a saved log) can be any size: stream it line by
+            # line in bounded memory (the old whole-file read took 458 MB for 173 MB). Lines
+            # without a needle only move the cursor, and only the newest one is parsed.
+            pat = re.compile("|".join(map(re.escape, needles))) if needles else None
+            last: str | None = None
+            last_wanted = False
+            with os.fdopen(os.dup(fd), "r", encoding="utf-8", errors="replace", newline="\n") as fh:
+                for line in fh:
+                    if not line or line[0] == " " or line == "\n":
+                        continue  # dictionary continuation lines start with a space
+                    last = line
+                    last_wanted = pat is None or bool(pat.search(line))
+                    if last_wanted:
+                        rec = parse_line(line)
+                        if rec:
+                            yield rec
+            if last is not None and not last_wanted:
                 rec = _fast(last, ())
                 if rec:
                     yield Record(rec.seq, rec.ts_usec, rec.prio, "")  # only moves the cursor

@@ -25,9 +25,3 @@ def setup(name: str, verbose: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
 
-
-def silence_stdout() -> None:
-    """After a BrokenPipeError (`alma-guard resets | head`): not an error; stop the
-    interpreter's final flush from raising again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())

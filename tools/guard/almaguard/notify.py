@@ -23,6 +23,7 @@ class Notifier:
         if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
             self.watchdog_s = int(usec) / 1e6
         self._sock: socket.socket | None = None
+        self._pending_status: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -33,7 +34,11 @@ class Notifier:
             return False
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: a receiver that stops reading (a full queue) must never stall
+                # the guard's loop; the datagram is dropped and reported instead (invariant 4).
+                self._sock = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._sock.sendto("\n".join(fields).encode(), self.address)
             return True
         except OSError:
@@ -43,10 +48,17 @@ class Notifier:
         return self.send("READY=1", f"STATUS={status}")
 
     def keepalive(self) -> bool:
+        if self._pending_status is not None:  # a STATUS= that could not be sent: latest wins
+            if self.send("WATCHDOG=1", f"STATUS={self._pending_status}"):
+                self._pending_status = None
+                return True
+            return False
         return self.send("WATCHDOG=1")
 
     def status(self, text: str) -> bool:
-        return self.send(f"STATUS={text}")
+        sent = self.send(f"STATUS={text}")
+        self._pending_status = None if sent or self.address is None else text
+        return sent
 
     def stopping(self) -> bool:
         return self.send("STOPPING=1")

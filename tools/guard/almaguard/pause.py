@@ -1,8 +1,9 @@
 """Pausing and resuming the work: cgroup v2 ``cgroup.freeze``, SIGSTOP/SIGCONT as fallback.
 
-Never kills: the only signals sent are SIGSTOP and SIGCONT. The pause is recorded in
-``/run/alma-guard/paused.json`` so a guard restarted after a crash (or kill -9) adopts a
-pause it did not make itself instead of leaving the work stopped forever.
+Never kills: the only signals sent are SIGSTOP and SIGCONT. A guard restarted after a
+crash (or kill -9) adopts a pause it did not make itself from the machine (a frozen cgroup,
+stopped processes in the slice), so a lost or unwritable ``/run/alma-guard/paused.json``
+cannot leave the work stopped forever; the record only adds what the machine cannot say.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fsutil import read_json, read_text, write_json
+from almaboard.files import read_json, read_text, write_json
 
 
 def cgroup2_root(cgroup_root: Path) -> Path:
@@ -82,8 +83,24 @@ class PauseResult:
     pids: list[int] = field(default_factory=list)
 
 
+def frozen(cgroup: Path) -> bool:
+    """The cgroup is frozen or freezing: ``cgroup.freeze`` is 1, or ``cgroup.events`` says
+    ``frozen 1`` (an ancestor froze it)."""
+    if (read_text(cgroup / "cgroup.freeze") or "0") == "1":
+        return True
+    events = read_text(cgroup / "cgroup.events") or ""
+    return any(line.split() == ["frozen", "1"] for line in events.splitlines())
+
+
 class Pauser:
-    """Pause/resume every process in one cgroup (a systemd slice)."""
+    """Pause/resume every process in one cgroup (a systemd slice).
+
+    What is paused is learnt from the machine, not from a file: at start the cgroup's
+    ``cgroup.freeze``/``cgroup.events`` and every process of the slice in state T (job-control
+    stop; a ptrace stop reads ``t`` and is left alone). ``paused.json`` only adds pids it
+    recorded that are still stopped. A record that cannot be written is reported
+    (``record_error``), never raised: the pause itself has already happened.
+    """
 
     def __init__(self, cgroup: Path, record: Path, proc: Path = Path("/proc")) -> None:
         self.cgroup = cgroup
@@ -91,27 +108,48 @@ class Pauser:
         self.proc = proc
         self.method: str | None = None
         self.stopped: set[int] = set()
+        self.record_error = ""
+        self.recorded_zones: dict[str, str] = {}  # zone name -> path, from a previous guard's record
         self._adopt()
 
-    # -- state kept across guard restarts ------------------------------------------------
+    # -- what a previous guard left paused (from the machine first) ----------------------
     def _adopt(self) -> None:
         rec = read_json(self.record)
-        if isinstance(rec, dict) and rec.get("cgroup") == str(self.cgroup):
-            self.method = rec.get("method") if rec.get("method") in ("freeze", "sigstop", "none") else None
-            self.stopped = {int(p) for p in rec.get("pids", []) if isinstance(p, int)}
-        elif (read_text(self.cgroup / "cgroup.freeze") or "0") == "1":
-            self.method = "freeze"  # frozen by a previous guard that left no record
+        rec = rec if isinstance(rec, dict) and rec.get("cgroup") == str(self.cgroup) else {}
+        zones = rec.get("zones")
+        if isinstance(zones, dict):
+            self.recorded_zones = {str(k): str(v) for k, v in zones.items()}
+        recorded = {int(p) for p in rec.get("pids", []) if isinstance(p, int)}
+        stopped = {pid for pid in _cgroup_pids(self.cgroup) if proc_state(self.proc, pid) == "T"}
+        stopped |= {pid for pid in recorded if proc_state(self.proc, pid) == "T"}
+        self.stopped = stopped
+        if frozen(self.cgroup) or rec.get("method") == "freeze":
+            self.method = "freeze"
+        elif stopped:
+            self.method = "sigstop"
+        elif rec.get("method") == "none":
+            self.method = "none"
 
     def _save(self) -> None:
-        if self.method is None:
-            with contextlib.suppress(FileNotFoundError):
-                self.record.unlink()
-            return
-        write_json(
-            self.record,
-            {"cgroup": str(self.cgroup), "method": self.method, "pids": sorted(self.stopped)},
-            durable=False,
-        )
+        try:
+            if self.method is None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.record.unlink()
+            else:
+                write_json(
+                    self.record,
+                    {
+                        "cgroup": str(self.cgroup),
+                        "method": self.method,
+                        "pids": sorted(self.stopped),
+                        "zones": self.recorded_zones,
+                    },
+                    durable=False,
+                )
+        except OSError as exc:
+            self.record_error = f"cannot write {self.record}: {exc.strerror or exc}"
+        else:
+            self.record_error = ""
 
     @property
     def paused(self) -> bool:
@@ -127,11 +165,12 @@ class Pauser:
             return PauseResult("none", f"{self.cgroup} does not exist (no work running); will pause it if it appears")
         try:
             _write_existing(freeze, b"1")
+        except OSError as exc:
+            why = errno.errorcode.get(exc.errno or 0, str(exc))
+        else:
             self.method = "freeze"
             self._save()
             return PauseResult("freeze", f"froze {self.cgroup}")
-        except OSError as exc:
-            why = errno.errorcode.get(exc.errno or 0, str(exc))
         res = self._sigstop_all()
         res.detail = f"cgroup.freeze not writable ({why}): {res.detail}"
         return res
@@ -163,18 +202,31 @@ class Pauser:
             res = self._sigstop_all()
             if self.stopped != before:
                 return res
+        self.retry_record()
         return None
+
+    def retry_record(self) -> None:
+        """Write the record again if the last write failed (the state dir may be back)."""
+        if self.record_error:
+            self._save()
+
+    def remember_zones(self, zones: dict[str, str]) -> None:
+        """Zones to recreate if a later guard finds them gone (a vanished zone stays unreadable)."""
+        if zones != self.recorded_zones:
+            self.recorded_zones = dict(zones)
+            if self.method is not None:
+                self._save()
 
     def resume(self) -> PauseResult:
         method = self.method or "none"
-        detail = "nothing was paused"
-        if method == "freeze":
+        parts: list[str] = []
+        if method == "freeze" or frozen(self.cgroup):
             try:
                 _write_existing(self.cgroup / "cgroup.freeze", b"0")
-                detail = f"thawed {self.cgroup}"
+                parts.append(f"thawed {self.cgroup}")
             except OSError as exc:
-                detail = f"could not thaw {self.cgroup}: {exc}"
-        elif method == "sigstop":
+                parts.append(f"could not thaw {self.cgroup}: {exc}")
+        if self.stopped:
             n = 0
             for pid in sorted(self.stopped):
                 try:
@@ -182,9 +234,9 @@ class Pauser:
                     n += 1
                 except (ProcessLookupError, PermissionError):
                     pass
-            detail = f"SIGCONT sent to {n} process(es)"
+            parts.append(f"SIGCONT sent to {n} process(es)")
         pids = sorted(self.stopped)
         self.method = None
         self.stopped.clear()
         self._save()
-        return PauseResult(method, detail, pids)
+        return PauseResult(method, "; ".join(parts) or "nothing was paused", pids)

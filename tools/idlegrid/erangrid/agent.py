@@ -8,6 +8,7 @@ SIGKILL after ``grace``) and goes back to the queue with its checkpoint, counted
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,8 +26,8 @@ from typing import Any
 from . import power, presence, privacy, thermal
 from .config import Config
 from .errors import CoordinatorUnreachable, GridError
-from .jobs import Backend, Lease, Outcome, pack_checkpoint, unpack_checkpoint
-from .process import JobProcess
+from .jobs import Backend, Job, Lease, Outcome, pack_checkpoint, unpack_checkpoint
+from .process import JobProcess, proc_start, stop_leftovers
 
 FD_CHECK_EVERY = 5  # slow polls between checks of our own open files for capture devices
 STATUS_REFRESH = 5.0  # seconds; `eran-grid status` trusts a status file younger than 5 of these
@@ -41,6 +42,23 @@ class Conditions:
 
     def idle_for(self) -> float:
         return float("inf") if self.activity.at is None else max(0.0, self.now - self.activity.at)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def iso(ts: float) -> str:
@@ -89,6 +107,7 @@ class Sensors:
         self._ttys_next = float("-inf")
         self._vts: list[str] = []
         self._heat = thermal.Heat(False, "")
+        self.zones = thermal.ZoneWatch(cfg.machine.thermal, cfg.plausibility)
         self._on_ac = True
         self._sessions = presence.Activity(None, "")
 
@@ -100,7 +119,7 @@ class Sensors:
         mono = self._monotonic()
         if mono >= self._slow_next:
             self._slow_next = mono + cfg.slow_poll * 0.999
-            heat = thermal.zone_heat(thermal.read_zones(m.thermal), cfg.max_temp_c, cfg.zone_max_c)
+            heat = thermal.zone_heat(self.zones.read(mono), cfg.max_temp_c, cfg.zone_max_c)
             if not heat.hot:
                 heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
             self._heat = heat
@@ -178,6 +197,9 @@ class Agent:
         self._extra_majors = privacy.dynamic_capture_majors(self.cfg.machine.proc / "devices")
         privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
         (self.cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
+        self._recover()
+        if self.pending is not None:
+            return 0  # the coordinator is down: keep our lease until the result is taken
         try:
             released = self.backend.open(self.cfg.node)
         except CoordinatorUnreachable as exc:
@@ -186,6 +208,54 @@ class Agent:
         if released:
             self.log(f"released {released} lease(s) left by this node's previous run")
         return released
+
+    # -- what a previous run of this agent left -------------------------------------------
+    def _boot_id(self) -> str:
+        try:
+            return (self.cfg.machine.proc / "sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return "unknown"
+
+    def _recover(self) -> None:
+        """Before anything is claimed or released: stop whatever is left of the job a previous
+        run held (its process group, its cgroup), then record the result its wrapper wrote,
+        if it finished, instead of letting the job run again (effectively once)."""
+        work = self.cfg.state_dir / "work"
+        boot = self._boot_id()
+        for d in sorted(p for p in work.iterdir() if p.is_dir()):
+            what = stop_leftovers(d, boot)
+            if what:
+                self.log(f"job {d.name}: stopped what the previous run left behind ({what})")
+            lease = _read_json(d / "lease.json")
+            done = _read_json(d / "exit.json")
+            if not lease.get("token") or done.get("schema") != "alma.eran-grid-exit/1":
+                shutil.rmtree(d, ignore_errors=True)  # unfinished: open() requeues the lease
+                continue
+            job = Job(id=str(lease.get("job")), command=[str(a) for a in lease.get("command", [])])
+            held = Lease(job=job, token=str(lease["token"]))
+            rc = done.get("exit_code")
+            if rc == 0 and self.pending is None:
+                try:
+                    size = int(done.get("stdout_bytes", 0))
+                    data = (d / "stdout").read_bytes()[:size]
+                except (OSError, ValueError):
+                    shutil.rmtree(d, ignore_errors=True)
+                    continue
+                if len(data) != size or size > self.cfg.result_max_bytes:
+                    shutil.rmtree(d, ignore_errors=True)
+                    continue
+                self.log(f"job {job.id} finished while the agent was down: recording its result, not running it again")
+                self.pending = (held, Outcome("done", data, 0))
+                self.stats["done"] += 1
+                self._retry_pending()
+            elif isinstance(rc, int) and rc != 0:
+                why = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+                try:
+                    state = self.backend.fail(held, f"{why} (recorded after an agent restart)", None)
+                    self.log(f"job {job.id} failed while the agent was down ({why}): {state}")
+                except CoordinatorUnreachable as exc:
+                    self._coord_down(exc)
+                shutil.rmtree(d, ignore_errors=True)
 
     def shutdown(self) -> None:
         """Stopping the agent yields the running job (checkpoint, requeue), never loses it."""
@@ -196,6 +266,7 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            self.proc.reap_group()  # what the job left behind (its group, its cgroup)
             self._yield("agent stopping")
         self.backend.close()
 
@@ -239,6 +310,8 @@ class Agent:
             self._coord_retry_at = cond.now + 2.0  # don't hammer a coordinator that is down
             try:
                 self.backend.ping()
+                if self.pending is not None:
+                    self._retry_pending()  # before open() could release that lease as lost
                 self.backend.open(self.cfg.node)
                 self._coord_up()
                 reason = self.blocking_reason(cond)
@@ -293,12 +366,30 @@ class Agent:
         self.ckpt_digest = hashlib.sha256(lease.checkpoint or b"").hexdigest()
         self.last_hb = now
         self.lease_valid_until = now + self.cfg.lease_ttl
+        record: dict[str, Any] = {
+            "job": job.id,
+            "token": lease.token,
+            "node": self.cfg.node,
+            "command": job.command,
+            "boot_id": self._boot_id(),
+        }
+        parent = self.cfg.job_cgroup
+        extra: dict[str, Any] = {}
+        if parent is not None:
+            extra["cgroup_parent"] = parent
+            record["cgroup"] = str(parent / f"eran-grid-job-{workdir.name}")
         try:
-            self.proc = self.spawn(job.command, workdir, workdir / "input", env)
+            _write_json(workdir / "lease.json", record)  # before the job exists: a crash now leaves a trail
+            self.proc = self.spawn(job.command, workdir, workdir / "input", env, **extra)
         except OSError as exc:
             self.proc = None
             self._fail(f"cannot start {job.command[0]}: {exc.strerror}")
             return
+        cgroup = getattr(self.proc, "cgroup", None)
+        record["cgroup"] = str(cgroup) if cgroup else None
+        record["wrapper_start"] = proc_start(self.proc.pid)
+        with contextlib.suppress(OSError):
+            _write_json(workdir / "lease.json", record)
         self.started_at = now
         self.paused_since = None
         self.term_sent_at = None
@@ -329,8 +420,9 @@ class Agent:
         if rc is not None:
             self.proc.reap_group()
             if self.term_sent_at is not None:
-                self._yield(self.pause_reason or "vacated")
-                return f"yielded job {job_id} ({self.pause_reason}): requeued with its checkpoint"
+                why = self.pause_reason or "vacated"  # _yield clears pause_reason
+                self._yield(why)
+                return f"yielded job {job_id} ({why}): requeued with its checkpoint"
             self._finished(rc)
             return f"job {job_id} exited {rc}"
 
@@ -415,7 +507,7 @@ class Agent:
             self.pending = (self.lease, outcome)
             self.stats["done"] += 1
             self.log(f"job {self.lease.job.id} done")
-            self._cleanup(keep_lease=True)
+            self._cleanup(keep_dir=True)  # exit.json + stdout stay until the result is taken
             self._retry_pending()
             return
         sig = -rc if rc < 0 else 0
@@ -436,6 +528,8 @@ class Agent:
             return
         self._coord_up()
         self.pending = None
+        if self.lease is None or self.lease.job.id != lease.job.id:
+            shutil.rmtree(self.cfg.state_dir / "work" / lease.job.id, ignore_errors=True)
         if not accepted:
             self.log(f"result of job {lease.job.id} not recorded: the lease was lost and the job requeued")
 
@@ -463,8 +557,8 @@ class Agent:
         self.log(f"job {self.lease.job.id} yielded ({why}), checkpoint {len(ckpt or b'')} bytes")
         self._cleanup()
 
-    def _cleanup(self, keep_lease: bool = False) -> None:
-        if self.lease is not None:
+    def _cleanup(self, keep_dir: bool = False) -> None:
+        if self.lease is not None and not keep_dir:
             shutil.rmtree(self.cfg.state_dir / "work" / self.lease.job.id, ignore_errors=True)
         self.proc = None
         self.lease = None

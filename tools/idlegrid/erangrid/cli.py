@@ -19,10 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from almaboard.errors import run_main
+
 from . import __version__, power, presence, privacy, thermal
 from .agent import STATUS_REFRESH, Agent, Conditions, blocking_reason, iso
 from .config import DEFAULT_CONFIG, Config, from_mapping, load
-from .errors import CoordinatorUnreachable, GridError, UserError
+from .errors import CoordinatorUnreachable, UserError
 from .jobs import Backend, validate_command
 
 EPILOG = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -98,7 +100,8 @@ def live_line(cfg: Config) -> tuple[str, bool]:
     """Evaluate the conditions once, without the agent (it is not running)."""
     m = cfg.machine
     now = time.time()
-    heat = thermal.zone_heat(thermal.read_zones(m.thermal), cfg.max_temp_c, cfg.zone_max_c)
+    readings = thermal.ZoneWatch(m.thermal, cfg.plausibility).read(time.monotonic())
+    heat = thermal.zone_heat(readings, cfg.max_temp_c, cfg.zone_max_c)
     if not heat.hot:
         heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
     tty = presence.tty_activity(presence.terminals(m.dev, m.dev_pts, cfg.include_serial_ttys))
@@ -307,12 +310,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except GridError as exc:
-        print(f"eran-grid: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"  try: {exc.hint}" if not exc.hint.startswith("try:") else f"  {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return run_main("eran-grid", lambda: int(args.func(args)))

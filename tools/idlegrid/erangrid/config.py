@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard.paths import Paths
+from almaboard.thermal import Plausibility
+
 from .errors import NotOptedIn, UserError
 
 DEFAULT_CONFIG = Path("/etc/eran-grid/eran-grid.toml")
@@ -23,7 +26,7 @@ class Machine:
     guard_state_path: str = "/run/alma-guard/state.json"
 
     def _p(self, path: str) -> Path:
-        return self.root / path.lstrip("/")
+        return Paths(self.root)(path)
 
     @property
     def power_supply(self) -> Path:
@@ -76,6 +79,8 @@ class Config:
     heat_holdoff: float = 60.0  # cool this long after a heat pause before resuming
     max_temp_c: float = 80.0
     zone_max_c: dict[str, float] = field(default_factory=dict)
+    # The guard's plausibility rules (almaboard.thermal): a zone they reject counts as hot.
+    plausibility: Plausibility = field(default_factory=Plausibility)
     cpu_busy: float = 0.25  # non-grid CPU share of all cores that counts as the owner working
     cpu_window: float = 2.0
     include_serial_ttys: bool = False
@@ -86,9 +91,21 @@ class Config:
     checkpoint_max_bytes: int = 4 * 1024 * 1024
     result_max_bytes: int = 1024 * 1024
     state_dir: Path = Path("/var/lib/eran-grid")
+    # Each job gets its own cgroup under this cgroup v2 directory (the work slice, which the
+    # thermal guard freezes) where it is a writable cgroup; elsewhere its process group only.
+    job_cgroup_path: str = "/sys/fs/cgroup/alma.slice/alma-work.slice"
     status_path: Path = Path("/run/eran-grid/status.json")
     machine: Machine = field(default_factory=Machine)
     queue: QueueConfig = field(default_factory=QueueConfig)
+
+    @property
+    def job_cgroup(self) -> Path | None:
+        """The parent cgroup for jobs if it is a real, writable cgroup v2 directory."""
+        if not self.job_cgroup_path:
+            return None
+        from .process import usable_cgroup_parent
+
+        return usable_cgroup_parent(Paths(self.machine.root)(self.job_cgroup_path))
 
     def require_opt_in(self, source: str) -> None:
         if self.enabled is not True:
@@ -149,6 +166,8 @@ def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None
     for key in ("state_dir", "status_path"):
         if key in data:
             kw[key] = Path(_typed(key, data.pop(key), str, source))
+    if "job_cgroup" in data:
+        kw["job_cgroup_path"] = _typed("job_cgroup", data.pop("job_cgroup"), str, source)
     if "poll" in kw and not 0.01 <= kw["poll"] <= 5:
         raise UserError(f"{source}: `poll` must be between 0.01 and 5 seconds")
 
@@ -164,6 +183,21 @@ def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None
             machine = dataclasses.replace(
                 machine, guard_state_path=_typed("thermal.guard_state", thermal.pop("guard_state"), str, source)
             )
+        rules = {
+            key: float(_typed(f"thermal.{key}", thermal.pop(key), (int, float), source))
+            for key in ("plausible_min_c", "plausible_max_c", "max_rate_c_per_s")
+            if key in thermal
+        }
+        if rules:
+            plaus = dataclasses.replace(
+                Plausibility(),
+                **{{"plausible_min_c": "min_c", "plausible_max_c": "max_c"}.get(k, k): v for k, v in rules.items()},
+            )
+            if not plaus.min_c < plaus.max_c or plaus.max_rate_c_per_s <= 0:
+                raise UserError(
+                    f"{source}: [thermal] plausible_min_c must be below plausible_max_c, max_rate_c_per_s > 0"
+                )
+            kw["plausibility"] = plaus
         if thermal:
             raise UserError(f"{source}: unknown key(s) in [thermal]: {', '.join(sorted(thermal))}")
     if "root" in data:

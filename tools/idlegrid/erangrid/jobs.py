@@ -46,6 +46,25 @@ class Job:
         )
 
 
+def parse_job(data: bytes, fallback_id: str) -> tuple[Job, str]:
+    """A queued message as a Job, and '' — or a placeholder Job and why it cannot run (queue
+    entries are hostile input: any program with access to the queue may have written them)."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return Job(id=fallback_id, command=[]), f"not JSON: {data[:60]!r}"
+    if not isinstance(obj, dict):
+        return Job(id=fallback_id, command=[]), f"not a JSON object: {str(obj)[:60]}"
+    job_id = str(obj.get("id", fallback_id))[:128]
+    command = obj.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
+        return Job(id=job_id, command=[]), f"command must be a non-empty list of non-empty strings, not {command!r:.60}"
+    try:
+        return Job.from_json(obj), ""
+    except (TypeError, ValueError, KeyError) as exc:
+        return Job(id=job_id, command=[]), f"unusable job: {exc}"
+
+
 def validate_command(command: list[str]) -> None:
     if not command or not all(isinstance(a, str) and a for a in command):
         raise UserError(

@@ -28,7 +28,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from .errors import CoordinatorUnreachable, UserError
-from .jobs import Job, Lease, Outcome, validate_command
+from .jobs import Job, Lease, Outcome, parse_job, validate_command
 
 try:
     import nats
@@ -236,7 +236,7 @@ class NatsQueue:
                         msg = await self._js.get_msg(self.stream, seq)
                     except NotFoundError:
                         continue
-                    job = Job.from_json(json.loads(msg.data))
+                    job, _why = parse_job(msg.data, f"seq-{seq}")
                     st = await self._get_json(f"job.{_key(job.id)}")
                     out.append(
                         {
@@ -296,7 +296,11 @@ class NatsQueue:
             except (TimeoutError, nats.errors.TimeoutError, FetchTimeoutError):
                 return None
             msg = msgs[0]
-            job = Job.from_json(json.loads(msg.data))
+            job, why = parse_job(msg.data, f"seq-{msg.metadata.sequence.stream}")
+            if why:  # dead-letter at once, with the reason; never crash the agent on it
+                await self._publish_result(job, Outcome("dead", b"", None, f"malformed message: {why}"))
+                await msg.term()
+                return None
             key = _key(job.id)
             st = await self._get_json(f"job.{key}")
             delivered = msg.metadata.num_delivered

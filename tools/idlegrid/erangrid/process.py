@@ -1,88 +1,29 @@
-"""A job's processes: one process group we can stop, continue, terminate and kill as a whole."""
+"""A job's processes: the wrapper, the job and whatever it starts, as one unit we can stop,
+continue, terminate and kill as a whole, and find again after the agent died.
+
+Containment: every job heads its own session (one process group: wrapper + job + its
+children) and, where a cgroup v2 parent is writable (``job_cgroup_parent``, normally the
+work slice), also its own cgroup there, which catches children that leave the group
+(setsid, double fork). Pausing a job in a cgroup freezes it (``cgroup.freeze``) instead of
+SIGSTOP, so the thermal guard, which adopts stopped processes of the work slice, never takes
+a job the owner paused for one it paused itself. ``lease.json`` in the job directory (written
+before the job starts) and the wrapper's ``wrapper.json`` let a restarted agent stop whatever
+is left of the job (:func:`stop_leftovers`) and find its result (``exit.json``).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_agent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    # If the agent is killed (-9, OOM), the kernel kills the job too: no orphan keeps running a
-    # job whose lease will expire and be claimed again elsewhere.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class JobProcess:
-    def __init__(self, command: list[str], workdir: Path, input_path: Path, env: dict[str, str]) -> None:
-        self.workdir = workdir
-        self.stdout_path = workdir / "stdout"
-        self.stderr_path = workdir / "stderr"
-        with open(input_path, "rb") as stdin, open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            # Files, not pipes: a stopped agent can never block the job on a full pipe.
-            self.popen = subprocess.Popen(
-                command,
-                stdin=stdin,
-                stdout=out,
-                stderr=err,
-                cwd=workdir,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_agent,
-                close_fds=True,
-            )
-        self.pid = self.popen.pid
-        self.pgid = self.pid  # start_new_session: the job leads its own group
-        self.stopped = False
-
-    def _signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, sig)
-
-    def stop(self, confirm: float = 0.1) -> bool:
-        """SIGSTOP the whole group and wait (briefly) until the kernel shows the leader
-        stopped: the signal is delivered asynchronously, and "stopped" must mean stopped."""
-        self._signal(signal.SIGSTOP)
-        self.stopped = True
-        deadline = time.monotonic() + confirm
-        while True:
-            state = proc_state(self.pid)
-            if state in ("T", "t", "Z", "X", ""):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.001)
-
-    def cont(self) -> None:
-        self._signal(signal.SIGCONT)
-        self.stopped = False
-
-    def terminate(self) -> None:
-        """Ask for a checkpoint: continue first, a stopped process cannot handle SIGTERM."""
-        self._signal(signal.SIGCONT)
-        self._signal(signal.SIGTERM)
-        self.stopped = False
-
-    def kill(self) -> None:
-        self._signal(signal.SIGKILL)
-        self.stopped = False
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self.popen.wait(timeout)
-
-    def reap_group(self) -> None:
-        """Kill anything the job left behind in its group after it exited."""
-        self._signal(signal.SIGKILL)
+WRAPPER = Path(__file__).with_name("wrapper.py")
 
 
 def proc_state(pid: int, proc: Path = Path("/proc")) -> str:
@@ -92,3 +33,216 @@ def proc_state(pid: int, proc: Path = Path("/proc")) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def proc_start(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """Start time of a process (clock ticks since boot, /proc/PID/stat field 22), to tell a
+    process from a later one that reuses its pid."""
+    try:
+        with open(proc / str(pid) / "stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    out: list[int] = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(proc / name / "stat") as fh:
+                rest = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(rest) > 2 and rest[2] == str(pgid) and rest[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
+
+
+def usable_cgroup_parent(parent: Path | None) -> Path | None:
+    """``parent`` if it is a real, writable cgroup v2 directory, else None."""
+    if parent is None or not (parent / "cgroup.procs").is_file() or not (parent / "cgroup.controllers").exists():
+        return None
+    return parent if os.access(parent, os.W_OK) else None
+
+
+def _write(path: Path, data: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def kill_cgroup(cgroup: Path, timeout: float = 5.0) -> None:
+    """Kill every process in ``cgroup`` (cgroup.kill where the kernel has it), then remove it."""
+    if not cgroup.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        _write(cgroup / "cgroup.freeze", "0")  # a frozen task cannot die
+    try:
+        _write(cgroup / "cgroup.kill", "1")
+    except OSError:
+        for pid in (cgroup / "cgroup.procs").read_text().split() if (cgroup / "cgroup.procs").exists() else []:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            cgroup.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def kill_group(pgid: int, timeout: float = 5.0) -> None:
+    """SIGCONT then SIGKILL the whole process group, and wait until nothing of it is alive."""
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    deadline = time.monotonic() + timeout
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def stop_leftovers(workdir: Path, boot_id: str) -> str:
+    """Stop whatever is left of the job that ran in ``workdir`` (a previous agent's): its
+    cgroup and its process group. Returns what was done ('' when nothing was left)."""
+    lease = _read_json(workdir / "lease.json")
+    wrapper = _read_json(workdir / "wrapper.json")
+    done = []
+    if lease.get("boot_id") not in (None, boot_id):
+        return ""  # another boot: every process of it is gone
+    cg = lease.get("cgroup")
+    if isinstance(cg, str) and cg and Path(cg).is_dir():
+        kill_cgroup(Path(cg))
+        done.append(f"killed cgroup {cg}")
+    pgid = wrapper.get("pgid")
+    if isinstance(pgid, int) and pgid > 1 and pgid != os.getpgrp():
+        # The group's leader, if alive, must be the wrapper we started (pid reuse check).
+        leader_alive = proc_state(pgid) not in ("", "Z", "X")
+        ours = not leader_alive or proc_start(pgid) == lease.get("wrapper_start") or lease.get("wrapper_start") is None
+        if ours and group_members(pgid):
+            kill_group(pgid)
+            done.append(f"killed process group {pgid}")
+    return "; ".join(done)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class JobProcess:
+    def __init__(
+        self,
+        command: list[str],
+        workdir: Path,
+        input_path: Path,
+        env: dict[str, str],
+        cgroup_parent: Path | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.stdout_path = workdir / "stdout"
+        self.stderr_path = workdir / "stderr"
+        self.exit_path = workdir / "exit.json"
+        self.cgroup: Path | None = None
+        parent = usable_cgroup_parent(cgroup_parent)
+        if parent is not None:
+            cg = parent / f"eran-grid-job-{workdir.name}"
+            try:
+                cg.mkdir(exist_ok=True)
+                self.cgroup = cg
+            except OSError:
+                self.cgroup = None
+        argv = [sys.executable, "-I", "-S", str(WRAPPER), "--dir", str(workdir)]
+        if self.cgroup is not None:
+            argv += ["--cgroup", str(self.cgroup)]
+        argv += ["--", *command]
+        env = {**env, "ERAN_GRID_AGENT_PID": str(os.getpid())}
+        with open(input_path, "rb") as stdin, open(workdir / "wrapper.log", "wb") as log:
+            # Files, not pipes: a stopped agent can never block the job on a full pipe. The
+            # wrapper arms its own death signal (it must finish recording a job that finished).
+            self.popen = subprocess.Popen(
+                argv, stdin=stdin, stdout=log, stderr=log, cwd=workdir, env=env, start_new_session=True, close_fds=True
+            )
+        self.pid = self.popen.pid
+        self.pgid = self.pid  # start_new_session: the wrapper leads the job's own group
+        self.start_time = proc_start(self.pid)
+        self.stopped = False
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
+    def _freeze(self, on: bool) -> bool:
+        if self.cgroup is None:
+            return False
+        try:
+            _write(self.cgroup / "cgroup.freeze", "1" if on else "0")
+            return True
+        except OSError:
+            return False
+
+    def frozen(self) -> bool:
+        if self.cgroup is None:
+            return False
+        with contextlib.suppress(OSError):
+            return "frozen 1" in (self.cgroup / "cgroup.events").read_text()
+        return False
+
+    def stop(self, confirm: float = 0.1) -> bool:
+        """Freeze the job's cgroup (or SIGSTOP its whole group) and wait briefly until the
+        kernel shows it stopped: delivery is asynchronous, and "stopped" must mean stopped."""
+        froze = self._freeze(True)
+        if not froze:
+            self._signal(signal.SIGSTOP)
+        self.stopped = True
+        deadline = time.monotonic() + confirm
+        while True:
+            if froze and self.frozen():
+                return True
+            state = proc_state(self.pid)
+            if not froze and state in ("T", "t", "Z", "X", ""):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+    def cont(self) -> None:
+        self._freeze(False)
+        self._signal(signal.SIGCONT)
+        self.stopped = False
+
+    def terminate(self) -> None:
+        """Ask for a checkpoint: continue first, a stopped process cannot handle SIGTERM."""
+        self.cont()
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._freeze(False)
+        self._signal(signal.SIGKILL)
+        self.stopped = False
+        if self.cgroup is not None:
+            kill_cgroup(self.cgroup)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout)
+
+    def reap_group(self) -> None:
+        """Kill anything the job left behind in its group (and cgroup) after it exited."""
+        self._signal(signal.SIGKILL)
+        if self.cgroup is not None:
+            kill_cgroup(self.cgroup)

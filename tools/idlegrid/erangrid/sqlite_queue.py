@@ -51,6 +51,43 @@ CREATE INDEX IF NOT EXISTS jobs_lease ON jobs (state, lease_expires);
 """
 
 
+def parse_command(raw: object) -> tuple[list[str] | None, str]:
+    """A row's ``command`` column as an argv, or None and why not (rows are hostile input:
+    another program, an old version or a hand edit may have written anything)."""
+    if not isinstance(raw, str):
+        return None, f"command is {type(raw).__name__}, not JSON text"
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None, f"command is not JSON: {raw[:60]!r}"
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and a for a in value):
+        return None, f"command must be a non-empty list of non-empty strings, not {raw[:60]}"
+    return value, ""
+
+
+def _job_from_row(row: tuple[Any, ...]) -> tuple[Job | None, str]:
+    command, why = parse_command(row[2])
+    if command is None:
+        return None, why
+    if not isinstance(row[3], bytes | type(None)):
+        return None, f"input is {type(row[3]).__name__}, not a blob"
+    if not isinstance(row[1], str | type(None)):
+        return None, f"name is {type(row[1]).__name__}, not text"
+    return (
+        Job(
+            id=str(row[0]),
+            name=row[1] or "",
+            command=command,
+            input=bytes(row[3] or b""),
+            checkpoint=bool(row[4]),
+            yields=int(row[5] or 0),
+            failures=int(row[6] or 0),
+            attempts=int(row[7] or 0),
+        ),
+        "",
+    )
+
+
 def check_sqlite_version(version: str = sqlite3.sqlite_version) -> None:
     have = tuple(int(p) for p in version.split(".")[:3])
     if have < MIN_SQLITE:
@@ -164,7 +201,11 @@ class SqliteQueue:
         for row in rows:
             item = dict(zip(keys, row, strict=True))
             item["id"] = str(item["id"])
-            item["command"] = json.loads(item["command"])
+            command, _why = parse_command(item["command"])
+            # A malformed row is listed as it is (its detail says why it is dead), never a crash.
+            item["command"] = command if command is not None else [repr(item["command"])[:200]]
+            item["name"] = item["name"] if isinstance(item["name"], str) else repr(item["name"])
+            item["detail"] = item["detail"] if isinstance(item["detail"], str) else repr(item["detail"])
             out.append(item)
         return out
 
@@ -248,14 +289,27 @@ class SqliteQueue:
             self._idle_version = None
             with self._tx() as db:
                 self._reap(db)
-                row = db.execute(
-                    "UPDATE jobs SET state='leased', lease_owner=?, lease_token=?, lease_expires=?,"
-                    " attempts=attempts+1"
-                    " WHERE id = (SELECT id FROM jobs WHERE state='queued' AND not_before <= ?"
-                    "             ORDER BY priority DESC, id LIMIT 1)"
-                    " RETURNING id, name, command, input, want_checkpoint, yields, failures, attempts, checkpoint",
-                    (node, token, now + self.lease_ttl, now),
-                ).fetchone()
+                while True:
+                    row = db.execute(
+                        "UPDATE jobs SET state='leased', lease_owner=?, lease_token=?, lease_expires=?,"
+                        " attempts=attempts+1"
+                        " WHERE id = (SELECT id FROM jobs WHERE state='queued' AND not_before <= ?"
+                        "             ORDER BY priority DESC, id LIMIT 1)"
+                        " RETURNING id, name, command, input, want_checkpoint, yields, failures, attempts, checkpoint",
+                        (node, token, now + self.lease_ttl, now),
+                    ).fetchone()
+                    if row is None:
+                        break
+                    job, why = _job_from_row(row)
+                    if job is not None:
+                        break
+                    # A row no agent can run: dead-letter it now, with the reason, and claim
+                    # the next one (never crash, never let it hold the queue up).
+                    db.execute(
+                        "UPDATE jobs SET state='dead', lease_owner=NULL, lease_token=NULL, lease_expires=NULL,"
+                        " finished=?, detail=? WHERE id=?",
+                        (now, f"malformed row: {why}", row[0]),
+                    )
             if row is None:
                 self._idle_version = db.execute("PRAGMA data_version").fetchone()[0]
                 due = db.execute(
@@ -266,17 +320,9 @@ class SqliteQueue:
                 return None
         except sqlite3.Error as exc:
             raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
-        job = Job(
-            id=str(row[0]),
-            name=row[1],
-            command=json.loads(row[2]),
-            input=bytes(row[3]),
-            checkpoint=bool(row[4]),
-            yields=row[5],
-            failures=row[6],
-            attempts=row[7],
-        )
-        return Lease(job=job, token=token, checkpoint=row[8])
+        assert job is not None
+        checkpoint = row[8] if isinstance(row[8], bytes) or row[8] is None else None
+        return Lease(job=job, token=token, checkpoint=checkpoint)
 
     def _owned(self, db: sqlite3.Connection, sql: str, args: tuple[Any, ...], lease: Lease) -> bool:
         cur = db.execute(sql + " WHERE id=? AND state='leased' AND lease_token=?", (*args, lease.job.id, lease.token))

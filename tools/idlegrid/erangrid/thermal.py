@@ -1,17 +1,21 @@
-"""Heat: thermal zones over their limit, or the thermal guard's state says it is shedding.
+"""Heat: thermal zones over their limit, unreadable or implausible, or the guard shedding.
 
-The guard state (docs/formats.md, "Guard state") older than ``stale_after`` or unreadable is
-*unknown*, and unknown pauses work: the guard may be dead, so we fail closed.
+Zones are read by the board library (almaboard.thermal) with the guard's plausibility rules,
+and anything the rules reject counts as hot (hard pause), exactly as a stale or missing
+guard state does: a sensor we cannot trust is a sensor that may be reading a board on fire.
+A zone seen once and gone later counts as hot too (a vanished sensor is not a cool one).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from almaboard import thermal as board_thermal
+from almaboard.thermal import Plausibility, Reading
 
 
 @dataclass(frozen=True)
@@ -20,34 +24,49 @@ class Heat:
     reason: str  # e.g. "tj-thermal 91 °C" or "guard shedding: ..." or "" when cool
 
 
-def read_zones(thermal: Path = Path("/sys/class/thermal")) -> dict[str, float]:
-    """Zone name → °C. Unreadable zones are skipped (reported by the guard, not by us)."""
-    zones: dict[str, float] = {}
-    base = str(thermal)
-    try:
-        entries = sorted(n for n in os.listdir(base) if n.startswith("thermal_zone"))
-    except OSError:
-        return zones
-    for zone in entries:
+class ZoneWatch:
+    """The zones of one machine, read with memory: the rate rule needs the previous accepted
+    reading, and a zone that disappears must be missed rather than forgotten."""
+
+    def __init__(self, thermal_dir: Path, rules: Plausibility | None = None) -> None:
+        self.thermal_dir = thermal_dir
+        self.rules = rules or Plausibility()
+        self.known: set[str] = set()
+        self._reader: board_thermal.Reader | None = None
+
+    def read(self, now: float) -> dict[str, Reading]:
+        # Zones are looked up afresh each read (they come and go); the reader carries the
+        # rate rule's memory from one read to the next. Descriptors are not kept: this runs
+        # once a second at most, and a fresh open sees a removed zone at once.
+        reader = board_thermal.Reader(board_thermal.discover(self.thermal_dir), self.rules, carry=self._reader)
         try:
-            with open(f"{base}/{zone}/type") as fh:
-                name = fh.read().strip() or zone
-            with open(f"{base}/{zone}/temp") as fh:
-                zones[name] = int(fh.read().strip()) / 1000.0
-        except (OSError, ValueError):
-            continue
-    return zones
+            readings = reader.read(now, verify=True)
+        finally:
+            reader.close()
+        self._reader = reader
+        for name in sorted(self.known - set(readings)):
+            readings[name] = Reading(None, "vanished")
+        self.known |= set(readings)
+        return readings
 
 
-def zone_heat(zones: dict[str, float], default_max: float, per_zone: dict[str, float]) -> Heat:
+def zone_heat(readings: dict[str, Reading], default_max: float, per_zone: dict[str, float]) -> Heat:
+    """Hot when a zone is at or over its limit (a rejected jump to such a value included: it
+    may be real), else when any zone is unreadable or implausible (it may be hot unseen)."""
     worst: tuple[float, str, float] | None = None
-    for name, temp in zones.items():
+    for name, r in readings.items():
+        temp = r.celsius if r.celsius is not None else r.raw
+        if temp is None or not -273.15 < temp < 1000.0:
+            continue
         limit = per_zone.get(name, default_max)
         if temp >= limit and (worst is None or temp - limit > worst[0] - worst[2]):
             worst = (temp, name, limit)
-    if worst is None:
-        return Heat(False, "")
-    return Heat(True, f"{worst[1]} {worst[0]:.0f} °C")
+    if worst is not None:
+        return Heat(True, f"{worst[1]} {worst[0]:.0f} °C")
+    bad = sorted((name, r.problem) for name, r in readings.items() if r.celsius is None)
+    if bad:
+        return Heat(True, "; ".join(f"{name} {problem}" for name, problem in bad) + " (counts as hot)")
+    return Heat(False, "")
 
 
 def _parse_time(text: str) -> float:

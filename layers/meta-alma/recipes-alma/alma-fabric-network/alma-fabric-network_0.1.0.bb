@@ -20,9 +20,9 @@ inherit systemd allarch
 
 SYSTEMD_SERVICE:${PN} = "alma-fabric-network.service"
 
+# The command itself is built with the almaguard package (alma-guard's recipe, package
+# alma-guard-fabric); this recipe ships its configuration and unit.
 do_install() {
-    install -d ${D}${bindir}
-    install -m 0755 ${S}/alma-fabric ${D}${bindir}/alma-fabric
     install -d ${D}${sysconfdir}/alma
     install -m 0644 ${S}/conf/fabric.toml ${D}${sysconfdir}/alma/fabric.toml
     install -d ${D}${systemd_system_unitdir}
@@ -30,7 +30,7 @@ do_install() {
 }
 
 CONFFILES:${PN} = "${sysconfdir}/alma/fabric.toml"
-RDEPENDS:${PN} = "alma-guard-lib"
+RDEPENDS:${PN} = "alma-guard-fabric"
 
 # On-board only: no native or nativesdk variant.
 BBCLASSEXTEND = ""

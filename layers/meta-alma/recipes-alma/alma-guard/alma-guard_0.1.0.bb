@@ -17,28 +17,33 @@ FILESPATH:prepend = "${ALMA_TOOLS_DIR}:"
 SRC_URI = "file://guard"
 S = "${WORKDIR}/guard"
 
-inherit systemd python3-dir allarch
+# tools/guard/pyproject.toml: a PEP 517 build (setuptools) of the almaguard package and
+# its console_scripts (alma-guard, alma-health, alma-fabric), installed as a wheel.
+inherit python_setuptools_build_meta systemd
 
 SYSTEMD_SERVICE:${PN} = "alma-guard.service"
 
-do_install() {
-    install -d ${D}${PYTHON_SITEPACKAGES_DIR}/almaguard
-    install -m 0644 ${S}/almaguard/*.py ${D}${PYTHON_SITEPACKAGES_DIR}/almaguard/
-    install -d ${D}${bindir}
-    install -m 0755 ${S}/alma-guard ${D}${bindir}/alma-guard
+do_install:append() {
     install -d ${D}${sysconfdir}/alma
     install -m 0644 ${S}/conf/guard.toml ${D}${sysconfdir}/alma/guard.toml
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${S}/systemd/alma-guard.service ${D}${systemd_system_unitdir}/
 }
 
-# The stdlib-only library is shared with alma-health and alma-fabric-network.
-PACKAGES =+ "${PN}-lib"
-FILES:${PN}-lib += "${PYTHON_SITEPACKAGES_DIR}/almaguard"
+# The package is shared with alma-health and alma-fabric-network; their commands ride in
+# their own packages so each recipe's package pulls in exactly what it runs.
+PACKAGES =+ "${PN}-lib ${PN}-health ${PN}-fabric"
+FILES:${PN}-lib += "${PYTHON_SITEPACKAGES_DIR}/almaguard ${PYTHON_SITEPACKAGES_DIR}/almaguard-*.dist-info"
+FILES:${PN}-health += "${bindir}/alma-health"
+FILES:${PN}-fabric += "${bindir}/alma-fabric"
+FILES:${PN} += "${bindir}/alma-guard"
 CONFFILES:${PN} = "${sysconfdir}/alma/guard.toml"
 # Stdlib pieces OE splits out of python3-core: calendar (datetime), socket (io), json,
-# logging, tomllib.
-RDEPENDS:${PN}-lib = "python3-core python3-datetime python3-io python3-json python3-logging python3-tomllib"
+# logging, tomllib; the board library.
+RDEPENDS:${PN}-lib = "python3-almaboard python3-core python3-datetime python3-io python3-json python3-logging \
+                      python3-tomllib"
+RDEPENDS:${PN}-health = "${PN}-lib"
+RDEPENDS:${PN}-fabric = "${PN}-lib"
 RDEPENDS:${PN} = "${PN}-lib"
 
 # On-board only: no native or nativesdk variant.

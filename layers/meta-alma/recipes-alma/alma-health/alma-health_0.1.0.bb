@@ -21,9 +21,9 @@ inherit systemd allarch
 
 SYSTEMD_SERVICE:${PN} = "alma-health.timer"
 
+# The command itself is built with the almaguard package (alma-guard's recipe, package
+# alma-guard-health); this recipe ships its configuration and units.
 do_install() {
-    install -d ${D}${bindir}
-    install -m 0755 ${S}/alma-health ${D}${bindir}/alma-health
     install -d ${D}${sysconfdir}/alma
     install -m 0644 ${S}/conf/health.toml ${D}${sysconfdir}/alma/health.toml
     install -d ${D}${systemd_system_unitdir}
@@ -33,7 +33,7 @@ do_install() {
 
 FILES:${PN} += "${systemd_system_unitdir}/alma-health.service"
 CONFFILES:${PN} = "${sysconfdir}/alma/health.toml"
-RDEPENDS:${PN} = "alma-guard-lib"
+RDEPENDS:${PN} = "alma-guard-health"
 
 # On-board only: no native or nativesdk variant.
 BBCLASSEXTEND = ""

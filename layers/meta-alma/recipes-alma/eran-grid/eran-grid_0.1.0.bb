@@ -17,18 +17,16 @@ FILESPATH:prepend = "${ALMA_TOOLS_DIR}:"
 SRC_URI = "file://idlegrid"
 S = "${WORKDIR}/idlegrid"
 
-inherit systemd allarch
+# tools/idlegrid/pyproject.toml: a PEP 517 build (setuptools) of the erangrid package and
+# its eran-grid console_script, installed as a wheel.
+inherit python_setuptools_build_meta systemd
 
 # Opt-in: the unit is installed but never enabled (a 98- preset disables it); no timer,
 # socket or path unit exists that could start it.
 SYSTEMD_SERVICE:${PN} = "eran-grid.service"
 SYSTEMD_AUTO_ENABLE:${PN} = "disable"
 
-do_install() {
-    install -d ${D}${nonarch_libdir}/eran-grid/erangrid
-    install -m 0644 ${S}/erangrid/*.py ${D}${nonarch_libdir}/eran-grid/erangrid/
-    install -d ${D}${bindir}
-    install -m 0755 ${S}/eran-grid ${D}${bindir}/eran-grid
+do_install:append() {
     install -d ${D}${datadir}/eran-grid/examples
     install -m 0755 ${S}/examples/hashchain.py ${D}${datadir}/eran-grid/examples/hashchain.py
     install -d ${D}${sysconfdir}/eran-grid
@@ -37,11 +35,10 @@ do_install() {
     install -m 0644 ${S}/systemd/eran-grid.service ${D}${systemd_system_unitdir}/eran-grid.service
 }
 
-FILES:${PN} += "${nonarch_libdir}/eran-grid"
 CONFFILES:${PN} = "${sysconfdir}/eran-grid/eran-grid.toml"
 # Exactly the stdlib parts the agent imports (oe-core's python3 manifest). The NATS backend
 # needs nats-py, which the image does not ship: the SQLite queue is the default.
-RDEPENDS:${PN} = "python3-core python3-crypt python3-ctypes python3-datetime python3-io python3-json \
+RDEPENDS:${PN} = "python3-almaboard python3-core python3-crypt python3-ctypes python3-datetime python3-io python3-json \
                   python3-netclient python3-sqlite3 python3-tomllib"
 
 # On-board only: no native or nativesdk variant.

@@ -19,6 +19,7 @@ RDEPENDS:${PN} = "\
     alma-health \
     alma-watchdog-config \
     eran-grid \
+    python3-almaboard \
 "
 # nooelint: oelint.vars.dependsordered - the admin package is added apart: it depends on ALMA_ADMIN_ACCESS
 RDEPENDS:${PN} += "${@'alma-access-admin' if d.getVar('ALMA_ADMIN_ACCESS') != '0' else ''}"

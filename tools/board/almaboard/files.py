@@ -22,23 +22,31 @@ def parse_iso(text: str) -> float:
     return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int | None = 0o644) -> None:
     """Write ``path`` so a reader sees the old or the new content, never half of it.
 
     ``durable`` fsyncs the file and its directory: the forensics ring must survive an
-    abrupt reset; the /run state file (tmpfs) does not need it.
+    abrupt reset; the /run state file (tmpfs) does not need it. ``mode=None`` keeps the mode
+    of the file replaced, else 0644 less the umask (the host's records and manifests).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o644 & ~umask
     # A unique sibling name opened O_EXCL (tempfile would cost ~8 ms of imports per run).
     tmp = str(path.parent / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)  # through our own fd: the name could be swapped
             fh.write(data)
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -56,11 +64,19 @@ def write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
     write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode(), durable=durable)
 
 
-def read_json(path: Path) -> Any | None:
-    """The JSON in ``path``; None when absent or not valid JSON (a torn or foreign file)."""
+def read_json(path: Path, limit: int = 1 << 20) -> Any | None:
+    """The JSON in ``path``; None when absent or not valid JSON (a torn or foreign file).
+
+    Hostile too: a file over ``limit`` bytes is not read, and JSON nested deeper than the
+    interpreter's recursion limit is "not valid", never a crash of the reader.
+    """
     try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
 
 

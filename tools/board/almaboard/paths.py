@@ -63,6 +63,11 @@ class Paths:
         return self("/run/alma-guard/state.json")
 
     @property
+    def guard_state_fallback(self) -> Path:
+        """Where the guard writes its state when /run/alma-guard is not writable."""
+        return self("/var/lib/alma-guard/state.json")
+
+    @property
     def guard_lib(self) -> Path:
         return self("/var/lib/alma-guard")
 

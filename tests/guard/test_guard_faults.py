@@ -1,0 +1,457 @@
+"""Fault injection against the guard's invariants (docs/guard.md, "Invariants"): a hypothesis
+state machine interleaves temperature changes, zones vanishing and coming back, garbage and
+lying values, the state directory turning read-only (a real read-only bind mount) and back,
+and SIGKILL (no cleanup) or SIGTERM of the guard followed by a fresh guard; after every poll
+it checks the invariants against two real worker processes (/proc/PID/stat).
+
+Ground truth is what the test wrote into the fake sysfs tree. After every poll:
+- (1) the workers are alive (never killed);
+- (2) work is paused while any zone reads a sane value at or above its shed threshold, or
+  was hot at its last sane value and is now missing, unparsable or implausible, or (the
+  fail-closed rule) while no zone reads a sane value at all; a SIGTERM in such a state
+  leaves the work paused;
+- (3) once every zone has read a sane value below its resume threshold for the hold-off
+  (plus the polls the rate rule needs to accept a big but real change), the work runs,
+  whatever files were lost (the pause record can be unwritable for the whole run);
+- (4) a poll never raises, the state's ``errors`` name the read-only state file while /run
+  is read-only, and clear once it is writable again.
+
+``ALMA_GUARD_MUTANT=<name>`` (bench/mutants_guard.py runs them all) patches one rule out of
+the guard: the machine must find a violation for every mutant.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from almaboard.paths import Paths
+from almaguard.config import GuardConfig
+from almaguard.forensics import Forensics
+from almaguard.guard import Guard
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from support import IN_CI
+from support_guard import FakeBoard, ReadOnly, proc_state, remove_zone, restore_zone, set_raw
+
+ZONES = ("tj-thermal", "cpu-thermal")
+SHED, RESUME = 89.0, 79.0  # Orin trips: passive 99 - margin 10, hysteresis 10
+HOLDOFF = 3.0
+SETTLE = HOLDOFF + 4.0  # hold-off + polls for the rate rule to accept a big real change
+SANE = (-40.0, 150.0)
+GARBAGE = ("-273150", "-2147483648", "2147483647", "banana", "", "99999999999999999999")
+
+MUTANT = os.environ.get("ALMA_GUARD_MUTANT", "")
+STATS = {"runs": 0, "polls": 0}
+
+
+def apply_mutant(name: str, monkeypatch: Any) -> None:
+    """Drop one rule of the guard (only ever in this test process)."""
+    import almaboard.thermal as th
+    import almaguard.guard as g
+    import almaguard.pause as pz
+
+    if name == "no-shed-on-hot":
+        orig_step = g.Guard.step
+
+        def step(self: g.Guard, now: float) -> str | None:
+            for t in self.thresholds.values():
+                t.shed_c = 1e9
+            self._shed_c = dict.fromkeys(self._shed_c, 1e9)
+            return orig_step(self, now)
+
+        monkeypatch.setattr(g.Guard, "step", step)
+    elif name == "no-fail-closed":  # no zone readable -> keep going
+        orig = g.Guard._shed
+
+        def shed(self: g.Guard, now: float, reason: str) -> str:
+            if "fail closed" in reason:
+                return None  # type: ignore[return-value]
+            return orig(self, now, reason)
+
+        monkeypatch.setattr(g.Guard, "_shed", shed)
+    elif name in ("no-range-check", "no-rate-check"):
+        import almaguard.config as gc
+
+        inf = float("inf")
+        loose = {"no-range-check": {"min_c": -inf, "max_c": inf}, "no-rate-check": {"max_rate_c_per_s": inf}}[name]
+        orig_prop = gc.GuardConfig.plausibility.fget  # type: ignore[attr-defined]
+        monkeypatch.setattr(
+            gc.GuardConfig, "plausibility", property(lambda self: replace(orig_prop(self), **loose))
+        )
+        if name == "no-range-check":
+            monkeypatch.setattr(gc.GuardConfig, "plausible_min_c", -inf, raising=False)
+            monkeypatch.setattr(gc.GuardConfig, "plausible_max_c", inf, raising=False)
+    elif name == "unreadable-does-not-block-resume":  # the old rule: only readable zones count
+        orig_split = th.Reader.read_split
+
+        def read_split(self: th.Reader, now: float, verify: bool = False) -> Any:
+            ok, bad = orig_split(self, now, verify)
+            return (ok, {}) if ok else (ok, bad)
+
+        monkeypatch.setattr(th.Reader, "read_split", read_split)
+    elif name == "hot-jump-is-not-hot":
+        orig_split2 = th.Reader.read_split
+
+        def read_split2(self: th.Reader, now: float, verify: bool = False) -> Any:
+            ok, bad = orig_split2(self, now, verify)
+            return ok, {k: th.Reading(None, v.problem, None) for k, v in bad.items()}
+
+        monkeypatch.setattr(th.Reader, "read_split", read_split2)
+    elif name == "no-recovery-from-machine":  # the old _adopt: only what paused.json says
+
+        def adopt(self: pz.Pauser) -> None:
+            rec = pz.read_json(self.record)
+            if isinstance(rec, dict) and rec.get("cgroup") == str(self.cgroup):
+                self.method = rec.get("method")
+                self.stopped = {int(p) for p in rec.get("pids", []) if isinstance(p, int)}
+
+        monkeypatch.setattr(pz.Pauser, "_adopt", adopt)
+    elif name == "state-errors-raise":  # the old _save: a read-only /run kills the guard
+        from almaboard.files import write_json
+
+        def save(self: pz.Pauser) -> None:
+            if self.method is None:
+                if self.record.exists():
+                    self.record.unlink()
+                return
+            write_json(self.record, {"cgroup": str(self.cgroup), "method": self.method, "pids": sorted(self.stopped)})
+
+        monkeypatch.setattr(pz.Pauser, "_save", save)
+    elif name == "sigterm-resumes-when-blind":  # the old _stop: only readable zones counted
+        orig_stop = g.Guard._stop
+
+        def stop(self: g.Guard) -> None:
+            self.status.unreadable = []
+            orig_stop(self)
+
+        monkeypatch.setattr(g.Guard, "_stop", stop)
+    elif name == "forget-vanished-zones":
+        orig_step = g.Guard.step
+
+        def step2(self: g.Guard, now: float) -> str | None:
+            present = [z for z in self.zones if (z.path / "temp").exists()]
+            if len(present) != len(self.zones):
+                self._set_zones(present)
+            return orig_step(self, now)
+
+        monkeypatch.setattr(g.Guard, "step", step2)
+    elif name:
+        raise ValueError(f"unknown mutant {name}")
+
+
+MUTANTS = (
+    "no-shed-on-hot",
+    "no-fail-closed",
+    "no-range-check",
+    "no-rate-check",
+    "unreadable-does-not-block-resume",
+    "hot-jump-is-not-hot",
+    "no-recovery-from-machine",
+    "state-errors-raise",
+    "sigterm-resumes-when-blind",
+    "forget-vanished-zones",
+)
+
+
+class Truth:
+    """What each zone's file says: a sane number, garbage, or nothing."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, float | None] = dict.fromkeys(ZONES, 50.0)  # None: missing/garbage
+        self.was_hot: dict[str, bool] = dict.fromkeys(ZONES, False)
+        self.lying: set[str] = set()  # a plausible-looking value that is not the temperature
+
+    def sane(self, z: str) -> bool:
+        v = self.value[z]
+        return v is not None and SANE[0] <= v <= SANE[1] and z not in self.lying
+
+    def must_pause(self) -> str:
+        for z in ZONES:
+            if self.sane(z) and self.value[z] is not None and self.value[z] >= SHED:  # type: ignore[operator]
+                return f"{z} reads {self.value[z]} >= shed"
+            if not self.sane(z) and self.was_hot[z]:
+                return f"{z} was hot and is blind"
+        if not any(self.sane(z) for z in ZONES):
+            return "no zone readable"
+        return ""
+
+    def calm(self) -> bool:
+        return all(self.sane(z) and self.value[z] < RESUME for z in ZONES)  # type: ignore[operator]
+
+
+class GuardFaults(RuleBasedStateMachine):
+    monkeypatch: Any = None
+
+    @initialize()
+    def setup(self) -> None:
+        STATS["runs"] += 1
+        # tmpfs where there is one: the guard fsyncs its forensics, and the state machine
+        # restarts it hundreds of times (fsync on tmpfs is free; the logic is the same).
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.tmp = Path(tempfile.mkdtemp(prefix="guard-faults-", dir=shm))
+        self.board = FakeBoard(self.tmp / "board")
+        for z in ZONES:
+            self.board.add_zone(z, 50.0)
+        self.workers = [
+            subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.02)"]) for _ in range(2)
+        ]
+        self.board.set_slice_pids([w.pid for w in self.workers])
+        self.run_dir = self.board.p("/run/alma-guard")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ro = ReadOnly(self.run_dir)
+        self.t = 1000.0
+        self.truth = Truth()
+        self.calm_since: float | None = self.t
+        self.ro_since: float | None = None
+        self.rw_since: float | None = self.t
+        self.guard = self._new_guard()
+        self._poll()
+
+    def _new_guard(self) -> Guard:
+        cfg = GuardConfig(holdoff_s=HOLDOFF, state_every_s=2.0, ring_every_s=600.0)
+        paths = Paths(self.board.root)
+        guard = Guard(cfg, paths, wall=lambda: 1_780_000_000.0 + self.t, forensics=Forensics(paths, 600.0))
+        guard.start_forensics()
+        return guard
+
+    def teardown(self) -> None:
+        if not hasattr(self, "workers"):
+            return
+        self.ro.off()
+        self.guard.reader.close()
+        for w in self.workers:
+            with_suppress_kill(w)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _poll(self, seconds: float = 1.0) -> None:
+        STATS["polls"] += 1
+        end = self.t + seconds
+        while self.t < end:
+            self.t += 1.0
+            self.guard.step(self.t)  # (4): a poll never raises
+            self._check()
+
+    def _changed(self) -> None:
+        self.calm_since = self.t if self.truth.calm() else None
+
+    def _states(self, want_stopped: bool) -> list[str]:
+        """The workers' states, allowing signal delivery a moment (it is asynchronous)."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            states = [proc_state(w.pid) for w in self.workers]
+            if all((s == "T") == want_stopped for s in states) or time.monotonic() > deadline:
+                return states
+            time.sleep(0.002)
+
+    def _check(self) -> None:
+        states = [proc_state(w.pid) for w in self.workers]
+        assert all(s not in ("", "Z", "X") for s in states), f"(1) a worker died: {states}"
+        why = self.truth.must_pause()
+        if why:
+            states = self._states(want_stopped=True)
+            assert all(s == "T" for s in states), f"(2) work runs while {why}: {states}"
+        if self.truth.calm() and self.calm_since is not None and self.t - self.calm_since >= SETTLE:
+            states = self._states(want_stopped=False)
+            assert all(s != "T" for s in states), f"(3) work stranded {self.t - self.calm_since:.0f} s after calm"
+        errors = self.guard.status.errors
+        if self.ro_since is not None and self.t - self.ro_since >= 3.0:
+            assert any("state.json" in e for e in errors), f"(4) read-only /run not reported: {errors}"
+        if self.rw_since is not None and self.t - self.rw_since >= 3.0:
+            assert errors == [], f"(4) errors not cleared after /run came back: {errors}"
+
+    def _hot_update(self, z: str) -> None:
+        if self.truth.sane(z):
+            self.truth.was_hot[z] = self.truth.value[z] >= SHED  # type: ignore[operator]
+
+    # -- rules ---------------------------------------------------------------------------
+    @rule(z=st.sampled_from(ZONES), temp=st.sampled_from([20.0, 50.0, 75.0, 85.0, 92.0, 100.0]))
+    def set_temp(self, z: str, temp: float) -> None:
+        if self.truth.value[z] is None and not (self.board._zones[z] / "temp").exists():
+            restore_zone(self.board, z, temp)
+        else:
+            self.board.set_temp(z, temp)
+        self.truth.value[z] = temp
+        self.truth.lying.discard(z)
+        self._hot_update(z)
+        self._changed()
+        self._poll()
+
+    @rule(z=st.sampled_from(ZONES), text=st.sampled_from(GARBAGE))
+    def garbage(self, z: str, text: str) -> None:
+        if not (self.board._zones[z] / "temp").exists():
+            restore_zone(self.board, z, 50.0)
+        set_raw(self.board, z, text + "\n")
+        self.truth.value[z] = None
+        self.truth.lying.discard(z)
+        self._changed()
+        self._poll()
+
+    @precondition(lambda self: any(self.truth.sane(z) and self.truth.value[z] >= SHED for z in ZONES))
+    @rule(z=st.sampled_from(ZONES), low=st.sampled_from([20.0, 30.0]))
+    def sensor_lies_low(self, z: str, low: float) -> None:
+        """A hot zone reads a plausible-looking low value (a glitch): it is still hot."""
+        if not (self.truth.sane(z) and self.truth.value[z] >= SHED):  # type: ignore[operator]
+            return
+        self.board.set_temp(z, low)
+        self.truth.lying.add(z)
+        self._changed()
+        self._poll()
+        # the glitch lasts one poll, and a SIGTERM may land right in it
+        self.board.set_temp(z, self.truth.value[z])  # type: ignore[arg-type]
+        self.truth.lying.discard(z)
+        self._changed()
+        self._poll()
+
+    @rule(z=st.sampled_from(ZONES), whole_dir=st.booleans())
+    def vanish(self, z: str, whole_dir: bool) -> None:
+        if not (self.board._zones[z] / "temp").exists():
+            return
+        remove_zone(self.board, z, whole_dir)
+        self.truth.value[z] = None
+        self._changed()
+        self._poll()
+
+    @rule(on=st.booleans())
+    def state_dir(self, on: bool) -> None:
+        why = ReadOnly.available()
+        if why:
+            return
+        if on and not self.ro.mounted:
+            self.ro.on()
+            self.ro_since, self.rw_since = self.t, None
+        elif not on and self.ro.mounted:
+            self.ro.off()
+            self.ro_since, self.rw_since = None, self.t
+        self._poll()
+
+    def _hot_zones(self) -> list[str]:
+        return [z for z in ZONES if self.truth.sane(z) and self.truth.value[z] >= SHED]  # type: ignore[operator]
+
+    @rule(z=st.sampled_from(ZONES), peak=st.sampled_from([92.0, 100.0]))
+    def heat_spike(self, z: str, peak: float) -> None:
+        """A load step: a cool zone is hot one poll later (faster than the rate rule allows:
+        the guard must shed on it all the same)."""
+        if not (self.board._zones[z] / "temp").exists():
+            restore_zone(self.board, z, 20.0)
+        self.board.set_temp(z, 20.0)
+        self.truth.value[z] = 20.0
+        self.truth.lying.discard(z)
+        self._hot_update(z)
+        self._changed()
+        self._poll()
+        self.board.set_temp(z, peak)
+        self.truth.value[z] = peak
+        self._hot_update(z)
+        self._changed()
+        self._poll()
+
+    @precondition(lambda self: bool(self._hot_zones()))
+    @rule(low=st.sampled_from([20.0, 30.0]))
+    def glitch_at_stop(self, low: float) -> None:
+        """A hot zone reads a plausible-looking low value for one poll, and the guard is
+        stopped (SIGTERM) right then. (A guard started during the glitch has no earlier
+        reading to judge it by: no rule can tell that lie, so it is not injected.)"""
+        z = self._hot_zones()[0]
+        hot = self.truth.value[z]
+        self.board.set_temp(z, low)
+        self.truth.lying.add(z)
+        self.t += 1.0
+        self.guard.step(self.t)
+        self._check()
+        self.guard._stop()
+        self._check()  # (2): the glitch is no reason to resume on the way out
+        self.board.set_temp(z, hot)  # type: ignore[arg-type]
+        self.truth.lying.discard(z)
+        self.guard = self._new_guard()
+        self._changed()
+        self._poll()
+
+    @precondition(lambda self: bool(self._hot_zones()))
+    @rule(text=st.sampled_from(GARBAGE))
+    def garbage_across_a_restart(self, text: str) -> None:
+        """A hot zone's sensor turns to garbage while the guard is being restarted."""
+        z = self._hot_zones()[0]
+        set_raw(self.board, z, text + "\n")
+        self.truth.value[z] = None
+        self.guard.reader.close()
+        self.guard = self._new_guard()
+        self._changed()
+        self._poll()
+
+    @rule()
+    def restart_with_run_dir_cleared(self) -> None:
+        """SIGKILL, and /run/alma-guard comes back empty (a runtime directory not preserved)."""
+        self.guard.reader.close()
+        if not self.ro.mounted:
+            for f in self.run_dir.iterdir():
+                f.unlink()
+        self.guard = self._new_guard()
+        if self.truth.calm():
+            self.calm_since = self.t
+        self._poll()
+
+    @rule()
+    def lose_run_files(self) -> None:
+        """/run/alma-guard's files are lost (cleared by hand, a tmpfs remounted)."""
+        if self.ro.mounted:
+            return
+        for f in self.run_dir.iterdir():
+            f.unlink()
+        self._poll()
+
+    @rule(kill9=st.booleans())
+    def restart(self, kill9: bool) -> None:
+        if kill9:
+            self.guard.reader.close()  # the kernel closes a killed process's files; nothing else runs
+        else:
+            self.guard._stop()  # SIGTERM
+            self._check()  # (2): a SIGTERM while hot or blind leaves the work paused
+        self.guard = self._new_guard()
+        if self.truth.calm():
+            self.calm_since = self.t  # a new guard holds off from its start
+        self._poll()
+
+    @rule(n=st.integers(1, 10))
+    def wait(self, n: int) -> None:
+        self._poll(float(n))
+
+
+def with_suppress_kill(p: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGCONT)
+        p.kill()
+    p.wait(timeout=5)
+
+
+def test_guard_invariants_hold_under_injected_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    why = ReadOnly.available()
+    if why and IN_CI:
+        pytest.fail(why)
+    if MUTANT:
+        apply_mutant(MUTANT, monkeypatch)
+    examples = int(os.environ.get("ALMA_GUARD_FAULT_EXAMPLES", "100"))
+    machine = settings(
+        max_examples=examples,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        database=None,
+        # A mutant run only needs to know THAT it is caught: skip shrinking the example.
+        phases=[Phase.explicit, Phase.reuse, Phase.generate] if MUTANT else list(Phase),
+    )(GuardFaults)
+    machine.TestCase().runTest()
+    print(f"guard fault machine: {STATS['runs']} runs, {STATS['polls']} injected faults/waits")
+    assert STATS["runs"] >= min(examples, 50)  # the machine really ran (a round may end early)

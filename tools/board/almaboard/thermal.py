@@ -1,0 +1,271 @@
+"""Thermal zones from /sys/class/thermal: names, trip points and fast temperature reads.
+
+Temperatures are millidegrees Celsius in ``thermal_zoneN/temp``; trip points are
+``trip_point_K_temp`` / ``trip_point_K_type`` (passive, active, hot, critical). On Orin
+(R36) each of cpu/gpu/cv0-2/soc0-2/tj-thermal has a 99 C passive trip bound to the clock
+throttles, a 104.5 C critical trip (kernel shutdown) and a 70 C passive trip bound only to
+``hot-surface-alert`` (a warning, not a throttle).
+
+Every reading goes through :class:`Plausibility`: a value outside the physical range
+(default -40..150 C), a jump faster than a die can heat or cool between two polls, or bytes
+that are not a number make the zone *unreadable* for that poll, with the reason. The guard
+and ERAN-GRID both read zones here, so they can never disagree about what "cool" means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from .files import read_int, read_text
+
+
+@dataclass(frozen=True)
+class Trip:
+    kind: str  # passive | active | hot | critical
+    temp_c: float
+
+
+@dataclass
+class Zone:
+    name: str  # the zone's type ("tj-thermal"); made unique with "#N" when types repeat
+    path: Path  # the thermal_zoneN directory
+    trips: list[Trip] = field(default_factory=list)
+
+    @property
+    def throttle_trip_c(self) -> float | None:
+        """The highest passive trip: where the kernel starts throttling clocks.
+
+        Lower passive trips exist (Orin's 70 C one drives only ``hot-surface-alert``), so
+        the highest passive trip below any critical trip is the one that matters.
+        """
+        passive = [t.temp_c for t in self.trips if t.kind == "passive"]
+        crit = self.critical_trip_c
+        if crit is not None:
+            passive = [t for t in passive if t < crit]
+        return max(passive) if passive else None
+
+    @property
+    def critical_trip_c(self) -> float | None:
+        crit = [t.temp_c for t in self.trips if t.kind in ("critical", "hot")]
+        return min(crit) if crit else None
+
+
+def _trips(zone_dir: Path) -> list[Trip]:
+    trips = []
+    for tfile in sorted(zone_dir.glob("trip_point_*_temp")):
+        idx = tfile.name[len("trip_point_") : -len("_temp")]
+        milli = read_int(tfile)
+        kind = read_text(zone_dir / f"trip_point_{idx}_type")
+        if milli is None or kind is None or milli <= 0:
+            continue  # disabled trips read as 0 or huge negative numbers
+        trips.append(Trip(kind, milli / 1000.0))
+    return trips
+
+
+def discover(thermal_dir: Path, include: list[str] | None = None, exclude: list[str] | None = None) -> list[Zone]:
+    """Zones under ``thermal_dir`` whose type matches ``include`` globs and no ``exclude`` glob."""
+    include = include or ["*"]
+    exclude = exclude or []
+    zones: list[Zone] = []
+    seen: dict[str, int] = {}
+    try:
+        entries = sorted(thermal_dir.glob("thermal_zone*"), key=lambda p: _zone_index(p.name))
+    except OSError:
+        return []
+    for zdir in entries:
+        kind = read_text(zdir / "type")
+        if not kind:
+            kind = zdir.name  # unreadable type: still guard it, under its directory name
+        if not any(fnmatch.fnmatchcase(kind, pat) for pat in include):
+            continue
+        if any(fnmatch.fnmatchcase(kind, pat) for pat in exclude):
+            continue
+        n = seen.get(kind, 0)
+        seen[kind] = n + 1
+        name = kind if n == 0 else f"{kind}#{n}"
+        zones.append(Zone(name=name, path=zdir, trips=_trips(zdir)))
+    return zones
+
+
+def _zone_index(name: str) -> int:
+    digits = name[len("thermal_zone") :]
+    return int(digits) if digits.isdigit() else 1 << 30
+
+
+@dataclass(frozen=True)
+class Plausibility:
+    """What a real die temperature can be (the rules every reader applies).
+
+    ``min_c``/``max_c``: the physical range; outside it the sensor is lying (an unset
+    register reads -273150 or INT_MIN, a broken one 0x7fffffff). ``max_rate_c_per_s`` plus
+    ``slack_c``: the largest change between two accepted readings (silicon heats fast, but
+    not 50 C in a second; a stuck-then-jumping value is a fault). A rejected value never
+    becomes the reference: the next reading is judged against the last accepted one and the
+    time since, so a real sustained change is accepted a poll or two later.
+    """
+
+    min_c: float = -40.0
+    max_c: float = 150.0
+    max_rate_c_per_s: float = 50.0
+    slack_c: float = 2.0
+
+    def check(self, celsius: float, prev: tuple[float, float] | None, now: float) -> str:
+        """'' when plausible, else why not."""
+        if not self.min_c <= celsius <= self.max_c:
+            return f"implausible {celsius:.1f} C (outside {self.min_c:g}..{self.max_c:g} C)"
+        if prev is not None:
+            dt = max(0.0, now - prev[1])
+            if abs(celsius - prev[0]) > self.max_rate_c_per_s * dt + self.slack_c:
+                return f"implausible jump {prev[0]:.1f} -> {celsius:.1f} C in {dt:.1f} s"
+        return ""
+
+
+class Reading(NamedTuple):
+    """One zone at one poll: ``celsius`` when readable and plausible, else ``problem``.
+
+    ``raw`` is the parsed value even when implausible (None when unparsable or unreadable),
+    so a caller can still fail closed on a hot-looking jump. (A NamedTuple: the guard makes
+    nine of these every second for the board's lifetime.)"""
+
+    celsius: float | None
+    problem: str = ""
+    raw: float | None = None
+
+
+def parse_millideg(raw: bytes) -> float | None:
+    """sysfs millidegrees (``b"51250\\n"``) → C; None for anything that is not one integer."""
+    try:
+        return int(raw) / 1000.0
+    except ValueError:
+        return None
+
+
+class Reader:
+    """Reads every zone's temperature with one ``pread`` per zone on kept-open descriptors.
+
+    sysfs regenerates an attribute on each read at offset 0, so a kept descriptor gives a
+    fresh value without the open/close cost (the guard polls every second for the board's
+    lifetime). A failed read closes the descriptor and the next poll reopens it.
+    """
+
+    def __init__(self, zones: list[Zone], rules: Plausibility | None = None, carry: Reader | None = None) -> None:
+        self.zones = zones
+        self.rules = rules or Plausibility()
+        self._fds: dict[str, int] = {}
+        # The rate rule's memory (``carry`` hands it on to a reader re-created for a new zone
+        # list): the last accepted value of each zone, the time of the previous read (when
+        # most zones were last accepted), and the accept time of zones NOT accepted then.
+        self._last: dict[str, float] = dict(carry._last) if carry else {}
+        self._at: dict[str, float] = dict(carry._at) if carry else {}
+        self._prev_now: float | None = carry._prev_now if carry else None
+        # A rejected jump UP may have been real: until the zone reads something consistent
+        # with it, a fall from it faster than the rate is as implausible as any other jump.
+        self._suspect: dict[str, tuple[float, float]] = dict(carry._suspect) if carry else {}
+
+    def accepted(self, name: str) -> tuple[float, float] | None:
+        """The last accepted reading of ``name`` and when it was taken, if any."""
+        if name not in self._last:
+            return None
+        at = self._at.get(name, self._prev_now)
+        return (self._last[name], at if at is not None else 0.0)
+
+    def read(self, now: float, verify: bool = False) -> dict[str, Reading]:
+        """Every zone at monotonic time ``now``, as :class:`Reading` s."""
+        temps, bad = self.read_split(now, verify)
+        out = {name: Reading(c, "", c) for name, c in temps.items()}
+        out.update(bad)
+        return {z.name: out[z.name] for z in self.zones}
+
+    def read_split(self, now: float, verify: bool = False) -> tuple[dict[str, float], dict[str, Reading]]:
+        """Readable, plausible zones as name -> C, and every other zone's :class:`Reading`
+        (the guard's hot path: no object per good reading).
+
+        ``verify`` also checks that each kept descriptor still names a live file. On sysfs a
+        removed zone's attribute fails to read (kernfs returns ENODEV), which the plain path
+        sees; a plain filesystem would keep returning the last value through a kept
+        descriptor, so callers whose decision must not rest on a vanished file (the guard
+        while it sheds, ERAN-GRID) pass ``verify``."""
+        temps: dict[str, float] = {}
+        bad: dict[str, Reading] = {}
+        rules = self.rules
+        lo, hi, rate, slack = rules.min_c, rules.max_c, rules.max_rate_c_per_s, rules.slack_c
+        last, at, prev_now, suspect = self._last, self._at, self._prev_now, self._suspect
+        # Plausibility.check inlined (the hot path; tests/guard hold the two to one answer):
+        # most zones were accepted at the previous read, so one limit serves them all.
+        common = rate * max(0.0, now - prev_now) + slack if prev_now is not None else 0.0
+        fds = self._fds
+        pread = os.pread
+        for z in self.zones:
+            name = z.name
+            fd = fds.get(name)
+            try:
+                if fd is None:
+                    fd = os.open(z.path / "temp", os.O_RDONLY | os.O_CLOEXEC)
+                    fds[name] = fd
+                raw = pread(fd, 32, 0)
+                if verify and os.fstat(fd).st_nlink == 0:
+                    self._drop(name)
+                    bad[name] = Reading(None, "vanished")
+                    continue
+            except OSError as exc:
+                # EIO/ENODATA from a sensor behind a firmware call, or the zone vanished.
+                self._drop(name)
+                bad[name] = Reading(None, f"unreadable ({os.strerror(exc.errno) if exc.errno else exc})")
+                continue
+            try:
+                celsius = int(raw) / 1000.0
+            except ValueError:
+                self._drop(name)
+                bad[name] = Reading(None, f"unparsable value {raw[:16]!r}")
+                continue
+            if not lo <= celsius <= hi:
+                bad[name] = Reading(None, f"implausible {celsius:.1f} C (outside {lo:g}..{hi:g} C)", celsius)
+                continue
+            ref = last.get(name)
+            if ref is not None:
+                limit = rate * max(0.0, now - at[name]) + slack if at and name in at else common
+                if not -limit <= celsius - ref <= limit:
+                    bad[name] = Reading(None, rules.check(celsius, self.accepted(name), now), celsius)
+                    if celsius > ref:
+                        suspect[name] = (celsius, now)  # maybe a real spike: a fall from it is judged too
+                    continue
+                if suspect and name in suspect:
+                    peak, when = suspect[name]
+                    if peak - celsius > rate * max(0.0, now - when) + slack:
+                        bad[name] = Reading(None, f"implausible fall from a rejected {peak:.1f} C", celsius)
+                        continue
+                    del suspect[name]
+                if at:
+                    at.pop(name, None)
+            last[name] = celsius
+            temps[name] = celsius
+        if bad and prev_now is not None:
+            for name in bad:
+                if name in last:
+                    at.setdefault(name, prev_now)  # its last accept was at the previous read (or before)
+        self._prev_now = now
+        return temps, bad
+
+    def _drop(self, name: str) -> None:
+        fd = self._fds.pop(name, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close(self) -> None:
+        for name in list(self._fds):
+            self._drop(name)
+
+
+def read_once(thermal_dir: Path, rules: Plausibility | None = None, now: float = 0.0) -> dict[str, Reading]:
+    """Every zone under ``thermal_dir`` read once (a one-shot caller: alma-health, status)."""
+    reader = Reader(discover(thermal_dir), rules)
+    try:
+        return reader.read(now)
+    finally:
+        reader.close()
