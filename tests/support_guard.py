@@ -27,6 +27,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from almaguard.guard import Guard
 
 REPO = Path(__file__).resolve().parent.parent
 GUARD_DIR = REPO / "tools" / "guard"
@@ -45,6 +49,31 @@ ORIN_ZONES = ("cpu-thermal", "gpu-thermal", "cv0-thermal", "cv1-thermal", "cv2-t
 # Orin R36 trips per zone: 99 C passive (clock throttles), 104.5 C critical (shutdown),
 # 70 C passive bound only to hot-surface-alert.
 ORIN_TRIPS = (("passive", 99.0), ("critical", 104.5), ("passive", 70.0))
+
+# Process states in /proc/PID/stat: what a paused worker shows, and what a running one may.
+STOPPED = {"T"}
+RUNNING = {"R", "S", "D"}
+
+
+class Clock:
+    """A wall clock the test moves (the guard's own timing is monotonic and real)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def wall(self) -> float:
+        return 1_780_000_000.0 + self.t
+
+
+def make_guard(board: FakeBoard, clock: Clock, **cfg: object) -> Guard:
+    """A guard on ``board``'s tree; ``cfg`` overrides the test defaults (30 s hold-off)."""
+    from almaboard.paths import Paths
+    from almaguard.config import GuardConfig
+    from almaguard.guard import Guard
+
+    base: dict[str, object] = {"holdoff_s": 30.0, "hysteresis_c": 10.0, "margin_c": 10.0, "state_every_s": 5.0}
+    base.update(cfg)
+    return Guard(GuardConfig(**base), Paths(board.root), wall=clock.wall)  # type: ignore[arg-type]
 
 
 def _put(path: Path, text: str) -> None:

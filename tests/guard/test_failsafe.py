@@ -10,6 +10,7 @@ or the real cgroup v2 freezer; "read-only" is a real read-only bind mount.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -25,8 +26,12 @@ from almaguard.pause import Pauser, frozen
 from support import IN_CI
 from support_guard import (
     ALMA_GUARD,
+    RUNNING,
+    STOPPED,
+    Clock,
     FakeBoard,
     ReadOnly,
+    make_guard,
     orin_zones,
     proc_state,
     remove_zone,
@@ -36,22 +41,8 @@ from support_guard import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-STOPPED = {"T"}
-RUNNING = {"R", "S", "D"}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def wall(self) -> float:
-        return 1_780_000_000.0 + self.t
-
-
-def make_guard(board: FakeBoard, clock: Clock, **cfg: object) -> Guard:
-    base = {"holdoff_s": 5.0, "hysteresis_c": 10.0, "margin_c": 10.0, "state_every_s": 5.0}
-    base.update(cfg)
-    return Guard(GuardConfig(**base), Paths(board.root), wall=clock.wall)  # type: ignore[arg-type]
+# These tests wait out a short hold-off.
+make_guard = functools.partial(make_guard, holdoff_s=5.0)
 
 
 def run_polls(guard: Guard, clock: Clock, seconds: float, step: float = 1.0) -> list[str]:

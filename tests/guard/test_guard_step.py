@@ -14,29 +14,21 @@ from pathlib import Path
 
 import pytest
 from almaboard.errors import ConfigError as GuardError
-from almaboard.paths import Paths
 from almaboard.thermal import Zone, discover
 from almaguard.config import GuardConfig, load_guard_config
-from almaguard.guard import Guard
 from almaguard.pause import Pauser, slice_path
-from support_guard import ORIN_ZONES, FakeBoard, orin_zones, proc_state, spawn_worker, wait_state
-
-STOPPED = {"T"}
-RUNNING = {"R", "S", "D"}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def wall(self) -> float:
-        return 1_780_000_000.0 + self.t
-
-
-def make_guard(board: FakeBoard, clock: Clock, **cfg: object) -> Guard:
-    base = {"holdoff_s": 30.0, "hysteresis_c": 10.0, "margin_c": 10.0, "state_every_s": 5.0}
-    base.update(cfg)
-    return Guard(GuardConfig(**base), Paths(board.root), wall=clock.wall)  # type: ignore[arg-type]
+from support_guard import (
+    ORIN_ZONES,
+    RUNNING,
+    STOPPED,
+    Clock,
+    FakeBoard,
+    make_guard,
+    orin_zones,
+    proc_state,
+    spawn_worker,
+    wait_state,
+)
 
 
 def test_sheds_within_one_poll_of_crossing_and_stops_real_processes(

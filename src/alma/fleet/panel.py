@@ -283,17 +283,9 @@ def freshness(data_time: datetime, now: datetime, limit: float) -> tuple[bool, s
     return False, None, age
 
 
-def render(
-    fleet: Fleet,
-    snapshot: dict[str, Any],
-    *,
-    stale_after: float | None = None,
-    now: datetime | None = None,
-    refresh_s: int | None = None,
-    history: History | None = None,
-) -> str:
-    """The page's HTML; raises LeakError rather than return a page that leaks."""
-    return publish(fleet, snapshot, stale_after=stale_after, now=now, refresh_s=refresh_s, history=history).html
+def render(fleet: Fleet, snapshot: dict[str, Any], **options: Any) -> str:
+    """The page's HTML (``options`` as for :func:`publish`); raises LeakError rather than leak."""
+    return publish(fleet, snapshot, **options).html
 
 
 def publish(
