@@ -78,14 +78,15 @@ def test_shards_out_of_range() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=12), st.none() | st.booleans() | st.integers() | st.text(max_size=70)
                        | st.dictionaries(st.text(max_size=12), st.integers() | st.text(max_size=40), max_size=4),
-                       max_size=5))  # fmt: skip
-def test_registration_check_refuses_or_cleans(req: dict) -> None:
-    out = protocol.check_registration(req)
+                       max_size=5), st.text(max_size=70))  # fmt: skip
+def test_registration_check_refuses_or_cleans(req: dict, subject_tail: str) -> None:
+    worker_id = protocol.worker_from_subject(f"{protocol.REGISTER_PREFIX}.{subject_tail}")
+    out = protocol.check_registration(worker_id, req)
     if isinstance(out, str):
         return
     worker, caps = out
-    assert protocol.WORKER_ID.match(worker) and set(caps) <= set(protocol.CAPABILITIES)
-    assert req["v"] == 1
+    assert worker == subject_tail and protocol.WORKER_ID.match(worker) and set(caps) <= set(protocol.CAPABILITIES)
+    assert req["v"] == 1 and req.get("worker", worker) == worker
 
 
 @settings(max_examples=200, deadline=None)

@@ -3,8 +3,10 @@
 Exit codes: 0 success; 1 failure (a second coordinator on the same store, an unexpected
 error); 2 usage or configuration error; 3 registration refused; 4 coordinator unreachable
 (no NATS server, no JetStream buckets, nobody answering, no new round within
---idle-timeout); 5 integrity (model, shard or state whose hash does not match: refusing to
-train); 75 vacated by SIGTERM with a checkpoint saved (ERAN-GRID resumes it); 130 interrupted.
+--idle-timeout, NATS away for longer than --outage-window); 5 integrity (model, shard or
+state whose hash does not match, or a round state that fails its checks: refusing to
+train / resume); 75 vacated by SIGTERM with a checkpoint saved (ERAN-GRID resumes it);
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -62,8 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"eran-cloud {__version__}")
     sub = ap.add_subparsers(dest="verb", required=True)
 
-    co = sub.add_parser("coordinator", help="keep the global model and run the rounds")
-    co.add_argument("--nats", required=True, metavar="URL", help="NATS server with JetStream")
+    co = sub.add_parser("coordinator", help="keep the global model and run the rounds; init-auth / issue-worker")
+    ops = co.add_subparsers(dest="action", required=False, metavar="{init-auth,issue-worker,revoke-worker}")
+    ia = ops.add_parser("init-auth", help="write the NATS server config with authenticated roles (docs/erancloud.md)")
+    ia.add_argument("--auth-dir", type=Path, required=True, help="directory for users.json, nats-server.conf, creds")
+    ia.add_argument("--listen", default="127.0.0.1:4222", help="HOST:PORT the server listens on")
+    ia.add_argument("--store-dir", type=Path, default=None, help="JetStream directory (default AUTH_DIR/jetstream)")
+    for verb, text in (("issue-worker", "mint a worker credential and add its user"),
+                       ("revoke-worker", "remove a worker's user")):  # fmt: skip
+        iw = ops.add_parser(verb, help=text)
+        iw.add_argument("name", help="worker name = its NATS user = its worker id")
+        iw.add_argument("--auth-dir", type=Path, required=True)
+        iw.add_argument("--no-reload", action="store_true", help="only write the config; do not signal nats-server")
+    co.add_argument("--nats", metavar="URL", help="NATS server with JetStream (required to run)")
+    co.add_argument("--creds", type=Path, help="the coordinator's credential file (init-auth wrote it)")
+    co.add_argument("--aggregate", choices=("trimmed", "median", "mean"), default="trimmed",
+                    help="combine the deltas: norm-trimmed mean (default), norm-trimmed coordinate-wise median, "
+                         "plain mean (trusted setups only)")  # fmt: skip
+    co.add_argument("--clip", type=_positive_float, default=1.5,
+                    help="shorten deltas longer than this × the median norm to it (default 1.5)")  # fmt: skip
+    co.add_argument("--trim", type=_positive_float, default=2.0,
+                    help="leave out deltas longer than this × the round's median norm (default 2)")  # fmt: skip
+    co.add_argument("--expire-rounds", type=_count(1), default=10,
+                    help="a registration without a delta for this many rounds expires (default 10)")  # fmt: skip
+    co.add_argument("--suspect-after", type=_count(1), default=3,
+                    help="outlier rounds running that flag a worker suspect (default 3)")  # fmt: skip
+    co.add_argument("--outage-window", type=_positive_float, default=60.0,
+                    help="seconds NATS may be away before exit 4 (default 60)")  # fmt: skip
     co.add_argument("--rounds", type=_count(1), default=30, help="rounds to train (default 30)")
     co.add_argument("--min-deltas", type=_count(1), default=2, help="deltas a round needs to close (default 2)")
     co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
@@ -93,7 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode = cl.add_mutually_exclusive_group(required=True)
     mode.add_argument("--nats", metavar="URL", help="the coordinator's NATS server")
     mode.add_argument("--dry-run", action="store_true", help="one local round on synthetic data, no coordinator")
-    cl.add_argument("--worker-id", help="default: job-$ERAN_GRID_JOB_ID under ERAN-GRID")
+    cl.add_argument("--creds", type=Path, help="the worker credential file (issue-worker wrote it): its user is the id")
+    cl.add_argument("--worker-id", help="on a server without auth; default: job-$ERAN_GRID_JOB_ID under ERAN-GRID")
+    cl.add_argument("--outage-window", type=_positive_float, default=60.0,
+                    help="seconds NATS may be away before exit 4 (default 60)")  # fmt: skip
     cl.add_argument("--rounds", type=_count(1), default=0, help="rounds to contribute (default: until training ends)")
     cl.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds per NATS call (default 5)")
     cl.add_argument("--register-timeout", type=_positive_float, default=10.0,
@@ -106,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="the honest figures: round, accuracy, live / registered workers, dry runs")
     src = st.add_mutually_exclusive_group(required=True)
     src.add_argument("--nats", metavar="URL", help="read the coordinator's state from JetStream")
+    st.add_argument("--creds", type=Path, help="a credential file (any role reads the state)")
     src.add_argument("--file", type=Path, help="read a coordinator's status.json")
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.add_argument("--dry-run-dir", type=Path, default=Path("."), help="count DRY-RUN records here (default .)")
@@ -131,20 +162,46 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    if args.action is not None:
+        return _auth(args)
+    if not args.nats:
+        raise UserError("coordinator needs --nats URL", hint="eran-cloud coordinator --nats nats://127.0.0.1:4222")
     from .coordinator import Config, run
     from .outer import Outer
+    from .store import Creds
 
-    base = Outer() if args.outer == "nesterov" else Outer.fedavg()
-    outer = Outer(base.kind, base.lr, base.momentum, args.staleness_weight, args.max_staleness)
+    extra = {"staleness_weight": args.staleness_weight, "max_staleness": args.max_staleness,
+             "aggregate": args.aggregate, "clip": args.clip, "trim": args.trim}  # fmt: skip
+    outer = Outer(**extra) if args.outer == "nesterov" else Outer.fedavg(**extra)
     cfg = Config(
         rounds=args.rounds, min_deltas=args.min_deltas, round_timeout=args.round_timeout, shards=args.shards,
         h_steps=args.h_steps, lr=args.lr, batch=args.batch, seed=args.seed, outer=outer,
         live_window=args.live_window, max_workers=args.max_workers, max_delta_norm=args.max_delta_norm,
+        expire_rounds=args.expire_rounds, suspect_after=args.suspect_after, outage_window=args.outage_window,
         status_path=args.status_file,
         dry_run_dir=args.dry_run_dir if args.dry_run_dir is not None else args.status_file.parent,
     )  # fmt: skip
-    fig = asyncio.run(run(args.nats, cfg, _log))
+    creds = Creds.load(args.creds) if args.creds else None
+    fig = asyncio.run(run(args.nats, cfg, _log, creds=creds))
     print(json.dumps(fig, sort_keys=True))
+    return 0
+
+
+def _auth(args: argparse.Namespace) -> int:
+    from .auth import AuthDir
+
+    auth = AuthDir(args.auth_dir)
+    if args.action == "init-auth":
+        made = auth.init(args.listen, args.store_dir or args.auth_dir / "jetstream")
+        print(json.dumps({"config": str(auth.conf), "creds": [str(p) for p in made]}, sort_keys=True))
+        _log(f"start the server with: nats-server -c {auth.conf}")
+        return 0
+    if args.action == "issue-worker":
+        path = auth.issue(args.name, reload=not args.no_reload)
+        print(json.dumps({"worker": args.name, "creds": str(path)}, sort_keys=True))
+        _log(f"give {path} to the worker (mode 0600): eran-cloud client --nats URL --creds {path.name}")
+        return 0
+    auth.revoke(args.name, reload=not args.no_reload)
     return 0
 
 
@@ -156,16 +213,24 @@ def _client(args: argparse.Namespace) -> int:
         print(json.dumps(record, sort_keys=True))
         return 0
     from .client import Options, default_worker_id, print_result, run_live
-
-    worker = args.worker_id or default_worker_id(dict(os.environ))
     from .protocol import WORKER_ID
+    from .store import Creds
 
+    creds = Creds.load(args.creds) if args.creds else None
+    if creds is not None:
+        # On an authenticated server the worker is its user: the server lets it write nothing else.
+        if args.worker_id and args.worker_id != creds.user:
+            raise UserError(f"--worker-id {args.worker_id[:70]!r} is not the credential's user {creds.user!r}")
+        worker = creds.user
+    else:
+        worker = args.worker_id or default_worker_id(dict(os.environ))
     if not WORKER_ID.match(worker):
         raise UserError(f"worker id {worker[:70]!r}: use 1-64 characters of A-Z a-z 0-9 _ -")
     ckpt = os.environ.get("ERAN_GRID_CHECKPOINT_DIR")
     opts = Options(
         worker=worker, rounds=args.rounds, timeout=args.timeout, register_for=args.register_timeout,
-        idle_timeout=args.idle_timeout, checkpoint_dir=Path(ckpt) if ckpt else None,
+        idle_timeout=args.idle_timeout, checkpoint_dir=Path(ckpt) if ckpt else None, creds=creds,
+        outage_window=args.outage_window,
     )  # fmt: skip
     code, result = run_live(args.nats, opts, _log)
     if result is not None:
@@ -185,7 +250,10 @@ def _status(args: argparse.Namespace) -> int:
         if not isinstance(fig, dict) or fig.get("schema") != status.SCHEMA:
             raise UserError(f"{args.file} is not an {status.SCHEMA} file")
     else:
-        fig = asyncio.run(_status_live(args.nats, args.dry_run_dir))
+        from .store import Creds
+
+        creds = Creds.load(args.creds) if args.creds else None
+        fig = asyncio.run(_status_live(args.nats, args.dry_run_dir, creds))
     if args.json:
         print(json.dumps(fig, sort_keys=True))
     else:
@@ -193,18 +261,20 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _status_live(url: str, dry_run_dir: Path) -> dict[str, Any]:
+async def _status_live(url: str, dry_run_dir: Path, creds: Any) -> dict[str, Any]:
     from . import status
     from .errors import CoordinatorUnreachable
     from .store import TRANSPORT_ERRORS, Store
 
-    store = Store(url, name="eran-cloud status")
+    store = Store(url, name="eran-cloud status", creds=creds)
     await store.connect(create=False)
     try:
         row, _ = await store.get_json("state")
         if row is None:
             raise CoordinatorUnreachable(f"NATS at {url}: no round state: no coordinator has started training")
-        registered = len(await store.keys("worker."))
+        registered = row.get("registered")  # the coordinator's count (a reader may not list keys)
+        if not isinstance(registered, int) or isinstance(registered, bool):
+            registered = len(await store.keys("worker."))
         return status.figures(row, registered, status.count_dry_runs(dry_run_dir))
     except TRANSPORT_ERRORS as exc:
         raise store.unreachable(exc) from exc

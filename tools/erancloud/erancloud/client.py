@@ -35,7 +35,7 @@ from .errors import (
     UserError,
 )
 from .model import MLP, train_local
-from .store import REGISTER_SUBJECT, TRANSPORT_ERRORS, Store, dump_row, parse_row
+from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row
 
 T = TypeVar("T")
 Log = Callable[[str], None]
@@ -50,11 +50,12 @@ class Options:
     worker: str
     rounds: int = 0  # 0: until the coordinator says training has finished
     timeout: float = 5.0  # one NATS call
-    retry_for: float = 15.0  # how long a failing call is retried before the job fails closed
+    outage_window: float = 60.0  # how long NATS may be away (calls retried) before the job fails closed
     register_for: float = 10.0  # how long to wait for a coordinator to answer the registration
     idle_timeout: float = 300.0  # no new round for this long: the coordinator is gone
     poll: float = 0.05
     checkpoint_dir: Path | None = None
+    creds: Creds | None = None  # the worker's user on the NATS server; its name is the worker id
 
 
 def capabilities() -> dict[str, Any]:
@@ -111,7 +112,8 @@ class Worker:
     def __init__(self, url: str, opts: Options, log: Log) -> None:
         self.opts = opts
         self.log = log
-        self.store = Store(url, timeout=opts.timeout, name=f"eran-cloud {opts.worker}")
+        self.store = Store(url, timeout=opts.timeout, name=f"eran-cloud {opts.worker}", creds=opts.creds)
+        self.outage = Outage(self.store, opts.outage_window, log)
         self.ckpt = Checkpoint(opts.checkpoint_dir)
         self.term = False
         self.shard: tuple[np.ndarray, np.ndarray] | None = None
@@ -119,28 +121,34 @@ class Worker:
         self.resumed: list[dict[str, int]] = []  # rounds continued from a checkpoint, and at which step
 
     async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """A NATS call retried while the server reconnects; after ``retry_for`` the job fails closed."""
-        deadline = time.monotonic() + self.opts.retry_for
+        """A NATS call retried while the server is away (nats-py reconnects); after
+        ``outage_window`` seconds of failures the job fails closed (exit 4)."""
         while True:
             try:
-                return await asyncio.wait_for(call(), timeout=self.opts.timeout)
+                result = await asyncio.wait_for(call(), timeout=self.opts.timeout)
+                self.outage.over()
+                return result
             except TRANSPORT_ERRORS as exc:
-                if time.monotonic() >= deadline:
-                    raise CoordinatorUnreachable(f"{what}: NATS at {self.store.url}: {exc.__class__.__name__}") from exc
-                await asyncio.sleep(0.25)
+                await self.outage.failed(exc, f" ({what})")
 
     async def register(self) -> dict[str, Any]:
-        req = dump_row({"v": PROTOCOL, "worker": self.opts.worker, "capabilities": capabilities()})
+        w = self.opts.worker
+        req = dump_row({"v": PROTOCOL, "worker": w, "capabilities": capabilities()})
         deadline = time.monotonic() + self.opts.register_for
         while True:
             try:
-                msg = await self.store.nc.request(REGISTER_SUBJECT, req, timeout=self.opts.timeout)
+                msg = await self.store.nc.request(protocol.register_subject(w), req, timeout=self.opts.timeout)
+                self.outage.over()
                 break
-            except TRANSPORT_ERRORS as exc:  # no responders: the coordinator is not running (yet)
-                if time.monotonic() >= deadline:
+            except TRANSPORT_ERRORS as exc:
+                if not self.store.connected:  # NATS is away: an outage, not a missing coordinator
+                    await self.outage.failed(exc, " (register)")
+                    deadline = time.monotonic() + self.opts.register_for
+                    continue
+                if time.monotonic() >= deadline:  # no responders: the coordinator is not running
                     raise CoordinatorUnreachable(
                         f"no coordinator answered the registration on {self.store.url} within "
-                        f"{self.opts.register_for:g} s ({exc.__class__.__name__})",
+                        f"{self.opts.register_for:g} s ({self.store.cause(exc)})",
                         hint="start it: eran-cloud coordinator --nats URL",
                     ) from exc
                 await asyncio.sleep(0.5)
@@ -149,7 +157,7 @@ class Worker:
             raise RegistrationRefused("the coordinator's reply is not protocol version 1")
         if not reply.get("accepted"):
             raise RegistrationRefused(f"registration refused: {str(reply.get('reason', ''))[:300]}")
-        self.log(f"registered as {self.opts.worker}; shard {reply.get('shard')}")
+        self.log(f"registered as {w}; shard {reply.get('shard')}")
         return reply
 
     async def pull_shard(self, reply: dict[str, Any], train: dict[str, Any]) -> None:
@@ -197,7 +205,8 @@ class Worker:
         blob = wire.encode_vector("delta", delta, worker=w, round=r, base_sha256=base_sha)
         sha = wire.sha256(blob)
         name = protocol.delta_object(r, w, sha)
-        await self.retrying("push the delta", lambda: self.store.put_blob(name, blob))
+        inbox = protocol.inbox_bucket(w)
+        await self.retrying("push the delta", lambda: self.store.put_blob(name, blob, bucket=inbox))
         record = protocol.push_record(w, r, base_sha, name, sha, len(self.shard[1]), steps)
         created = await self.retrying(
             "push the record", lambda: self.store.create_json(protocol.push_key(r, w), record)

@@ -13,13 +13,21 @@ Invariants (tested under injected faults):
   into that same row, and a replayed or re-written push of an applied pair is never used again;
 * the global model is never corrupted: every delta is checked (hash, size, finite, norm) before
   it is accepted, and ``model.{r}`` is named in ``state`` only after it has been written;
-* a restart loses nothing: the pushes of the open round are replayed from the KV bucket.
+* a restart loses nothing: the pushes of the open round are replayed from the KV bucket;
+* no row read back from the store is trusted: ``state`` must pass
+  ``protocol.check_coordinator_state`` (else exit 5 with the reason), a registry row that fails
+  ``protocol.check_worker_row`` is reported and ignored;
+* one bad worker cannot steer the model: deltas are clipped to a multiple of the round's median
+  norm and combined coordinate-wise robustly (outer.py), copies of another worker's delta are
+  refused, and a worker is flagged "suspect" after ``suspect_after`` outlier rounds running;
+* deadlines run on the monotonic clock: a wall-clock step never stalls or rushes a round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +40,7 @@ from . import PROTOCOL, data, protocol, status, wire
 from .errors import BadBlob, CloudError, IntegrityError
 from .model import MLP
 from .outer import Outer
-from .store import REGISTER_SUBJECT, TRANSPORT_ERRORS, Store, dump_row, parse_row
+from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Disconnected, Outage, Store, dump_row, parse_row
 
 Log = Callable[[str], None]
 
@@ -53,6 +61,9 @@ class Config:
     max_workers: int = 64
     max_delta_norm: float = 100.0
     keep_rounds: int = 50
+    expire_rounds: int = 10  # a registration with no delta applied for this many rounds expires
+    suspect_after: int = 3  # outlier (clipped/trimmed) rounds running that flag a worker "suspect"
+    outage_window: float = 60.0  # NATS unreachable for longer than this: exit 4
     poll: float = 0.05
     status_path: Path = Path("status.json")
     dry_run_dir: Path | None = None
@@ -73,15 +84,23 @@ class Coordinator:
         self.registry: dict[str, dict[str, Any]] = {}
         self.accepted: dict[tuple[str, int], tuple[np.ndarray, float, str]] = {}  # (worker, round) -> delta
         self.commits = 0
+        self.deadline = 0.0  # time.monotonic() of the open round's deadline
 
     # -- start ----------------------------------------------------------------------------
     async def load_or_init(self) -> None:
         x, y = data.load_digits()
         row, rev = await self.store.get_json("state")
-        if row is None:
+        if row is None and rev == 0:
             await self._init(x, y)
             row, rev = await self.store.get_json("state")
-            assert row is not None
+        bad = protocol.check_coordinator_state(row)
+        if bad:
+            raise IntegrityError(
+                f"the round state in the store is unusable ({bad}): refusing to resume from it",
+                hint="only this coordinator writes it (docs/erancloud.md, authenticated roles): restore the "
+                "JetStream directory from a backup, or start over on a fresh one",
+            )
+        assert row is not None
         self.state, self.revision = row, rev
         self.model = MLP(hidden=int(row["train"]["hidden"]))
         (xt, yt), shards = data.split(x, y, int(row["shards_n"]), seed=int(row["train"]["seed"]))
@@ -97,13 +116,24 @@ class Coordinator:
         self.momentum = await self._load_vector(protocol.momentum_key(r), "momentum", row["momentum_sha256"])
         # The latest coordinator's flags win for these (the rest is fixed when training starts).
         row.update(rounds=self.cfg.rounds, min_deltas=self.cfg.min_deltas, round_timeout=self.cfg.round_timeout)
+        row.setdefault("outliers", {})
+        row["suspect_after"] = self.cfg.suspect_after
+        # The deadline continues on the monotonic clock, never longer than one round timeout.
+        remaining = min(max(float(row["deadline"]) - time.time(), 0.0), float(row["round_timeout"]))
+        self.deadline = time.monotonic() + remaining
         for key in await self.store.keys("worker."):
             worker_row, _ = await self.store.get_json(key)
-            if worker_row is not None:
-                self.registry[key.removeprefix("worker.")] = worker_row
+            bad = protocol.check_worker_row(key, worker_row, int(row["shards_n"]))
+            if bad:
+                self._count("bad registry row")
+                self.log(f"ignored registry row {key[:80]!r}: {bad}")
+                continue
+            assert worker_row is not None
+            self.registry[key.removeprefix("worker.")] = worker_row
         self.log(
             f"round {r} ({row['phase']}): {len(self.registry)} registered workers; "
-            f"outer {row['outer']['kind']} lr {row['outer']['lr']} momentum {row['outer']['momentum']}"
+            f"outer {row['outer']['kind']} lr {row['outer']['lr']} momentum {row['outer']['momentum']}, "
+            f"aggregate {row['outer'].get('aggregate', 'mean')}"
         )
 
     async def _init(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -163,13 +193,16 @@ class Coordinator:
 
     # -- registration ---------------------------------------------------------------------
     async def on_register(self, msg: Any) -> None:
-        async with self.lock:
-            reply = await self._register(parse_row(msg.data))
-        with contextlib.suppress(*TRANSPORT_ERRORS):
+        worker = protocol.worker_from_subject(str(msg.subject))
+        try:
+            async with self.lock:
+                reply = await self._register(worker, parse_row(msg.data))
             await msg.respond(dump_row(reply))
+        except TRANSPORT_ERRORS as exc:  # NATS is away: the worker asks again
+            self.log(f"registration of {str(worker)[:64]} not answered: {exc.__class__.__name__}")
 
-    async def _register(self, req: dict[str, Any] | None) -> dict[str, Any]:
-        checked = protocol.check_registration(req)
+    async def _register(self, worker: str | None, req: dict[str, Any] | None) -> dict[str, Any]:
+        checked = protocol.check_registration(worker, req)
         if isinstance(checked, str):
             self.log(f"registration refused: {checked}")
             return {"v": PROTOCOL, "accepted": False, "reason": checked}
@@ -178,18 +211,26 @@ class Coordinator:
             return {"v": PROTOCOL, "accepted": False, "reason": "training has finished"}
         row = self.registry.get(worker)
         if row is None:
+            # Only unexpired registrations are in the registry (rows expire in _expire).
             if len(self.registry) >= self.cfg.max_workers:
-                reason = f"the registry is full ({self.cfg.max_workers} workers)"
+                reason = (
+                    f"the registry is full ({self.cfg.max_workers} live workers; a registration expires "
+                    f"after {self.cfg.expire_rounds} rounds without a delta)"
+                )
                 self.log(f"registration of {worker} refused: {reason}")
                 return {"v": PROTOCOL, "accepted": False, "reason": reason}
+            used = [int(r["shard"]) for r in self.registry.values()]
+            n_shards = int(self.state["shards_n"])
+            shard = min(range(n_shards), key=lambda s: (used.count(s), s))  # the least-used shard
             row = {
                 "v": PROTOCOL,
                 "worker": worker,
-                "shard": len(self.registry) % int(self.state["shards_n"]),
+                "shard": shard,
                 "registered_round": int(self.state["round"]),
                 "registered": time.time(),
             }
             self.log(f"registered {worker} (shard {row['shard']})")
+        await self.store.inbox(worker, create=True)
         row["capabilities"] = caps
         row["seen_round"] = int(self.state["round"])
         await self.store.put_json(f"worker.{worker}", row)
@@ -271,7 +312,9 @@ class Coordinator:
                 None,
             )
         try:
-            blob = await self.store.get_blob(record["object"], wire.vector_max_bytes(self.model.count))
+            blob = await self.store.get_blob(
+                record["object"], wire.vector_max_bytes(self.model.count), bucket=protocol.inbox_bucket(worker)
+            )
         except BadBlob as exc:
             return f"corrupt delta: {exc}", 0.0, None
         if blob is None:
@@ -287,7 +330,30 @@ class Coordinator:
         norm = float(np.linalg.norm(delta))
         if norm > self.cfg.max_delta_norm:
             return f"corrupt delta: norm {norm:.3g} is over the limit {self.cfg.max_delta_norm:g}", 0.0, None
+        copy = self._copy_of(worker, delta)
+        if copy:
+            return f"duplicate delta: {copy}", 0.0, None
+        # The accepted blob is copied where only the coordinator writes: the round record's
+        # replay never depends on an object its worker could delete.
+        await self.store.put_blob(record["object"], blob)
+        await self.store.delete_blob(record["object"], bucket=protocol.inbox_bucket(worker))
         return "", weight, delta
+
+    def _copy_of(self, worker: str, delta: np.ndarray) -> str:
+        """Why ``delta`` is another worker's accepted delta re-sent (same values, or cosine above
+        0.999: two honest workers on different shards never come that close), or ""."""
+        n1 = float(np.linalg.norm(delta.astype(np.float64)))
+        for (other, r), (d2, _, _) in sorted(self.accepted.items()):
+            if other == worker:
+                continue
+            if np.array_equal(delta, d2):
+                return f"the same values as {other}'s delta of round {r}"
+            n2 = float(np.linalg.norm(d2.astype(np.float64)))
+            if n1 > 0 and n2 > 0:
+                cos = float(np.dot(delta.astype(np.float64), d2.astype(np.float64))) / (n1 * n2)
+                if cos > 0.999:
+                    return f"cosine {cos:.5f} with {other}'s delta of round {r}"
+        return ""
 
     async def _verdict(self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int) -> None:
         row = {
@@ -316,43 +382,54 @@ class Coordinator:
         async with self.lock:
             if self.state["phase"] != "open":
                 return
-            now = time.time()
+            now = time.monotonic()
             r = int(self.state["round"])
             fresh = {w for (w, rr) in self.accepted if rr == r}
             enough = len(self.accepted) >= int(self.state["min_deltas"])
-            if enough and (now >= float(self.state["deadline"]) or fresh >= self.expected_workers()):
+            if enough and (now >= self.deadline or fresh >= self.expected_workers()):
                 await self._commit()
-            elif now >= float(self.state["deadline"]):
-                self.state["deadline"] = now + float(self.state["round_timeout"])
+            elif now >= self.deadline:
+                timeout = float(self.state["round_timeout"])
+                state = {**self.state, "deadline": time.time() + timeout}
+                await self._save_state(state)
+                self.deadline = now + timeout
                 self.log(
                     f"round {r}: {len(self.accepted)} of {self.state['min_deltas']} deltas at the deadline; "
                     "waiting another round timeout"
                 )
-                await self._save_state()
 
-    async def _save_state(self) -> None:
-        rev = await self.store.update_json("state", self.state, self.revision)
+    async def _save_state(self, state: dict[str, Any] | None = None) -> None:
+        """Compare-and-set ``state`` (default: the current one). Only once the store holds it
+        does it become this coordinator's state: a failed write changes nothing here."""
+        state = self.state if state is None else state
+        state["registered"] = len(self.registry)
+        rev = await self.store.update_json("state", state, self.revision)
         if not rev:
-            raise CloudError(
-                "the round state changed under this coordinator: is a second one running?",
-                hint="run exactly one coordinator per NATS store",
-            )
-        self.revision = rev
+            # Our own write may have landed with its reply lost in an outage: then it is ours.
+            row, now_rev = await self.store.get_json("state")
+            if row != parse_row(dump_row(state)):
+                raise CloudError(
+                    "the round state changed under this coordinator: is a second one running?",
+                    hint="run exactly one coordinator per NATS store",
+                )
+            rev = now_rev
+        self.state, self.revision = state, rev
 
     async def _commit(self) -> None:
         r = int(self.state["round"])
         outer = Outer.from_json(self.state["outer"])
         items = sorted(self.accepted.items())
-        new_p, new_m = outer.step(self.params, self.momentum, [(d, w) for _, (d, w, _) in items])
+        new_p, new_m, judged = outer.step_judged(self.params, self.momentum, [(d, w) for _, (d, w, _) in items])
         accuracy = self.model.accuracy(new_p, *self.test)
         model_blob = wire.encode_vector("model", new_p, round=r + 1)
         mom_blob = wire.encode_vector("momentum", new_m, round=r + 1)
         await self.store.put_blob(protocol.model_key(r + 1), model_blob)
         await self.store.put_blob(protocol.momentum_key(r + 1), mom_blob)
         applied = [
-            {"worker": w, "round": rr, "object": protocol.delta_object(rr, w, sha), "sha256": sha, "weight": wt}
-            for (w, rr), (_, wt, sha) in items
-        ]
+            {"worker": w, "round": rr, "object": protocol.delta_object(rr, w, sha), "sha256": sha, "weight": wt,
+             "norm": round(j.norm, 6), "verdict": j.verdict}
+            for ((w, rr), (_, wt, sha)), j in zip(items, judged, strict=True)
+        ]  # fmt: skip
         await self.store.put_json(
             protocol.round_key(r),
             {
@@ -361,19 +438,29 @@ class Coordinator:
                 "base_sha256": self.state["model_sha256"],
                 "base_momentum_sha256": self.state["momentum_sha256"],
                 "applied": applied,
+                "aggregate": outer.aggregate,
                 "model_sha256": wire.sha256(model_blob),
                 "momentum_sha256": wire.sha256(mom_blob),
                 "test_accuracy": accuracy,
             },
         )
-        st = self.state
+        st = json.loads(dump_row(self.state))  # a copy: self.state changes only once this is stored
         keep_from = r + 1 - outer.max_staleness - 1
         st["applied"] = {k: v for k, v in st["applied"].items() if int(k.split(".")[0]) >= keep_from}
         st["applied"].update({f"{a['round']}.{a['worker']}": a["sha256"] for a in applied})
         st["model_history"] = {k: v for k, v in st["model_history"].items() if int(k) >= keep_from}
         st["model_history"][str(r)] = st["model_sha256"]
+        outliers = st.setdefault("outliers", {})
         for a in applied:
             st["last_push"][a["worker"]] = r
+            if a["verdict"] == "applied":
+                outliers.pop(a["worker"], None)
+                continue
+            before = outliers.get(a["worker"], {})
+            streak = int(before.get("streak", 0)) + 1 if isinstance(before, dict) else 1
+            outliers[a["worker"]] = {"verdict": a["verdict"], "norm": a["norm"], "round": r, "streak": streak}
+            self.log(f"round {r}: the delta of {a['worker']} was {a['verdict']} (norm {a['norm']:.3g}, "
+                     f"{streak} round(s) running)")  # fmt: skip
         st["accuracy"] = [*st["accuracy"], [r, accuracy, len(applied)]][-100:]
         st.update(
             round=r + 1,
@@ -384,14 +471,31 @@ class Coordinator:
         )
         if r + 1 >= int(st["rounds"]):
             st["phase"] = "finished"
-        await self._save_state()
+        expired = self._expired(st)
+        for w in expired:
+            self.registry.pop(w, None)
+            outliers.pop(w, None)
+        await self._save_state(st)
+        self.deadline = time.monotonic() + float(st["round_timeout"])
         self.params, self.momentum = new_p, new_m
         self.accepted = {k: v for k, v in self.accepted.items() if k[1] > r}  # none: pushes for r+1 wait
         self.commits += 1
         names = ", ".join(f"{a['worker']}@{a['round']}" for a in applied)
         self.log(f"round {r} closed: {len(applied)} deltas ({names}); test accuracy {100 * accuracy:.1f} %")
+        for w in expired:
+            await self.store.delete(f"worker.{w}")
+            self.log(f"registration of {w} expired: no delta applied for {self.cfg.expire_rounds} rounds")
         await self._prune(r + 1)
         self.write_status()
+
+    def _expired(self, st: dict[str, Any]) -> list[str]:
+        """Registrations with neither a registration nor an applied delta in the last
+        ``expire_rounds`` rounds: a vanished (or fake) worker stops holding a registry place."""
+        now = int(st["round"])
+        return sorted(
+            w for w, row in self.registry.items()
+            if max(int(row["seen_round"]), int(st["last_push"].get(w, -1))) < now - self.cfg.expire_rounds
+        )  # fmt: skip
 
     async def _prune(self, now: int) -> None:
         """Drop what is older than ``keep_rounds``: JetStream is a store, not an archive."""
@@ -413,31 +517,49 @@ class Coordinator:
         status.write_atomic(self.cfg.status_path, fig)
 
 
-async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0) -> dict[str, Any]:
-    store = Store(url, timeout=timeout, name="eran-cloud coordinator")
+async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0, creds: Creds | None = None) -> dict[str, Any]:
+    store = Store(url, timeout=timeout, name="eran-cloud coordinator", creds=creds)
     await store.connect(create=True)
     coord = Coordinator(cfg, store, log)
     try:
         await coord.load_or_init()
         await coord._save_state()  # take the round state: a second coordinator would now fail its CAS
         coord.write_status()
-        sub = await store.nc.subscribe(REGISTER_SUBJECT, cb=coord.on_register)
-        watcher = await store.kv.watch("push.>")
+        sub = await store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=coord.on_register)
+        watcher: Any = None
+        outage = Outage(store, cfg.outage_window, log)
         last_status = time.monotonic()
         while coord.state["phase"] == "open":
-            with contextlib.suppress(*TRANSPORT_ERRORS):
-                entry = await watcher.updates(timeout=cfg.poll)
-                while entry is not None:
-                    if entry.value and entry.operation is None:
-                        await coord.on_push(entry.key, entry.value, int(entry.revision or 0))
-                    entry = await watcher.updates(timeout=0.001)
-            await coord.tick()
+            try:
+                if not store.connected:
+                    raise Disconnected("disconnected")
+                if watcher is None or store.reconnected:
+                    # After an outage the server may have lost the watcher's consumer: a new one
+                    # replays every push, and on_push knows the ones judged already.
+                    store.reconnected = False
+                    if watcher is not None:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(watcher.stop(), timeout)
+                    watcher = None
+                    watcher = await store.kv.watch("push.>")
+                with contextlib.suppress(*TIMEOUTS):
+                    entry = await watcher.updates(timeout=cfg.poll)
+                    while entry is not None:
+                        if entry.value and entry.operation is None:
+                            await coord.on_push(entry.key, entry.value, int(entry.revision or 0))
+                        entry = await watcher.updates(timeout=0.001)
+                await coord.tick()
+                outage.over()
+            except TRANSPORT_ERRORS as exc:
+                await outage.failed(exc)
+                watcher = None
             if time.monotonic() - last_status > 2:
                 coord.write_status()
                 last_status = time.monotonic()
-        await sub.unsubscribe()
         with contextlib.suppress(*TRANSPORT_ERRORS):
-            await watcher.stop()
+            await sub.unsubscribe()
+            if watcher is not None:
+                await watcher.stop()
         coord.write_status()
         return status.figures(coord.state, len(coord.registry), status.count_dry_runs(cfg.dry_run_dir))
     except TRANSPORT_ERRORS as exc:

@@ -1,9 +1,30 @@
 """The outer optimizer: fold the workers' deltas into the global model.
 
-Each worker sends ``delta = local - global`` after H local steps; the pseudo-gradient is
-``g = -mean(weight * delta)``. DiLoCo's outer step is SGD with Nesterov momentum
-(lr 0.7, momentum 0.9):  ``m = mu * m + g;  theta -= lr * (g + mu * m)``. FedAvg is the
-special case lr 1, momentum 0 (the new model is the mean of the local models).
+Each worker sends ``delta = local - global`` after H local steps. The deltas of a round are
+first combined into one pseudo-gradient ``g`` (``aggregate``), then DiLoCo's outer step
+(SGD with Nesterov momentum, lr 0.7, momentum 0.9) applies it:
+``m = mu * m + g;  theta -= lr * (g + mu * m)``. FedAvg is the special case lr 1,
+momentum 0 (the new model is the combination of the local models).
+
+Combining (``aggregate``), over the weighted deltas ``x_i = weight_i * delta_i`` of a round,
+relative to the round's median norm ``m``:
+
+* ``trimmed`` (the default): a delta longer than ``trim`` × m (default 2) is trimmed: left
+  out of the round altogether; one longer than ``clip`` × m (default 1.5) is clipped: scaled
+  down to that length; the rest, clipped ones included, are averaged. An honest majority
+  keeps the median norm honest, so no single delta can move the model much further than an
+  honest one does.
+* ``median``: the same norm stage, then the coordinate-wise median of what is left (Yin et
+  al. 2018): any minority (f < n/2) is outvoted on every coordinate, at a cost in accuracy
+  with non-IID shards (measured in bench/bench_erancloud.py).
+* ``mean``: the plain mean (the behaviour before robust aggregation, for trusted setups):
+  one bad delta moves the model as far as ``--max-delta-norm`` lets it.
+
+What it assumes, and what it cannot do: an honest majority in every round (f < n/2; with
+one or two deltas the median norm is the attacker's to set). With non-IID shards honest
+deltas are close to orthogonal (cosine ≈ 0 between workers), so a delta of honest length
+pointing the wrong way cannot be told from an honest one by its geometry: clipping bounds
+it to ``clip`` × m, it does not remove it (bench/bench_erancloud.py measures both).
 
 A late delta (computed on the model of ``s`` rounds ago) still points downhill; it is
 applied with weight ``staleness_weight ** s`` (default 0.75 for one round late; beyond
@@ -16,6 +37,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+AGGREGATES = ("trimmed", "median", "mean")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the combination did to one delta: its norm (weighted, before clipping) and
+    whether it was clipped or trimmed."""
+
+    norm: float
+    clipped: bool = False
+    trimmed: bool = False
+
+    @property
+    def verdict(self) -> str:
+        return "trimmed" if self.trimmed else "clipped" if self.clipped else "applied"
+
 
 @dataclass(frozen=True)
 class Outer:
@@ -24,32 +61,58 @@ class Outer:
     momentum: float = 0.9
     staleness_weight: float = 0.75  # bench/bench_erancloud.py (c): best of 0.5 / 0.75 / 1.0
     max_staleness: int = 1
+    aggregate: str = "trimmed"
+    clip: float = 1.5  # × the round's median norm: scaled down to this
+    trim: float = 2.0  # × the round's median norm: left out
 
     @classmethod
-    def fedavg(cls) -> Outer:
-        return cls(kind="fedavg", lr=1.0, momentum=0.0)
+    def fedavg(cls, **kw: object) -> Outer:
+        return cls(kind="fedavg", lr=1.0, momentum=0.0, **kw)  # type: ignore[arg-type]
 
     def weight(self, staleness: int) -> float:
         if staleness < 0 or staleness > self.max_staleness:
             return 0.0
         return float(self.staleness_weight**staleness)
 
+    def combine(self, deltas: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, list[Judged]]:
+        """The combined update (float64; the model moves by it) and what happened to each delta."""
+        xs = np.stack([np.float64(w) * d.astype(np.float64) for d, w in deltas])
+        n = len(xs)
+        norms = np.linalg.norm(xs, axis=1)
+        if self.aggregate == "mean":
+            # The sum divided by the count, as before (a late delta shrinks the step instead of
+            # tilting the mix: bench/bench_erancloud.py (c) measured it better than renormalising).
+            return xs.sum(axis=0) / n, [Judged(float(v)) for v in norms]
+        median = float(np.median(norms))
+        trimmed = norms > self.trim * median
+        clipped = ~trimmed & (norms > self.clip * median)
+        if np.any(clipped):
+            xs[clipped] *= (self.clip * median / norms[clipped])[:, None]
+        kept = xs[~trimmed]  # never empty: the median-norm delta is always kept
+        combined = kept.sum(axis=0) / len(kept) if self.aggregate == "trimmed" else np.median(kept, axis=0)
+        return combined, [Judged(float(norms[i]), bool(clipped[i]), bool(trimmed[i])) for i in range(n)]
+
     def step(
         self, params: np.ndarray, momentum: np.ndarray, deltas: list[tuple[np.ndarray, float]]
     ) -> tuple[np.ndarray, np.ndarray]:
         """(new params, new momentum); inputs are not modified. ``deltas``: (delta, weight)."""
+        new, mom, _ = self.step_judged(params, momentum, deltas)
+        return new, mom
+
+    def step_judged(
+        self, params: np.ndarray, momentum: np.ndarray, deltas: list[tuple[np.ndarray, float]]
+    ) -> tuple[np.ndarray, np.ndarray, list[Judged]]:
+        """``step``, and what the combination did to each delta of weight > 0 (same order)."""
         live = [(d, w) for d, w in deltas if w > 0]
         if not live:
-            return params.copy(), momentum.copy()
-        # The mean over the deltas received, each scaled by its weight: a late delta makes the
-        # step smaller instead of tilting the mix towards it (the weights are not renormalised;
-        # bench/bench_erancloud.py (c) measured this better than dividing by the weight sum).
-        g = -sum(np.float64(w) * d.astype(np.float64) for d, w in live) / len(live)
+            return params.copy(), momentum.copy(), []
+        combined, judged = self.combine(live)
+        g = -combined
         if self.kind == "fedavg":
-            return (params - self.lr * g).astype(np.float32), momentum.copy()
+            return (params - self.lr * g).astype(np.float32), momentum.copy(), judged
         m = self.momentum * momentum.astype(np.float64) + g
         new = params - self.lr * (g + self.momentum * m)
-        return new.astype(np.float32), m.astype(np.float32)
+        return new.astype(np.float32), m.astype(np.float32), judged
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -58,14 +121,25 @@ class Outer:
             "momentum": self.momentum,
             "staleness_weight": self.staleness_weight,
             "max_staleness": self.max_staleness,
+            "aggregate": self.aggregate,
+            "clip": self.clip,
+            "trim": self.trim,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Outer:
+        """From the round state. A state written before robust aggregation existed keeps the
+        mean it was trained with (its replay must stay exact)."""
+        aggregate = str(data.get("aggregate", "mean"))
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate {aggregate[:20]!r} is not one of {AGGREGATES}")
         return cls(
             kind=str(data["kind"]),
             lr=float(data["lr"]),  # type: ignore[arg-type]
             momentum=float(data["momentum"]),  # type: ignore[arg-type]
             staleness_weight=float(data.get("staleness_weight", 0.75)),  # type: ignore[arg-type]
             max_staleness=int(data.get("max_staleness", 1)),  # type: ignore[call-overload]
+            aggregate=aggregate,
+            clip=float(data.get("clip", 1.5)),  # type: ignore[arg-type]
+            trim=float(data.get("trim", 2.0)),  # type: ignore[arg-type]
         )

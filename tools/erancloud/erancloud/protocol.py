@@ -6,6 +6,7 @@ for a refusal (a short sentence) or the cleaned value. docs/erancloud.md lists t
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -46,6 +47,25 @@ def delta_object(round_no: int, worker: str, sha: str) -> str:
     return f"delta.{round_no}.{worker}.{sha[:12]}"
 
 
+# A worker registers on its own subject: with the shipped server config (auth.py) the server
+# lets user W publish only to ``erancloud.v1.register.W``, so the subject is its identity.
+REGISTER_PREFIX = "erancloud.v1.register"
+
+
+def register_subject(worker: str) -> str:
+    return f"{REGISTER_PREFIX}.{worker}"
+
+
+def worker_from_subject(subject: str) -> str | None:
+    head, _, worker = subject.rpartition(".")
+    return worker if head == REGISTER_PREFIX and WORKER_ID.match(worker) else None
+
+
+def inbox_bucket(worker: str) -> str:
+    """The worker's own Object Store bucket, the only place it may write blobs (its deltas)."""
+    return f"ERANCLOUD_D_{worker}"
+
+
 def parse_push_key(key: str) -> tuple[int, str] | None:
     parts = key.split(".")
     if len(parts) != 3 or parts[0] != "push" or not parts[1].isdigit() or not WORKER_ID.match(parts[2]):
@@ -53,8 +73,11 @@ def parse_push_key(key: str) -> tuple[int, str] | None:
     return int(parts[1]), parts[2]
 
 
-def check_registration(req: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | str:
-    """(worker id, capabilities) or the reason for refusing."""
+def check_registration(worker: str | None, req: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | str:
+    """(worker id, capabilities) or the reason for refusing. ``worker`` comes from the subject
+    the request arrived on (the server's identity of the sender), never from the body."""
+    if worker is None:
+        return "the worker id must be 1-64 characters of A-Z a-z 0-9 _ -"
     if req is None:
         return "the registration is not a JSON object"
     if req.get("v") != PROTOCOL:
@@ -62,9 +85,8 @@ def check_registration(req: dict[str, Any] | None) -> tuple[str, dict[str, Any]]
     extra = set(req) - {"v", "worker", "capabilities"}
     if extra:
         return f"the registration carries unknown fields {sorted(extra)}"
-    worker = req.get("worker")
-    if not isinstance(worker, str) or not WORKER_ID.match(worker):
-        return "the worker id must be 1-64 characters of A-Z a-z 0-9 _ -"
+    if "worker" in req and req["worker"] != worker:
+        return "the registration names another worker than the subject it was sent on"
     caps = req.get("capabilities", {})
     if not isinstance(caps, dict):
         return "capabilities must be a JSON object"
@@ -148,4 +170,91 @@ def check_state(row: dict[str, Any]) -> str | None:
             return f"train.{key} = {str(value)[:20]!r} is outside [{low:g}, {high:g}]"
         if key != "lr" and not isinstance(value, int):
             return f"train.{key} is not an integer"
+    return None
+
+
+def _int(value: Any, low: int = 0, high: int = 2**62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_worker_row(key: str, row: dict[str, Any] | None, shards_n: int) -> str | None:
+    """The reason a registry row read back from the store is unusable, or None."""
+    worker = key.removeprefix("worker.")
+    if not WORKER_ID.match(worker) or key != f"worker.{worker}":
+        return "malformed key"
+    if row is None:
+        return "not a small JSON object"
+    if row.get("v") != PROTOCOL or row.get("worker") != worker:
+        return "version or worker does not match its key"
+    if not _int(row.get("shard"), 0, shards_n - 1):
+        return f"shard {str(row.get('shard'))[:20]!r} is not one of the {shards_n} shards"
+    for field in ("registered_round", "seen_round"):
+        if not _int(row.get(field)):
+            return f"{field} {str(row.get(field))[:20]!r} is not a round number"
+    if not isinstance(row.get("capabilities", {}), dict):
+        return "capabilities is not an object"
+    return None
+
+
+def check_coordinator_state(row: dict[str, Any] | None) -> str | None:
+    """The reason the round state cannot be resumed from, or None: every field the
+    coordinator reads, typed (a row someone tampered with stops it with this reason, never
+    with a traceback)."""
+    if row is None:
+        return "it is not a small JSON object"
+    if row.get("v") != PROTOCOL:
+        return f"protocol version {str(row.get('v'))[:20]!r}"
+    bad = check_state(row)
+    if bad:
+        return bad
+    if row.get("phase") not in ("open", "finished"):
+        return "phase is not open/finished"
+    for field in ("rounds", "min_deltas", "shards_n", "live_window"):
+        if not _int(row.get(field), 1, 1_000_000):
+            return f"{field} is not a positive integer"
+    for field in ("round_timeout", "opened", "deadline"):
+        if not _num(row.get(field)):
+            return f"{field} is not a number"
+    if not isinstance(row.get("momentum_sha256"), str) or not HEX64.match(row["momentum_sha256"]):
+        return "momentum_sha256 is not a sha256"
+    shards = row.get("shards")
+    if (
+        not isinstance(shards, list)
+        or len(shards) != row["shards_n"]
+        or not all(isinstance(s, str) and HEX64.match(s) for s in shards)
+    ):
+        return "shards is not one sha256 per shard"
+    hist = row.get("model_history")
+    if not isinstance(hist, dict) or not all(
+        isinstance(k, str) and k.isdigit() and isinstance(v, str) and HEX64.match(v) for k, v in hist.items()
+    ):
+        return "model_history is not round -> sha256"
+    last = row.get("last_push")
+    if not isinstance(last, dict) or not all(WORKER_ID.match(str(k)) and _int(v) for k, v in last.items()):
+        return "last_push is not worker -> round"
+    applied = row.get("applied")
+    if not isinstance(applied, dict) or not all(
+        parse_push_key(f"push.{k}") is not None and isinstance(v, str) and HEX64.match(v) for k, v in applied.items()
+    ):
+        return "applied is not round.worker -> sha256"
+    acc = row.get("accuracy")
+    if not isinstance(acc, list) or not all(
+        isinstance(a, list) and len(a) == 3 and _int(a[0]) and _num(a[1]) and _int(a[2]) for a in acc
+    ):
+        return "accuracy is not a list of [round, accuracy, deltas]"
+    if not isinstance(row.get("rejected"), dict) or not isinstance(row.get("outliers", {}), dict):
+        return "rejected/outliers is not an object"
+    outer = row.get("outer")
+    if not isinstance(outer, dict):
+        return "outer is not an object"
+    try:
+        from .outer import Outer
+
+        Outer.from_json(outer)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"outer: {str(exc)[:80]}"
     return None

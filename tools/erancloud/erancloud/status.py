@@ -2,7 +2,10 @@
 
 * live: workers whose delta was applied within the last ``live_window`` rounds;
 * registered: rows in the registry (a worker that registered once and vanished still counts);
-* dry-run runs: DRY-RUN records in a local directory (they never reach a coordinator).
+* dry-run runs: DRY-RUN records in a local directory (they never reach a coordinator);
+* outliers: workers whose last applied delta was clipped or trimmed by the robust
+  aggregation, with its norm and how many rounds running; "suspect" after ``suspect_after``
+  rounds running. A suspect worker is not counted as live.
 
 ``status.json`` (schema ``erancloud.status/1``) is written by the coordinator atomically;
 ``eran-cloud status`` computes the same figures from JetStream.
@@ -21,13 +24,24 @@ SCHEMA = "erancloud.status/1"
 DRY_RUN_GLOB = "erancloud-dry-run-*.json"
 
 
+def outliers(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    rows = state.get("outliers", {})
+    return {w: o for w, o in rows.items() if isinstance(o, dict)} if isinstance(rows, dict) else {}
+
+
+def suspects(state: dict[str, Any]) -> list[str]:
+    after = int(state.get("suspect_after", 3))
+    return sorted(w for w, o in outliers(state).items() if isinstance(o.get("streak"), int) and o["streak"] >= after)
+
+
 def live_workers(state: dict[str, Any]) -> list[str]:
     window = int(state.get("live_window", 3))
     now = int(state.get("round", 0))
     last = state.get("last_push", {})
     if not isinstance(last, dict):
         return []
-    return sorted(w for w, r in last.items() if isinstance(r, int) and r >= now - window)
+    bad = set(suspects(state))
+    return sorted(w for w, r in last.items() if isinstance(r, int) and r >= now - window and w not in bad)
 
 
 def count_dry_runs(directory: Path | None) -> int:
@@ -62,6 +76,9 @@ def figures(state: dict[str, Any], registered: int, dry_runs: int) -> dict[str, 
         "registered_workers": registered,
         "dry_run_runs": dry_runs,
         "rejected": state.get("rejected", {}),
+        "outliers": outliers(state),
+        "suspect_workers": suspects(state),
+        "aggregate": state.get("outer", {}).get("aggregate", "mean") if isinstance(state.get("outer"), dict) else "",
         "model_sha256": state.get("model_sha256", ""),
         "outer": state.get("outer", {}),
     }
@@ -86,4 +103,10 @@ def render(fig: dict[str, Any]) -> str:
         f"round {fig['round']}/{fig['rounds']} ({fig['phase']}): test accuracy {acc_s}; "
         f"live workers {fig['live_workers']} (delta applied within {fig['live_window']} rounds), "
         f"registered {fig['registered_workers']}, dry-run runs {fig['dry_run_runs']} (not counted as live)"
+        + "".join(
+            f"\n  {w}: {o.get('verdict')} (norm {o.get('norm')}, {o.get('streak')} round(s) running)"
+            + (" SUSPECT" if w in fig.get("suspect_workers", []) else "")
+            for w, o in sorted(fig.get("outliers", {}).items())
+        )
+        + (f"\n  rejected: {fig['rejected']}" if fig.get("rejected") else "")
     )

@@ -5,10 +5,18 @@
   (a worker's push record, created once), ``verdict.<round>.<id>`` (the coordinator's answer).
 * Object Store ``ERANCLOUD_OBJ``: ``model.<round>``, ``momentum.<round>``, ``shard.<n>``,
   ``delta.<round>.<id>.<sha12>`` (blobs, wire.py).
-* Subject ``erancloud.v1.register``: request/reply served by the coordinator.
+* Object Store ``ERANCLOUD_D_<id>``: one per worker, the only place that worker may write a
+  blob (its deltas); the coordinator copies an accepted delta into ``ERANCLOUD_OBJ``.
+* Subject ``erancloud.v1.register.<id>``: request/reply served by the coordinator.
 
-nats-py is imported only here. Every call is bounded by a timeout; any transport failure is
-a ``CoordinatorUnreachable`` with the URL and the cause, never a traceback.
+Every bucket is created with limits (bytes, value size, per-worker TTL): a peer cannot fill
+the server's disk through them. With the shipped server config (auth.py) the server also
+decides who may write which key and bucket.
+
+nats-py is imported only here. Every call is bounded by a timeout; nats-py reconnects with a
+bounded backoff, an ``Outage`` lets callers ride out a bounded outage, and any transport
+failure past it is a ``CoordinatorUnreachable`` with the URL and the cause (connection
+refused, authorization, timeout), never a traceback. Credentials never appear in a message.
 """
 
 from __future__ import annotations
@@ -16,6 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import BadBlob, CoordinatorUnreachable, UserError
@@ -30,28 +44,104 @@ except ImportError as exc:  # pragma: no cover - exercised where nats-py is miss
 
 KV_BUCKET = "ERANCLOUD"
 OBJ_BUCKET = "ERANCLOUD_OBJ"
-REGISTER_SUBJECT = "erancloud.v1.register"
 KV_VALUE_MAX = 64 * 1024  # our rows are small JSON; anything bigger is refused on read
+# Limits set when the buckets are created (a bucket made by an older coordinator keeps its own).
+KV_MAX_BYTES = 64 * 1024 * 1024
+OBJ_MAX_BYTES = 128 * 1024 * 1024  # ~50 rounds of models, momenta and deltas of a 2.4k model: ~10 MB
+INBOX_MAX_BYTES = 4 * 1024 * 1024  # a worker's own bucket: a few deltas in flight
+INBOX_TTL = 3600.0  # seconds; the coordinator copies what it accepts, the rest may go
+RECONNECT_WAIT = 0.5  # nats-py's pause between reconnect attempts (it adds jitter): bounded backoff
 
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, asyncio.TimeoutError, nats.errors.Error)
+TIMEOUTS: tuple[type[BaseException], ...] = (asyncio.TimeoutError, nats.errors.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Creds:
+    """A user name and password on the NATS server (``eran-cloud coordinator issue-worker``
+    writes them, mode 0600). The worker's identity on the bus is this user."""
+
+    user: str
+    password: str
+
+    @classmethod
+    def load(cls, path: Path) -> Creds:
+        try:
+            st = path.stat()
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"cannot read the credential file {path}: {exc.strerror}") from exc
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise UserError(
+                f"the credential file {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o})",
+                hint=f"chmod 600 {path}",
+            )
+        row = parse_row(raw)
+        if row is None or not isinstance(row.get("user"), str) or not isinstance(row.get("password"), str):
+            raise UserError(f"{path} is not an eran-cloud credential file (JSON with user and password)")
+        return cls(row["user"], row["password"])
+
+    def __repr__(self) -> str:  # never the password, not even in a traceback
+        return f"Creds(user={self.user!r})"
+
+
+class Disconnected(ConnectionError):
+    """nats-py says the connection is down (it is reconnecting)."""
+
+
+def _cause(exc: BaseException | None) -> str:
+    """A reader's name for a transport failure."""
+    if exc is None or isinstance(exc, Disconnected):
+        return "no answer"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    text = str(exc).strip()
+    if "authorization" in text.lower() or "permissions" in text.lower():
+        return f"refused by the server: {text[:200]}"
+    if isinstance(exc, nats.errors.NoServersError | nats.errors.TimeoutError | asyncio.TimeoutError | TimeoutError):
+        return "timed out"
+    return f"{exc.__class__.__name__} {text[:200]}".strip()
 
 
 class Store:
-    def __init__(self, url: str, timeout: float = 5.0, name: str = "eran-cloud") -> None:
+    def __init__(self, url: str, timeout: float = 5.0, name: str = "eran-cloud", creds: Creds | None = None) -> None:
         self.url = url
         self.timeout = timeout
         self.name = name
+        self.creds = creds
         self.nc: Any = None
         self.js: Any = None
         self.kv: Any = None
         self.obj: Any = None
+        self.inboxes: dict[str, Any] = {}
+        self.last_error: BaseException | None = None  # what nats-py last reported (error_cb)
+        self.reconnected = False
 
-    def unreachable(self, exc: BaseException) -> CoordinatorUnreachable:
-        return CoordinatorUnreachable(f"NATS at {self.url}: {exc.__class__.__name__} {exc}".strip())
+    def cause(self, exc: BaseException | None = None) -> str:
+        main = _cause(exc)
+        if self.last_error is not None and self.last_error is not exc and main in ("timed out", "no answer"):
+            return f"{_cause(self.last_error)}; {main}"
+        return main
+
+    def unreachable(self, exc: BaseException, what: str = "") -> CoordinatorUnreachable:
+        return CoordinatorUnreachable(f"NATS at {self.url}{what}: {self.cause(exc)}")
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and bool(self.nc.is_connected)
 
     async def connect(self, create: bool = False) -> None:
         """Connect and open (``create``: make) the buckets. A worker never creates them: a
         missing bucket means no coordinator has ever run here."""
+        auth: dict[str, Any] = {}
+        if self.creds is not None:
+            # Replies come to an inbox under the user's own name: the server lets the user
+            # subscribe to nothing else (auth.py).
+            auth = {
+                "user": self.creds.user,
+                "password": self.creds.password,
+                "inbox_prefix": f"_INBOX.{self.creds.user}",
+            }
         try:
             self.nc = await asyncio.wait_for(
                 nats.connect(
@@ -59,11 +149,12 @@ class Store:
                     connect_timeout=self.timeout,
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.25,
+                    reconnect_time_wait=RECONNECT_WAIT,
                     name=self.name,
-                    error_cb=self._quiet,
+                    error_cb=self._error,
                     disconnected_cb=self._noop,
-                    reconnected_cb=self._noop,
+                    reconnected_cb=self._reconnected,
+                    **auth,
                 ),
                 timeout=self.timeout,
             )
@@ -89,24 +180,48 @@ class Store:
             return await self.js.key_value(KV_BUCKET)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             return await self.js.create_key_value(
-                bucket=KV_BUCKET, storage=api.StorageType.FILE, history=1, max_value_size=KV_VALUE_MAX
-            )
+                bucket=KV_BUCKET, storage=api.StorageType.FILE, history=1, max_value_size=KV_VALUE_MAX,
+                max_bytes=KV_MAX_BYTES,
+            )  # fmt: skip
 
     async def _obj_bucket(self) -> Any:
         try:
             return await self.js.object_store(OBJ_BUCKET)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            return await self.js.create_object_store(OBJ_BUCKET, storage=api.StorageType.FILE)
+            return await self.js.create_object_store(
+                OBJ_BUCKET, config=api.ObjectStoreConfig(storage=api.StorageType.FILE, max_bytes=OBJ_MAX_BYTES)
+            )
 
-    async def _quiet(self, exc: Exception) -> None:
-        pass  # reconnects are nats-py's job; our calls time out and report
+    async def inbox(self, worker: str, create: bool = False) -> Any:
+        """The worker's own Object Store bucket (``create``: the coordinator makes it, with a
+        size limit and a TTL, when the worker registers)."""
+        from .protocol import inbox_bucket
+
+        bucket = inbox_bucket(worker)
+        if bucket not in self.inboxes:
+            try:
+                self.inboxes[bucket] = await self.js.object_store(bucket)
+            except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+                if not create:
+                    raise
+                cfg = api.ObjectStoreConfig(storage=api.StorageType.FILE, max_bytes=INBOX_MAX_BYTES, ttl=INBOX_TTL)
+                self.inboxes[bucket] = await self.js.create_object_store(bucket, config=cfg)
+        return self.inboxes[bucket]
+
+    async def _error(self, exc: Exception) -> None:
+        self.last_error = exc  # reconnects are nats-py's job; our calls time out and name this cause
 
     async def _noop(self) -> None:
         pass
 
+    async def _reconnected(self) -> None:
+        self.reconnected = True
+
     async def close(self) -> None:
+        """Close the connection; never raises (nats-py's close can fail in odd ways while the
+        server is away: a TypeError was seen; the process is ending either way)."""
         if self.nc is not None and not self.nc.is_closed:
-            with contextlib.suppress(*TRANSPORT_ERRORS):
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), timeout=self.timeout)
 
     # -- KV -------------------------------------------------------------------------------
@@ -159,29 +274,35 @@ class Store:
         return sorted(set(found))
 
     # -- objects --------------------------------------------------------------------------
-    async def put_blob(self, name: str, blob: bytes) -> None:
-        await self.obj.put(name, blob)
+    async def _bucket(self, bucket: str | None) -> Any:
+        if bucket is None:
+            return self.obj
+        return await self.inbox(bucket.removeprefix("ERANCLOUD_D_"))
 
-    async def get_blob(self, name: str, max_bytes: int | None = None) -> bytes | None:
+    async def put_blob(self, name: str, blob: bytes, bucket: str | None = None) -> None:
+        await (await self._bucket(bucket)).put(name, blob)
+
+    async def get_blob(self, name: str, max_bytes: int | None = None, bucket: str | None = None) -> bytes | None:
         """The object's bytes; None when there is none; BadBlob when it is larger than
         ``max_bytes`` (checked on its metadata, before a byte of it is fetched). JetStream's own chunk digest failing is
         reported as a bad blob, like any other corruption."""
         try:
+            obj = await self._bucket(bucket)
             if max_bytes is not None:
-                size = int((await self.obj.get_info(name)).size or 0)
+                size = int((await obj.get_info(name)).size or 0)
                 if size > max_bytes:
                     raise BadBlob(f"{size} bytes, more than the {max_bytes} a blob of this kind can be")
-            return bytes((await self.obj.get(name)).data)
+            return bytes((await obj.get(name)).data)
         except (nats.js.errors.ObjectNotFoundError, nats.js.errors.NotFoundError, nats.js.errors.ObjectDeletedError):
             return None
         except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as exc:
             raise BadBlob(f"object store: {exc.__class__.__name__}") from exc
 
-    async def delete_blob(self, name: str) -> None:
+    async def delete_blob(self, name: str, bucket: str | None = None) -> None:
         with contextlib.suppress(
             nats.js.errors.ObjectNotFoundError, nats.js.errors.NotFoundError, nats.js.errors.ObjectDeletedError
         ):
-            await self.obj.delete(name)
+            await (await self._bucket(bucket)).delete(name)
 
     async def blob_names(self) -> list[str]:
         try:
@@ -203,3 +324,39 @@ def parse_row(value: bytes | None) -> dict[str, Any] | None:
     except (UnicodeDecodeError, ValueError):
         return None
     return row if isinstance(row, dict) else None
+
+
+class Outage:
+    """Rides out NATS being away for up to ``window`` seconds (monotonic): calls fail, the
+    caller reports them here and tries again; past the window the program fails closed
+    (exit 4) with the URL and the cause."""
+
+    def __init__(self, store: Store, window: float, log: Callable[[str], None], pause: float = 0.25) -> None:
+        self.store, self.window, self.log, self.pause = store, window, log, pause
+        self.since: float | None = None
+
+    def over(self) -> None:
+        if self.since is not None:
+            self.log(f"NATS at {self.store.url} is back after {time.monotonic() - self.since:.1f} s")
+            self.since = None
+
+    async def failed(self, exc: BaseException, what: str = "") -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self.log(f"NATS at {self.store.url}{what}: {self.store.cause(exc)}; retrying for up to {self.window:g} s")
+        if now - self.since >= self.window:
+            raise self.store.unreachable(exc, f" unreachable for {now - self.since:.0f} s{what}") from exc
+        await asyncio.sleep(self.pause)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600 from the first byte (temp name + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
