@@ -11,11 +11,12 @@ from pathlib import Path
 class NatsServer:
     """A real nats-server (Debian's) on 127.0.0.1 with JetStream in a temp dir."""
 
-    def __init__(self, binary: str, store: Path) -> None:
+    def __init__(self, binary: str, store: Path, config: Path | None = None) -> None:
         import socket
 
         self.binary = binary
         self.store = store
+        self.config = config  # a server config file (auth): it names the port and store itself
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -27,6 +28,8 @@ class NatsServer:
         import socket
 
         args = [self.binary, "-js", "-sd", str(self.store), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.config is not None:
+            args = [self.binary, "-c", str(self.config)]
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

@@ -76,6 +76,7 @@ def permissions(role: str, user: str) -> dict[str, Any]:
                     f"$KV.{KV_BUCKET}.push.*.{user}",
                     f"$O.{inbox_bucket(user)}.>",
                     f"{api}.INFO",
+                    f"{api}.STREAM.NAMES",  # nats-py finds the stream of a subject it reads
                     *(f"{api}.STREAM.INFO.{s}" for s in (kv, obj, own)),
                     *(f"{api}.STREAM.MSG.GET.{s}" for s in (kv, obj, own)),
                     *(f"{api}.DIRECT.GET.{s}" for s in (kv, obj, own)),

@@ -209,7 +209,10 @@ class Store:
         return self.inboxes[bucket]
 
     async def _error(self, exc: Exception) -> None:
-        self.last_error = exc  # reconnects are nats-py's job; our calls time out and name this cause
+        # Reconnects are nats-py's job; our calls time out and name this cause. A refusal by the
+        # server (authorization) is kept over the connection resets that follow it.
+        if self.last_error is None or "authorization" not in str(self.last_error).lower():
+            self.last_error = exc
 
     async def _noop(self) -> None:
         pass

@@ -1,0 +1,197 @@
+"""Authenticated roles enforced by nats-server itself (the config ``eran-cloud coordinator
+init-auth`` writes, run by a real nats-server): a worker holding valid credentials tries to
+squat another worker's push keys, to register under another's id, to write ``state``,
+``worker.*`` and ``verdict.*`` rows, models and another worker's delta bucket: the server
+refuses every one (its log names the permissions violation), while the same worker's own
+push key and own bucket work. No credential, a wrong password and the ERAN-GRID agent's
+credential reach nothing of ERANCLOUD. ``issue-worker`` on a running server: the new
+worker can connect once the server reloaded, a revoked one no longer can."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from erancloud import protocol
+from erancloud.auth import AuthDir
+from erancloud.errors import CoordinatorUnreachable
+from erancloud.store import KV_BUCKET, OBJ_BUCKET, Creds, Store, dump_row
+from support_erancloud import ERANCLOUD, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def auth_server(tmp_path):
+    from support import require_tool
+    from support_nats import NatsServer
+
+    auth = AuthDir(tmp_path / "auth")
+    server = NatsServer(require_tool("nats-server"), tmp_path / "js", config=auth.conf)
+    auth.init(f"127.0.0.1:{server.port}", tmp_path / "js")
+    for name in ("w1", "mallory"):
+        auth.issue(name, reload=False)
+    server.start()
+    yield server, auth
+    server.stop()
+
+
+class Client:
+    """One authenticated connection, its event loop running in a thread of its own (so two
+    clients of one test answer each other)."""
+
+    def __init__(self, url: str, creds: Creds | None, create: bool = False, timeout: float = 2.0) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.store = Store(url, timeout=timeout, creds=creds)
+        try:
+            self.run(self.store.connect(create=create))
+        except BaseException:
+            self._stop()
+            raise
+
+    def run(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def refused(self, coro) -> bool:
+        """True when the write failed: the server dropped it (a permissions violation: no
+        JetStream ack comes, nats-py times out) or answered with an error."""
+        try:
+            self.run(asyncio.wait_for(coro, 3.0))
+        except Exception:  # noqa: BLE001 - any failure is a refusal; only success is not
+            return True
+        return False
+
+    def close(self) -> None:
+        self.run(self.store.close())
+        self._stop()
+
+    def _stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _creds(auth: AuthDir, user: str) -> Creds:
+    return Creds.load(auth.creds_path(user))
+
+
+def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
+    server, auth = auth_server
+    coord = Client(server.url, _creds(auth, "coordinator"), create=True)
+    coord.run(coord.store.put_json("state", {"v": 1, "round": 3}))
+    for w in ("w1", "mallory"):
+        coord.run(coord.store.inbox(w, create=True))
+    got: list[str] = []
+
+    async def on_register(msg) -> None:
+        got.append(msg.subject)
+        await msg.respond(b"{}")
+
+    coord.run(coord.store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=on_register))
+    mallory = Client(server.url, _creds(auth, "mallory"), timeout=1.0)  # a refused write: no ack in 1 s
+    m = mallory.store
+
+    # What mallory may do: read the state, register as itself, create its own push key, write
+    # its own delta bucket.
+    assert mallory.run(m.get_json("state"))[0] == {"v": 1, "round": 3}
+    reply = mallory.run(m.nc.request(protocol.register_subject("mallory"), b"{}", timeout=3))
+    assert reply.data == b"{}" and got == ["erancloud.v1.register.mallory"]
+    assert mallory.run(m.create_json(protocol.push_key(4, "mallory"), {"v": 1}))
+    mallory.run(m.put_blob("delta.4.mallory.000000000000", b"x" * 100, bucket=protocol.inbox_bucket("mallory")))
+
+    # What it may not: every one refused by the server, nothing written.
+    attacks = {
+        "squat w1's push keys": [m.create_json(protocol.push_key(r, "w1"), {"v": 1}) for r in range(4, 9)],
+        "write the round state": [m.put_json("state", {"v": 1, "round": 99})],
+        "write a registry row": [m.put_json("worker.evil", {"v": 1, "worker": "evil", "seen_round": "soon"})],
+        "write a verdict": [m.put_json(protocol.verdict_key(3, "mallory"), {"accepted": True})],
+        "write a model": [m.put_blob("model.4", b"x" * 100)],
+        "write into w1's delta bucket": [m.put_blob("delta.4.w1.000000000000", b"x", bucket=protocol.inbox_bucket("w1"))],
+        "purge the KV stream": [m.js.purge_stream(f"KV_{KV_BUCKET}")],
+        "delete the object stream": [m.js.delete_stream(f"OBJ_{OBJ_BUCKET}")],
+    }
+    for what, calls in attacks.items():
+        for call in calls:
+            assert mallory.refused(call), what
+    # Forging w1's id on the registration subject: the server drops it before the coordinator.
+    mallory.run(m.nc.publish(protocol.register_subject("w1"), b"{}"))
+    mallory.run(m.nc.flush())
+    coord.run(coord.store.nc.flush())
+    time.sleep(0.3)
+    assert got == ["erancloud.v1.register.mallory"]
+
+    def seen(key):
+        return coord.run(coord.store.get_json(key))
+
+    assert all(seen(protocol.push_key(r, "w1")) == (None, 0) for r in range(4, 9))
+    assert seen("state")[0] == {"v": 1, "round": 3}
+    assert seen("worker.evil") == (None, 0) and seen(protocol.verdict_key(3, "mallory")) == (None, 0)
+    assert coord.run(coord.store.get_blob("model.4")) is None
+    assert coord.run(coord.store.get_blob("delta.4.w1.000000000000", bucket=protocol.inbox_bucket("w1"))) is None
+    assert seen(protocol.push_key(4, "mallory"))[0] == {"v": 1}
+    log = server.log.read_text()
+    for subject in ("$KV.ERANCLOUD.push.4.w1", "$KV.ERANCLOUD.state", "$KV.ERANCLOUD.worker.evil",
+                    "erancloud.v1.register.w1", "$JS.API.STREAM.DELETE.OBJ_ERANCLOUD_OBJ"):  # fmt: skip
+        assert f'Publish Violation - User "mallory", Subject "{subject}"' in log
+
+    # A 5 MiB junk object in its own bucket: over the bucket's limit, refused by the server.
+    assert mallory.refused(m.put_blob("junk", b"\0" * (5 * 1024 * 1024), bucket=protocol.inbox_bucket("mallory")))
+    info = coord.run(coord.store.js.stream_info(f"OBJ_{OBJ_BUCKET}"))
+    assert 0 < info.config.max_bytes <= 128 * 1024 * 1024  # a 256 MiB object cannot fit
+    mallory.close()
+
+    # No credential, a wrong password: the server refuses the connection; the cause is named.
+    for creds in (None, Creds("w1", "not-the-password")):
+        with pytest.raises(CoordinatorUnreachable, match="uthorization"):
+            Client(server.url, creds)
+    # The ERAN-GRID agent lives in an account of its own: ERANCLOUD's buckets do not exist there.
+    with pytest.raises(CoordinatorUnreachable, match="no ERANCLOUD buckets"):
+        Client(server.url, _creds(auth, "erangrid-agent"))
+    coord.close()
+
+
+def test_issue_worker_reloads_the_server_and_revoke_locks_out(auth_server, tmp_path) -> None:
+    server, auth = auth_server
+    coord = Client(server.url, _creds(auth, "coordinator"), create=True)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ERANCLOUD)}
+    res = subprocess.run([sys.executable, "-m", "erancloud", "coordinator", "issue-worker", "late",
+                          "--auth-dir", str(auth.path)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    path = auth.creds_path("late")
+    assert json.loads(res.stdout)["creds"] == str(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(auth.conf.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["password"] not in auth.conf.read_text()  # only its bcrypt hash
+
+    def connects(user: str) -> bool:
+        try:
+            Client(server.url, Creds.load(path) if user == "late" else _creds(auth, user)).close()
+            return True
+        except CoordinatorUnreachable:
+            return False
+
+    wait_for(lambda: connects("late"), 20, "the server to reload and accept the new worker")
+    again = subprocess.run([sys.executable, "-m", "erancloud", "coordinator", "issue-worker", "late",
+                            "--auth-dir", str(auth.path)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert again.returncode == 2 and "has a credential already" in again.stderr
+    bad = subprocess.run([sys.executable, "-m", "erancloud", "coordinator", "issue-worker", "coordinator",
+                          "--auth-dir", str(auth.path)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert bad.returncode == 2
+    creds = _creds(auth, "w1")
+    auth.revoke("w1", reload=True)
+    wait_for(lambda: not connects_with(server.url, creds), 20, "the revoked worker locked out")
+    coord.close()
+
+
+def connects_with(url: str, creds: Creds) -> bool:
+    try:
+        Client(url, creds).close()
+        return True
+    except CoordinatorUnreachable:
+        return False
