@@ -21,7 +21,7 @@ import pytest
 from erancloud import protocol
 from erancloud.auth import AuthDir
 from erancloud.errors import CoordinatorUnreachable
-from erancloud.store import KV_BUCKET, OBJ_BUCKET, Creds, Store, dump_row
+from erancloud.store import KV_BUCKET, OBJ_BUCKET, Creds, Store
 from support_erancloud import ERANCLOUD, wait_for
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ class Client:
         JetStream ack comes, nats-py times out) or answered with an error."""
         try:
             self.run(asyncio.wait_for(coro, 3.0))
-        except Exception:  # noqa: BLE001 - any failure is a refusal; only success is not
+        except Exception:  # any failure is a refusal; only success is not
             return True
         return False
 
@@ -113,7 +113,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
         "write a registry row": [m.put_json("worker.evil", {"v": 1, "worker": "evil", "seen_round": "soon"})],
         "write a verdict": [m.put_json(protocol.verdict_key(3, "mallory"), {"accepted": True})],
         "write a model": [m.put_blob("model.4", b"x" * 100)],
-        "write into w1's delta bucket": [m.put_blob("delta.4.w1.000000000000", b"x", bucket=protocol.inbox_bucket("w1"))],
+        "write into w1's bucket": [m.put_blob("delta.4.w1.0", b"x", bucket=protocol.inbox_bucket("w1"))],
         "purge the KV stream": [m.js.purge_stream(f"KV_{KV_BUCKET}")],
         "delete the object stream": [m.js.delete_stream(f"OBJ_{OBJ_BUCKET}")],
     }
@@ -134,7 +134,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     assert seen("state")[0] == {"v": 1, "round": 3}
     assert seen("worker.evil") == (None, 0) and seen(protocol.verdict_key(3, "mallory")) == (None, 0)
     assert coord.run(coord.store.get_blob("model.4")) is None
-    assert coord.run(coord.store.get_blob("delta.4.w1.000000000000", bucket=protocol.inbox_bucket("w1"))) is None
+    assert coord.run(coord.store.get_blob("delta.4.w1.0", bucket=protocol.inbox_bucket("w1"))) is None
     assert seen(protocol.push_key(4, "mallory"))[0] == {"v": 1}
     log = server.log.read_text()
     for subject in ("$KV.ERANCLOUD.push.4.w1", "$KV.ERANCLOUD.state", "$KV.ERANCLOUD.worker.evil",
@@ -161,8 +161,12 @@ def test_issue_worker_reloads_the_server_and_revoke_locks_out(auth_server, tmp_p
     server, auth = auth_server
     coord = Client(server.url, _creds(auth, "coordinator"), create=True)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ERANCLOUD)}
-    res = subprocess.run([sys.executable, "-m", "erancloud", "coordinator", "issue-worker", "late",
-                          "--auth-dir", str(auth.path)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+
+    def issue(name: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "erancloud", "coordinator", "issue-worker", name, "--auth-dir", str(auth.path)]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+
+    res = issue("late")
     assert res.returncode == 0, res.stderr
     path = auth.creds_path("late")
     assert json.loads(res.stdout)["creds"] == str(path)
@@ -177,11 +181,9 @@ def test_issue_worker_reloads_the_server_and_revoke_locks_out(auth_server, tmp_p
             return False
 
     wait_for(lambda: connects("late"), 20, "the server to reload and accept the new worker")
-    again = subprocess.run([sys.executable, "-m", "erancloud", "coordinator", "issue-worker", "late",
-                            "--auth-dir", str(auth.path)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    again = issue("late")
     assert again.returncode == 2 and "has a credential already" in again.stderr
-    bad = subprocess.run([sys.executable, "-m", "erancloud", "coordinator", "issue-worker", "coordinator",
-                          "--auth-dir", str(auth.path)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    bad = issue("coordinator")
     assert bad.returncode == 2
     creds = _creds(auth, "w1")
     auth.revoke("w1", reload=True)

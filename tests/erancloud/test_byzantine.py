@@ -13,6 +13,7 @@ After 12 rounds the model is at >= 90 % test accuracy (with the mean it was 10.6
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 
@@ -36,10 +37,8 @@ class Mallory(Worker):
     async def push(self, r: int, base_sha: str, delta: np.ndarray, steps: int) -> str:
         if r == 0:
             for ahead in range(1, 6):  # squat w1's next push keys
-                try:
+                with contextlib.suppress(Exception):  # refused by the server: the point
                     await asyncio.wait_for(self.store.create_json(protocol.push_key(ahead, "w1"), {"v": 1}), 1.5)
-                except Exception:  # noqa: BLE001, S110 - refused by the server: the point
-                    pass
         if r == COPY_ROUND:  # re-send w1's accepted delta as ours
             while True:
                 verdict, _ = await self.store.get_json(protocol.verdict_key(r, "w1"))

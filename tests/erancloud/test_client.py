@@ -138,7 +138,8 @@ def test_fails_closed_without_a_server(tmp_path):
         port = s.getsockname()[1]
     res = _run("client", "--nats", f"nats://127.0.0.1:{port}", "--worker-id", "w", "--timeout", "1", cwd=tmp_path)
     assert res.returncode == 4, res.stderr
-    assert "NATS at" in res.stderr and "DRY-RUN" not in res.stdout + res.stderr
+    assert "NATS at" in res.stderr and "connection refused" in res.stderr, res.stderr
+    assert "DRY-RUN" not in res.stdout + res.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written, not even a record
     res = _run("status", "--nats", f"nats://127.0.0.1:{port}", "--json")
     assert res.returncode == 4 and res.stdout == ""

@@ -150,7 +150,8 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     procs.procs["coord"].kill()
     assert procs.wait("coord") == -signal.SIGKILL
     procs.start("coord", *coord_args)
-    procs.start("w3", "client", "--nats", url, "--worker-id", "w3",
+    # The restarted coordinator may take longer than the default 10 s to answer on a busy machine.
+    procs.start("w3", "client", "--nats", url, "--worker-id", "w3", "--register-timeout", "90",
                 env={"ERAN_GRID_CHECKPOINT_DIR": str(tmp_path / "w3" / "checkpoint")})  # fmt: skip
 
     assert procs.wait("coord", 180) == 0, procs.log("coord")[-3000:]

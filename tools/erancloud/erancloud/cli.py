@@ -83,12 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "plain mean (trusted setups only)")  # fmt: skip
     co.add_argument("--clip", type=_positive_float, default=1.5,
                     help="shorten deltas longer than this × the median norm to it (default 1.5)")  # fmt: skip
-    co.add_argument("--trim", type=_positive_float, default=2.0,
-                    help="leave out deltas longer than this × the round's median norm (default 2)")  # fmt: skip
+    co.add_argument("--trim", type=_positive_float, default=4.0,
+                    help="leave out deltas longer than this × the round's median norm (default 4)")  # fmt: skip
     co.add_argument("--expire-rounds", type=_count(1), default=10,
                     help="a registration without a delta for this many rounds expires (default 10)")  # fmt: skip
     co.add_argument("--suspect-after", type=_count(1), default=3,
-                    help="outlier rounds running that flag a worker suspect (default 3)")  # fmt: skip
+                    help="trimmed rounds running that flag a worker suspect (default 3)")  # fmt: skip
     co.add_argument("--outage-window", type=_positive_float, default=60.0,
                     help="seconds NATS may be away before exit 4 (default 60)")  # fmt: skip
     co.add_argument("--rounds", type=_count(1), default=30, help="rounds to train (default 30)")

@@ -19,7 +19,7 @@ Invariants (tested under injected faults):
   ``protocol.check_worker_row`` is reported and ignored;
 * one bad worker cannot steer the model: deltas are clipped to a multiple of the round's median
   norm and combined coordinate-wise robustly (outer.py), copies of another worker's delta are
-  refused, and a worker is flagged "suspect" after ``suspect_after`` outlier rounds running;
+  refused, and a worker is flagged "suspect" after ``suspect_after`` trimmed rounds running;
 * deadlines run on the monotonic clock: a wall-clock step never stalls or rushes a round.
 """
 
@@ -62,7 +62,7 @@ class Config:
     max_delta_norm: float = 100.0
     keep_rounds: int = 50
     expire_rounds: int = 10  # a registration with no delta applied for this many rounds expires
-    suspect_after: int = 3  # outlier (clipped/trimmed) rounds running that flag a worker "suspect"
+    suspect_after: int = 3  # trimmed rounds running that flag a worker "suspect"
     outage_window: float = 60.0  # NATS unreachable for longer than this: exit 4
     poll: float = 0.05
     status_path: Path = Path("status.json")
@@ -312,9 +312,10 @@ class Coordinator:
                 None,
             )
         try:
-            blob = await self.store.get_blob(
-                record["object"], wire.vector_max_bytes(self.model.count), bucket=protocol.inbox_bucket(worker)
-            )
+            limit = wire.vector_max_bytes(self.model.count)
+            blob = await self.store.get_blob(record["object"], limit, bucket=protocol.inbox_bucket(worker))
+            if blob is None:  # accepted before a restart: moved into our own bucket already
+                blob = await self.store.get_blob(record["object"], limit)
         except BadBlob as exc:
             return f"corrupt delta: {exc}", 0.0, None
         if blob is None:
@@ -456,8 +457,11 @@ class Coordinator:
             if a["verdict"] == "applied":
                 outliers.pop(a["worker"], None)
                 continue
+            # Only trimmed rounds count towards "suspect": an honest worker the model drifted away
+            # from is clipped for a while, and must not be branded for it.
             before = outliers.get(a["worker"], {})
             streak = int(before.get("streak", 0)) + 1 if isinstance(before, dict) else 1
+            streak = streak if a["verdict"] == "trimmed" else 0
             outliers[a["worker"]] = {"verdict": a["verdict"], "norm": a["norm"], "round": r, "streak": streak}
             self.log(f"round {r}: the delta of {a['worker']} was {a['verdict']} (norm {a['norm']:.3g}, "
                      f"{streak} round(s) running)")  # fmt: skip
