@@ -64,7 +64,8 @@ def test_tampered_rows_are_reported_and_ignored_or_stop_with_a_reason(nats_serve
     p.run(p.store.kv.put("worker.far", dump_row({**good, "worker": "far", "shard": 99})))
     p.run(p.store.kv.put("worker.junk", b"\xff garbage"))
     procs.start("coord", *args)
-    solo = _run("client", "--nats", url, "--worker-id", "solo", "--rounds", "1")
+    # --register-timeout: the restarted coordinator may take a while to answer on a busy machine.
+    solo = _run("client", "--nats", url, "--worker-id", "solo", "--rounds", "1", "--register-timeout", "90")
     assert solo.returncode == 0, solo.stderr + procs.log("coord")[-2000:]
     log = procs.log("coord")
     for key, why in (
