@@ -243,7 +243,8 @@ def digits(aggregate: str, byzantine: bool, rounds: int = 12, h: int = 20) -> fl
     return m.accuracy(q, xt.astype(np.float32) / 16, yt.astype(np.int64))
 
 
-GRIDS = {"sgd": (0.03, 0.1, 0.3), "adamw": (1e-3, 3e-3, 1e-2)}
+# Wide enough that every tuned lr of the first run landed inside it (0.03 and 0.3 were edges).
+GRIDS = {"sgd": (0.01, 0.03, 0.1, 0.3, 1.0), "adamw": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)}
 
 
 def main() -> int:
@@ -276,13 +277,12 @@ def main() -> int:
                  lambda lr, s, sp: lm.local(lr, s, sp, 500, robust_off)),
         "late": ("H=50, 1 of 4 yielding every round (late, 0.75)", 50,
                  lambda lr, s, sp: lm.local(lr, s, sp, 50, robust_off, late="late")),
-        "robust": ("H=50, honest, robust aggregation (default)", 50, lambda lr, s, sp: lm.local(lr, s, sp, 50, outer)),
         "byz": ("H=50, 1 of 4 Byzantine, robust aggregation", 50,
                 lambda lr, s, sp: lm.local(lr, s, sp, 50, outer, byzantine=True)),
     }  # fmt: skip
     tuned: dict[int, float] = {}
     for key, h in (("sync", 1), ("h50", 50), ("h500", 500)):
-        if only and key not in only and not (key == "h50" and only & {"late", "robust", "byz"}):
+        if only and key not in only and not (key == "h50" and only & {"late", "byz"}):
             continue
         scores = {lr: lines[key][2](lr, seeds[0] + 1000, "tune") for lr in GRIDS[args.inner]}
         tuned[h] = min(scores, key=lambda lr: scores[lr])
@@ -307,8 +307,8 @@ def main() -> int:
         if key in results and "sync" in results:
             gap = 100 * (results[key] / results["sync"] - 1)
             print(f"    {what}: {'met' if gap <= limit else 'NOT met'} ({gap:+.1f} %)")
-    if "byz" in results and "robust" in results:
-        gap = 100 * (results["byz"] / results["robust"] - 1)
+    if "byz" in results and "h50" in results:
+        gap = 100 * (results["byz"] / results["h50"] - 1)
         print(f"    one Byzantine worker of four within +3 % of the honest run: {'met' if gap <= 3 else 'NOT met'} "
               f"({gap:+.1f} %)")  # fmt: skip
     print(f"total {time.monotonic() - t0:.0f} s")
