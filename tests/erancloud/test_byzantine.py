@@ -94,7 +94,7 @@ def test_one_byzantine_worker_of_four_cannot_ruin_training(tmp_path, procs) -> N
         coord_log = procs.log("coord")
         assert f"rejected push of mallory for round {COPY_ROUND}: duplicate delta" in coord_log
         assert "the delta of mallory was trimmed" in coord_log
-        assert "Publish Violation - User \"mallory\", Subject \"$KV.ERANCLOUD.push.1.w1\"" in server.log.read_text()
+        assert 'Publish Violation - User "mallory", Subject "$KV.ERANCLOUD.push.1.w1"' in server.log.read_text()
         assert any("training finished" in line for line in log), log[-5:]
     finally:
         server.stop()
