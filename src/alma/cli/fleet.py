@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ FLEET_OPT = click.option(
     help="Fleet file (TOML). Default: $ALMA_FLEET or ~/.config/alma/fleet.toml.",
 )
 UNKNOWN_EXIT = 3  # Nagios UNKNOWN: the plugin could not judge
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's FloatRange lets ``inf`` and ``nan`` through: a deadline must be a number."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number of seconds")
+    return value
 
 
 class PluginCommand(click.Command):
@@ -67,7 +75,8 @@ def fleet() -> None:
 @FLEET_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
 @click.option("--nagios", is_flag=True, help="Print one Nagios status line with perfdata.")
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, help="Per-node timeout in seconds.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, callback=finite,
+              help="Per-node timeout in seconds (connect, read and judge the report).")  # fmt: skip
 @click.option(
     "--snapshot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -121,7 +130,7 @@ def health(
         except OSError as exc:
             click.echo(f"warning: snapshot not saved: {snap}: {exc.strerror or exc}", err=True)
         try:
-            Hist.append(history or Hist.default_history_path(snap), report)
+            Hist.append(history or Hist.default_history_path(snap), report, max_gap=fl.panel.stale_after)
         except AlmaError as exc:
             click.echo(f"warning: history not updated: {exc.message}", err=True)
     if nagios:
@@ -151,7 +160,8 @@ def health(
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write to FILE (atomically)."
 )
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of Markdown.")
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, help="Per-command timeout in seconds.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, callback=finite,
+              help="Per-command timeout in seconds.")  # fmt: skip
 def inspect(
     fleet_path: Path | None, nodes: tuple[str, ...], out: Path | None, as_json: bool, timeout: float | None
 ) -> None:
