@@ -250,11 +250,33 @@ def thirty_nodes(tmp_path: Path) -> tuple[Fleet, dict[str, Any]]:
     return parse_fleet(body, tmp_path / "f30.toml"), snap(NOW, nodes)
 
 
+def stale_node() -> dict[str, Any]:
+    """A node whose last report is 27 h old: UNKNOWN, its checks stale (never green OK)."""
+    n = node("orin-01", "UNKNOWN")
+    for c in n["checks"]:
+        c.update(status="UNKNOWN", stale=True, reported="OK")
+    return n
+
+
+def thousand_nodes(tmp_path: Path) -> tuple[Fleet, dict[str, Any]]:
+    body = '[panel]\ntitle = "ALMA-OS fleet, 1000 nodes"\nstale_after = 600\n'
+    nodes = []
+    for i in range(1000):
+        body += f'[[node]]\nname = "rack{i:04d}"\nrole = "cluster"\nalias = "Edge {i + 1}"\n'
+        k = "CRITICAL" if i % 97 == 5 else "WARNING" if i % 41 == 3 else "OK"
+        nodes.append(node(f"rack{i:04d}", k, {**{c: "OK" for c in ALL_CHECKS}, "thermal": k}, "cluster"))
+    return parse_fleet(body, tmp_path / "f1000.toml"), snap(NOW, nodes)
+
+
 def page_cases(fleet: Fleet, tmp_path: Path) -> dict[str, tuple[Fleet, dict[str, Any], datetime]]:
     grey = [node("orin-01", "UNKNOWN", {}), node("orin-02", "UNKNOWN", {"storm": "UNKNOWN"}, "cluster"),
             node("cockpit", "OK", {}, "desktop")]  # fmt: skip
     f30, s30 = thirty_nodes(tmp_path)
+    f1000, s1000 = thousand_nodes(tmp_path)
+    with_stale = [stale_node(), *snap(NOW)["nodes"][1:]]
     return {
+        "stale-node": (fleet, snap(NOW - timedelta(seconds=20), with_stale), NOW),
+        "1000-nodes": (f1000, s1000, NOW),
         "fresh": (fleet, snap(NOW - timedelta(seconds=20)), NOW),
         "stale": (fleet, snap(NOW - timedelta(hours=2)), NOW),
         "future": (fleet, snap(NOW + timedelta(days=30)), NOW),
@@ -282,13 +304,17 @@ def test_chromium_screenshots_of_every_state(fleet: Fleet, tmp_path: Path) -> No
         dom = chromium(tmp_path, page.as_uri(), "--dump-dom", "--virtual-time-budget=2000")
         banner = re.search(r'<div id="stale-banner"[^>]*>', dom)
         assert banner is not None
-        assert ("hidden" in banner.group(0)) is (name in ("fresh", "all-grey", "30-nodes")), (name, banner.group(0))
+        fresh = ("fresh", "all-grey", "30-nodes", "stale-node", "1000-nodes")
+        assert ("hidden" in banner.group(0)) is (name in fresh), (name, banner.group(0))
         if name == "future":
             assert re.search(r'<p id="stale-future">', dom) and re.search(r'<p id="stale-old" hidden', dom)
         if name == "all-grey":
             assert 'data-status="OK"' not in dom
+        if name == "stale-node":
+            first = dom.split("<bdi>Edge A</bdi>", 1)[1].split("</tr>", 1)[0]
+            assert 'data-status="stale"' in first and "st-ok" not in first
         shot = d / f"panel-{name}.png"
-        size = "1100,1800" if name == "30-nodes" else "1100,900"
+        size = "1100,1800" if name in ("30-nodes", "1000-nodes") else "1100,900"
         chromium(tmp_path, page.as_uri(), f"--screenshot={shot}", size=size)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
         # in the dark colour scheme too
@@ -317,7 +343,7 @@ def axe_source() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes"])
+@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node", "1000-nodes"])
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_axe_core_finds_no_serious_or_critical_violation(fleet: Fleet, tmp_path: Path, case: str, scheme: str) -> None:
     axe = axe_source()

@@ -127,49 +127,66 @@ def _connect(path: Path, *, create: bool, busy_timeout: float = BUSY_TIMEOUT_S) 
         ) from exc
 
 
-def _credit(conn: sqlite3.Connection, node: str, start: float, end: float, status: str) -> None:
-    """Add [start, end) in ``status`` to the node's hourly rollups."""
-    rows = []
-    t = start
-    while t < end:
-        hour = math.floor(t / BUCKET_S)
-        upto = min(end, (hour + 1) * BUCKET_S)
-        span = upto - t
-        rows.append((node, hour, span if status == "OK" else 0.0, span))
-        t = upto
-    conn.executemany(
-        "INSERT INTO rollup (node, hour, ok_s, known_s) VALUES (?, ?, ?, ?) ON CONFLICT (node, hour) "
-        "DO UPDATE SET ok_s = ok_s + excluded.ok_s, known_s = known_s + excluded.known_s",
-        rows,
-    )
+class Folder:
+    """Folds runs into rollups, states and changes in memory; ``flush`` adds them to the file.
+
+    One run (``append``) or a whole schema-1 file (the upgrade streams its samples through
+    one Folder, so memory is one entry per node and hour, never one per sample).
+    """
+
+    def __init__(self, last: dict[str, tuple[float, str]], max_gap: float) -> None:
+        self.last = dict(last)
+        self.max_gap = max_gap
+        self.rollup: dict[tuple[str, int], list[float]] = {}
+        self.changes: list[tuple[str, float, str, str]] = []
+        self.runs: list[tuple[float, str]] = []
+        self.touched: set[str] = set()
+
+    def _credit(self, node: str, start: float, end: float, status: str) -> None:
+        t = start
+        while t < end:
+            hour = math.floor(t / BUCKET_S)
+            upto = min(end, (hour + 1) * BUCKET_S)
+            acc = self.rollup.setdefault((node, hour), [0.0, 0.0])
+            acc[1] += upto - t
+            if status == "OK":
+                acc[0] += upto - t
+            t = upto
+
+    def feed(self, epoch: float, status: str, nodes: list[tuple[str, str]]) -> None:
+        self.runs.append((epoch, status))
+        for node, st in nodes:
+            prev = self.last.get(node)
+            if prev is not None:
+                p_epoch, p_status = prev
+                if epoch > p_epoch:
+                    self._credit(node, p_epoch, min(epoch, p_epoch + self.max_gap), p_status)
+                if p_status != st:
+                    self.changes.append((node, epoch, p_status, st))
+            self.last[node] = (epoch, st)
+            self.touched.add(node)
+
+    def flush(self, conn: sqlite3.Connection) -> None:
+        conn.executemany("INSERT INTO runs (epoch, status) VALUES (?, ?)", self.runs)
+        conn.executemany(
+            "INSERT INTO rollup (node, hour, ok_s, known_s) VALUES (?, ?, ?, ?) ON CONFLICT (node, hour) "
+            "DO UPDATE SET ok_s = ok_s + excluded.ok_s, known_s = known_s + excluded.known_s",
+            [(n, h, ok, known) for (n, h), (ok, known) in self.rollup.items()],
+        )
+        conn.executemany("INSERT INTO changes (node, epoch, before, after) VALUES (?, ?, ?, ?)", self.changes)
+        conn.executemany(
+            "INSERT INTO node_state (node, epoch, status) VALUES (?, ?, ?) ON CONFLICT (node) "
+            "DO UPDATE SET epoch = excluded.epoch, status = excluded.status",
+            [(n, *self.last[n]) for n in self.touched],
+        )
 
 
-def fold_run(conn: sqlite3.Connection, epoch: float, status: str, nodes: list[tuple[str, str]],
-             *, max_gap: float, prune: bool) -> None:  # fmt: skip
-    """One run into the open transaction: credit, state, changes, and (``prune``) the retention."""
-    conn.execute("INSERT INTO runs (epoch, status) VALUES (?, ?)", (epoch, status))
-    last = {n: (e, s) for n, e, s in conn.execute("SELECT node, epoch, status FROM node_state")}
-    changes = []
-    for node, st in nodes:
-        prev = last.get(node)
-        if prev is not None:
-            p_epoch, p_status = prev
-            if epoch > p_epoch:
-                _credit(conn, node, p_epoch, min(epoch, p_epoch + max_gap), p_status)
-            if p_status != st:
-                changes.append((node, epoch, p_status, st))
-    conn.executemany("INSERT INTO changes (node, epoch, before, after) VALUES (?, ?, ?, ?)", changes)
-    conn.executemany(
-        "INSERT INTO node_state (node, epoch, status) VALUES (?, ?, ?) ON CONFLICT (node) "
-        "DO UPDATE SET epoch = excluded.epoch, status = excluded.status",
-        [(n, epoch, s) for n, s in nodes],
-    )
-    if prune:
-        cutoff = epoch - KEEP_DAYS * 86400.0
-        conn.execute("DELETE FROM runs WHERE epoch < ?", (cutoff,))
-        conn.execute("DELETE FROM changes WHERE epoch < ?", (cutoff,))
-        conn.execute("DELETE FROM rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
-        conn.execute("DELETE FROM node_state WHERE epoch < ?", (cutoff,))
+def _prune(conn: sqlite3.Connection, epoch: float) -> None:
+    cutoff = epoch - KEEP_DAYS * 86400.0
+    conn.execute("DELETE FROM runs WHERE epoch < ?", (cutoff,))
+    conn.execute("DELETE FROM changes WHERE epoch < ?", (cutoff,))
+    conn.execute("DELETE FROM rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
+    conn.execute("DELETE FROM node_state WHERE epoch < ?", (cutoff,))
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -182,12 +199,23 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
         for stmt in _DDL.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
-        samples: dict[int, list[tuple[str, str]]] = {}
-        for run_id, node, status in conn.execute("SELECT run_id, node, status FROM samples ORDER BY run_id"):
-            samples.setdefault(int(run_id), []).append((str(node), str(status)))
-        for run_id, epoch, status in conn.execute("SELECT id, epoch, status FROM runs_v1 ORDER BY epoch").fetchall():
-            fold_run(conn, float(epoch), str(status), samples.get(int(run_id), []),
-                     max_gap=DEFAULT_MAX_GAP, prune=False)  # fmt: skip
+        folder = Folder({}, DEFAULT_MAX_GAP)
+        rows = conn.execute(
+            "SELECT r.id, r.epoch, r.status, s.node, s.status FROM runs_v1 r LEFT JOIN samples s ON s.run_id = r.id "
+            "ORDER BY r.epoch, r.id"
+        )
+        current: tuple[int, float, str] | None = None
+        nodes: list[tuple[str, str]] = []
+        for run_id, epoch, status, node, node_status in rows:
+            if current is None or current[0] != run_id:
+                if current is not None:
+                    folder.feed(current[1], current[2], nodes)
+                current, nodes = (int(run_id), float(epoch), str(status)), []
+            if node is not None:
+                nodes.append((str(node), str(node_status)))
+        if current is not None:
+            folder.feed(current[1], current[2], nodes)
+        folder.flush(conn)
         conn.execute("DROP TABLE samples")
         conn.execute("DROP TABLE runs_v1")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -217,8 +245,12 @@ def append(
         conn.execute("BEGIN IMMEDIATE")  # take the write lock now: wait for it, then fail clearly
         try:
             newest = conn.execute("SELECT MAX(epoch) FROM runs").fetchone()[0]
-            prune = newest is None or epoch - float(newest) <= JUMP_S
-            fold_run(conn, epoch, report.status.name, nodes, max_gap=max_gap, prune=prune)
+            last = {n: (float(e), str(s)) for n, e, s in conn.execute("SELECT node, epoch, status FROM node_state")}
+            folder = Folder(last, max_gap)
+            folder.feed(epoch, report.status.name, nodes)
+            folder.flush(conn)
+            if newest is None or epoch - float(newest) <= JUMP_S:
+                _prune(conn, epoch)
         except BaseException:
             conn.rollback()
             raise
