@@ -91,9 +91,12 @@ def fleet() -> None:
     "Default: fleet-history.sqlite beside the snapshot.",
 )
 @click.option("--no-save", is_flag=True, help="Save neither the snapshot nor the history.")
+@click.option("--prometheus", "prom_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the run as Prometheus metrics (textfile-collector format, atomically) "
+              "to FILE.")  # fmt: skip
 def health(
     fleet_path: Path | None, as_json: bool, nagios: bool, timeout: float | None, snapshot: Path | None,
-    history: Path | None, no_save: bool,
+    history: Path | None, no_save: bool, prom_path: Path | None = None,
 ) -> None:  # fmt: skip
     """Run `alma-health --json` on every node in parallel and show node x check.
 
@@ -133,6 +136,21 @@ def health(
             Hist.append(history or Hist.default_history_path(snap), report, max_gap=fl.panel.stale_after)
         except AlmaError as exc:
             click.echo(f"warning: history not updated: {exc.message}", err=True)
+    if prom_path is not None:
+        from alma.fleet.metrics import write_textfile
+
+        try:
+            write_textfile(prom_path, report)
+        except OSError as exc:
+            click.echo(f"warning: metrics not written: {prom_path}: {exc.strerror or exc}", err=True)
+    if fl.alerts and not no_save:
+        from alma.fleet import alerts as A
+
+        snap_for_alerts = snapshot or H.default_snapshot_path()
+        try:  # deliveries run detached: they never hold up the verdict or the exit code
+            A.fire(fl, report, A.default_state_path(snap_for_alerts))
+        except AlmaError as exc:
+            click.echo(f"warning: alerts not evaluated: {exc.message}", err=True)
     if nagios:
         click.echo(H.nagios_line(report))
     elif as_json:

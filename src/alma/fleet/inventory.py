@@ -115,6 +115,7 @@ class Fleet:
     stale_after: float = 300.0
     panel: PanelConfig = field(default_factory=PanelConfig)
     max_output: int = 1 << 20  # bytes one call may print (stdout + stderr)
+    alerts: tuple[Any, ...] = ()  # alma.fleet.alerts.AlertRule, from [[alert]]
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -298,7 +299,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         # tomllib's message already carries "(at line N, column M)".
         raise ConfigError(f"{path}: invalid TOML: {exc}", hint=f"fix the TOML syntax in {path}") from exc
 
-    known_top = {"ssh", "health", "panel", "node"}
+    known_top = {"ssh", "health", "panel", "node", "alert"}
     unknown = sorted(set(data) - known_top)
     if unknown:
         raise src.error(
@@ -375,7 +376,15 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         stale_after=_num(health, "stale_after", 300.0, src, "[health]"),
         panel=_parse_panel(data.get("panel"), src),
         max_output=_max_output(health, src),
+        alerts=_alerts(data.get("alert"), src),
     )
+
+
+def _alerts(raw: Any, src: _Source) -> tuple[Any, ...]:
+    from alma.fleet.alerts import parse_alerts
+
+    line = next((i + 1 for i, ln in enumerate(src.lines) if re.match(r"^\s*\[\[\s*alert\s*\]\]", ln)), None)
+    return parse_alerts(raw, lambda msg: src.error(line, msg))
 
 
 def _max_output(health: dict[str, Any], src: _Source) -> int:
