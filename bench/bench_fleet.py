@@ -257,7 +257,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--panel-only", action="store_true", help="Only the panel render case.")
+    ap.add_argument("--panel-only", action="store_true", help="Only the judging and panel render cases.")
+    ap.add_argument("--skip-panel", action="store_true", help="Leave out the judging and panel cases.")
     args = ap.parse_args()
     if args.panel_only:
         print_judge(*judge_case())
@@ -324,7 +325,7 @@ def main() -> int:
                         raise SystemExit(f"parallel run lost nodes {bad}: {[n.summary for n in r.nodes][:2]}")
             boards[0].write_guard_state(shedding=False)
             flood = flood_case(base, sshd.client_config, fleet.nodes[0].health_command)
-            panel_rows = panel_case(base / "panel")
+            panel_rows = [] if args.skip_panel else panel_case(base / "panel")
         finally:
             for node in mux.nodes if "mux" in locals() else ():
                 subprocess.run([*ssh_argv(node, "", mux.ssh)[:-3], "-O", "exit", node.ssh], capture_output=True)
@@ -353,8 +354,9 @@ def main() -> int:
     print(f"  ratio flood/healthy: {float(fl['wall']) / float(h['wall']):6.2f}x wall, "
           f"{float(fl['rss_mb']) / float(h['rss_mb']):6.2f}x RSS  (target: wall < 6 s, RSS < 100 MB) "
           f"{'MET' if float(fl['wall']) < 6 and float(fl['rss_mb']) < 100 else 'NOT MET'}")  # fmt: skip
-    print_judge(*judge_case())
-    print_panel(panel_rows)
+    if not args.skip_panel:
+        print_judge(*judge_case())
+        print_panel(panel_rows)
     return 0
 
 

@@ -343,7 +343,9 @@ def axe_source() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node", "1000-nodes"])
+# 1000-nodes is screenshotted, not audited: its rows are the 30-node page's rows again, and axe over
+# 8000 cells needs minutes of Chromium on a loaded CI machine.
+@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node"])
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_axe_core_finds_no_serious_or_critical_violation(fleet: Fleet, tmp_path: Path, case: str, scheme: str) -> None:
     axe = axe_source()

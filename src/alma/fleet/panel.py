@@ -172,8 +172,7 @@ def leaks(html: str, forbidden: set[str]) -> list[str]:
     out = [f"IP address {ip}" for ip in find_ips(html)]
     plain = {n.lower() for n in forbidden if _NAME_CHARS.match(n)}
     found: set[str] = set()
-    for m in _TOKEN.finditer(html):
-        tok = m.group(0).lower()
+    for tok in set(_TOKEN.findall(html.lower())):  # each distinct token once (C speed for the scan)
         if tok in plain:
             found.add(tok)
         cut = tok.find(".")
@@ -399,7 +398,8 @@ def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, 
     }
     # Not ASCII-escaped: the leak scan must see names as written (aliases are already
     # sanitized, check names fixed), and UTF-8 JSON is what a badge script expects.
-    return T.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    # One line: json's C encoder (indent= switches to the pure-Python one: 1.9 s at 1000 nodes).
+    return T.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
 ATOM = "http://www.w3.org/2005/Atom"
