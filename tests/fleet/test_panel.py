@@ -443,3 +443,16 @@ def test_bidi_controls_in_title_and_figures_are_made_visible(tmp_path: Path) -> 
     for text in (pub.html, pub.status_json, pub.feed):
         assert "\u202e" not in text
     assert "&lt;U+202E&gt;" in pub.html or "<U+202E>" in pub.html
+
+
+def test_svg_badges_say_unknown_when_stale_and_name_nothing_private(fleet: Fleet) -> None:
+    import xml.etree.ElementTree as ET
+
+    fresh = P.publish(fleet, snapshot(NOW), now=NOW).badges
+    old = P.publish(fleet, snapshot(NOW - timedelta(hours=3)), now=NOW).badges
+    assert set(fresh) == set(P.BADGES)
+    for b in (*fresh.values(), *old.values()):
+        ET.fromstring(b)  # well-formed SVG
+        assert "orin-0" not in b and not P.find_ips(b)
+    assert ET.fromstring(old["badge.svg"]).get("aria-label") == "fleet: stale" and "#57606a" in old["badge.svg"]
+    assert "no data" in fresh["badge-uptime-7d.svg"]  # no history: grey, never a made-up 100 %

@@ -165,7 +165,11 @@ def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path
     snap_path.write_text(json.dumps(snap(NOW)))
     out = tmp_path / "out"
     P.render_to(out, fleet, snap_path, now=NOW)
-    assert sorted(p.name for p in out.iterdir()) == ["feed.atom", "index.html", "status.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["feed.atom", "index.html", "status.json", *P.BADGES])
+    badge = ET.fromstring((out / "badge.svg").read_text())
+    assert badge.get("aria-label") == "fleet: critical" and "#cf222e" in (out / "badge.svg").read_text()
+    up = (out / "badge-uptime-24h.svg").read_text()
+    assert "uptime 24h: 83.33%" in up  # mean of 100, 100 and 50 % (Desk's incident)
     st = json.loads((out / "status.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert {"generated_at", "stale_after_s", "stale", "status", "nodes"} <= set(st)
     assert st["stale"] is False and st["status"] == "CRITICAL" and st["stale_after_s"] == 600

@@ -29,7 +29,7 @@ import sys
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,12 @@ from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 PAGE = "index.html"
 STATUS = "status.json"
 FEED = "feed.atom"
-FILES = {PAGE: "text/html; charset=utf-8", STATUS: "application/json", FEED: "application/atom+xml"}
+BADGES = ("badge.svg", *(f"badge-uptime-{w}.svg" for w in WINDOWS))
+FILES = {PAGE: "text/html; charset=utf-8", STATUS: "application/json", FEED: "application/atom+xml",
+         **dict.fromkeys(BADGES, "image/svg+xml")}  # fmt: skip
+# Badge colours: the page's own (amber WARNING is not red CRITICAL), white or dark text (AA contrast).
+_BADGE_COLOUR = {"OK": ("#1a7f37", "#fff"), "WARNING": ("#d4a72c", "#1f2328"), "CRITICAL": ("#cf222e", "#fff"),
+                 "UNKNOWN": ("#57606a", "#fff")}  # fmt: skip
 STATUS_SCHEMA = "alma.status/1"
 _STATUS_KEYS = ("schema", "alma.status", "generated_at", "data_time", "stale_after_s", "stale", "stale_reason",
                 "status", "last_known_status", "nodes", "alias", "role", "checks", "name", "uptime_percent",
@@ -298,11 +303,44 @@ def _sha256(text: str) -> str:
 
 @dataclass
 class Published:
-    """The three public files, already checked for leaks."""
+    """The public files, already checked for leaks."""
 
     html: str
     status_json: str
     feed: str
+    badges: dict[str, str] = field(default_factory=dict)
+
+
+def badge_svg(label: str, value: str, status: str) -> str:
+    """A flat SVG badge (shields.io's layout), text only from fixed words and numbers."""
+    bg, fg = _BADGE_COLOUR.get(status, _BADGE_COLOUR["UNKNOWN"])
+    lw, vw = 6 * len(label) + 12, 7 * len(value) + 12
+    esc = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
+    lab, val = ("".join(esc.get(c, c) for c in t) for t in (label, value))
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{lw + vw}" height="20" role="img" '
+        f'aria-label="{lab}: {val}"><title>{lab}: {val}</title>'
+        f'<rect width="{lw}" height="20" fill="#555"/><rect x="{lw}" width="{vw}" height="20" fill="{bg}"/>'
+        f'<g font-family="Verdana,DejaVu Sans,sans-serif" font-size="11" text-anchor="middle">'
+        f'<text x="{lw / 2:g}" y="14" fill="#fff">{lab}</text>'
+        f'<text x="{lw + vw / 2:g}" y="14" fill="{fg}">{val}</text></g></svg>\n'
+    )
+
+
+def badges(view: dict[str, Any], stale: bool) -> dict[str, str]:
+    """badge.svg (fleet status; UNKNOWN when stale) and badge-uptime-<window>.svg (mean of the
+    nodes with data; grey "no data" without history)."""
+    status = "UNKNOWN" if stale else view["overall"]
+    out = {"badge.svg": badge_svg("fleet", ("stale" if stale else status).lower(), status)}
+    for w in WINDOWS:
+        vals = [r.uptime_raw[w] for r in view["rows"] if r.uptime_raw and r.uptime_raw.get(w) is not None]
+        if not vals:
+            out[f"badge-uptime-{w}.svg"] = badge_svg(f"uptime {w}", "no data", "UNKNOWN")
+            continue
+        mean = sum(vals) / len(vals)
+        colour = "OK" if mean >= 99.0 else "WARNING" if mean >= 95.0 else "CRITICAL"
+        out[f"badge-uptime-{w}.svg"] = badge_svg(f"uptime {w}", f"{mean:.2f}%", colour)
+    return out
 
 
 def freshness(data_time: datetime, now: datetime, limit: float) -> tuple[bool, str | None, float]:
@@ -361,13 +399,15 @@ def publish(
     status = status_document(fleet, view, data_time=data_time, now=now, limit=limit, stale=stale, why=why)
     feed = atom_feed(fleet, view, now=now)
     forbidden = private_names(fleet, snapshot)
+    badge_files = badges(view, stale)
     found = leaks(html, forbidden) + leaks(status, forbidden) + leaks(feed, forbidden)
+    found += [x for b in badge_files.values() for x in leaks(b, forbidden)]
     if found:
         raise LeakError(
             "the panel would publish " + ", ".join(dict.fromkeys(found)) + "; nothing was written",
             hint="give the node a public alias in the fleet file, or remove the text from [panel]",
         )
-    return Published(html, status, feed)
+    return Published(html, status, feed, badge_files)
 
 
 def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, now: datetime, limit: float,
@@ -437,7 +477,8 @@ def atom_feed(fleet: Fleet, view: dict[str, Any], *, now: datetime) -> str:
 
 def write_panel(out_dir: Path, html: str | Published) -> Path:
     """Write the files (each atomically; the page last, so it never links a missing file)."""
-    files = {PAGE: html} if isinstance(html, str) else {STATUS: html.status_json, FEED: html.feed, PAGE: html.html}
+    files = {PAGE: html} if isinstance(html, str) else {
+        STATUS: html.status_json, FEED: html.feed, **html.badges, PAGE: html.html}  # fmt: skip
     for name, text in files.items():
         try:
             write_atomic(out_dir / name, text)
