@@ -448,11 +448,22 @@ def test_bidi_controls_in_title_and_figures_are_made_visible(tmp_path: Path) -> 
 def test_svg_badges_say_unknown_when_stale_and_name_nothing_private(fleet: Fleet) -> None:
     import xml.etree.ElementTree as ET
 
-    fresh = P.publish(fleet, snapshot(NOW), now=NOW).badges
-    old = P.publish(fleet, snapshot(NOW - timedelta(hours=3)), now=NOW).badges
+    def badges(t: datetime) -> dict[str, str]:
+        return {k: v for k, v in P.publish(fleet, snapshot(t), now=NOW).extra.items() if k in P.BADGES}
+
+    fresh, old = badges(NOW), badges(NOW - timedelta(hours=3))
     assert set(fresh) == set(P.BADGES)
     for b in (*fresh.values(), *old.values()):
         ET.fromstring(b)  # well-formed SVG
         assert "orin-0" not in b and not P.find_ips(b)
     assert ET.fromstring(old["badge.svg"]).get("aria-label") == "fleet: stale" and "#57606a" in old["badge.svg"]
     assert "no data" in fresh["badge-uptime-7d.svg"]  # no history: grey, never a made-up 100 %
+
+
+def test_problems_page_filters_and_sorts_without_javascript(fleet: Fleet) -> None:
+    pub = P.publish(fleet, snapshot(NOW), now=NOW)
+    page = pub.extra[P.PROBLEMS]
+    rows = re.findall(r'<td class="state node-state [^"]+" data-status="([^"]+)"', page)
+    order = {"CRITICAL": 0, "WARNING": 1, "UNKNOWN": 2}
+    assert rows and "OK" not in rows and rows == sorted(rows, key=order.__getitem__)
+    assert 'href="problems.html"' in pub.html and 'aria-current="page">All nodes' in pub.html

@@ -165,7 +165,8 @@ def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path
     snap_path.write_text(json.dumps(snap(NOW)))
     out = tmp_path / "out"
     P.render_to(out, fleet, snap_path, now=NOW)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["feed.atom", "index.html", "status.json", *P.BADGES])
+    want = ["feed.atom", "index.html", "status.json", "problems.html", *P.BADGES]
+    assert sorted(p.name for p in out.iterdir()) == sorted(want)
     badge = ET.fromstring((out / "badge.svg").read_text())
     assert badge.get("aria-label") == "fleet: critical" and "#cf222e" in (out / "badge.svg").read_text()
     up = (out / "badge-uptime-24h.svg").read_text()

@@ -49,7 +49,9 @@ PAGE = "index.html"
 STATUS = "status.json"
 FEED = "feed.atom"
 BADGES = ("badge.svg", *(f"badge-uptime-{w}.svg" for w in WINDOWS))
-FILES = {PAGE: "text/html; charset=utf-8", STATUS: "application/json", FEED: "application/atom+xml",
+PROBLEMS = "problems.html"
+FILES = {PAGE: "text/html; charset=utf-8", PROBLEMS: "text/html; charset=utf-8", STATUS: "application/json",
+         FEED: "application/atom+xml",
          **dict.fromkeys(BADGES, "image/svg+xml")}  # fmt: skip
 # Badge colours: the page's own (amber WARNING is not red CRITICAL), white or dark text (AA contrast).
 _BADGE_COLOUR = {"OK": ("#1a7f37", "#fff"), "WARNING": ("#d4a72c", "#1f2328"), "CRITICAL": ("#cf222e", "#fff"),
@@ -308,7 +310,7 @@ class Published:
     html: str
     status_json: str
     feed: str
-    badges: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)  # badges and problems.html, by file name
 
 
 def badge_svg(label: str, value: str, status: str) -> str:
@@ -376,7 +378,8 @@ def publish(
     script = env.get_template("panel.js.j2").render()
     style = env.get_template("panel.css").render()
     view = build_view(fleet, snapshot, history)
-    html = env.get_template("panel.html.j2").render(
+    problems = sorted((r for r in view["rows"] if r.status != "OK"), key=lambda r: -Severity.parse(r.status).rank)
+    common = dict(
         # Operator text too passes the one sanitizer: U+202E in a title reverses the page.
         title=T.html_text(fleet.panel.title),
         figures=[Figure(T.html_text(f.label), T.html_text(f.value), T.html_text(f.unit)) for f in fleet.panel.figures],
@@ -394,20 +397,26 @@ def publish(
         csp=f"default-src 'none'; script-src '{_sha256(script)}'; style-src '{_sha256(style)}'; "
         "base-uri 'none'; form-action 'none'",
         refresh_s=refresh_s,
-        **view,
+        n_all=len(view["rows"]),
+        n_problems=len(problems),
     )
+    template = env.get_template("panel.html.j2")
+    html = template.render(**common, **view, page_kind="all")
+    # The same page, filtered and sorted without JavaScript: problems only, worst first.
+    problems_html = template.render(**common, **{**view, "rows": problems}, page_kind="problems")
     status = status_document(fleet, view, data_time=data_time, now=now, limit=limit, stale=stale, why=why)
     feed = atom_feed(fleet, view, now=now)
     forbidden = private_names(fleet, snapshot)
     badge_files = badges(view, stale)
     found = leaks(html, forbidden) + leaks(status, forbidden) + leaks(feed, forbidden)
+    found += leaks(problems_html, forbidden)
     found += [x for b in badge_files.values() for x in leaks(b, forbidden)]
     if found:
         raise LeakError(
             "the panel would publish " + ", ".join(dict.fromkeys(found)) + "; nothing was written",
             hint="give the node a public alias in the fleet file, or remove the text from [panel]",
         )
-    return Published(html, status, feed, badge_files)
+    return Published(html, status, feed, {**badge_files, PROBLEMS: problems_html})
 
 
 def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, now: datetime, limit: float,
@@ -478,7 +487,7 @@ def atom_feed(fleet: Fleet, view: dict[str, Any], *, now: datetime) -> str:
 def write_panel(out_dir: Path, html: str | Published) -> Path:
     """Write the files (each atomically; the page last, so it never links a missing file)."""
     files = {PAGE: html} if isinstance(html, str) else {
-        STATUS: html.status_json, FEED: html.feed, **html.badges, PAGE: html.html}  # fmt: skip
+        STATUS: html.status_json, FEED: html.feed, **html.extra, PAGE: html.html}  # fmt: skip
     for name, text in files.items():
         try:
             write_atomic(out_dir / name, text)
