@@ -63,7 +63,7 @@ def end_tree(kill_after: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = descendants(me)
         if not pids:
-            return
+            break
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
