@@ -252,7 +252,7 @@ def thirty_nodes(tmp_path: Path) -> tuple[Fleet, dict[str, Any]]:
             nodes.append(node(f"orin-{i:02d}", "OK", {}, "cluster"))
         else:
             nodes.append(node(f"orin-{i:02d}", k, {**{c: "OK" for c in ALL_CHECKS}, "disk": k}, "cluster"))
-    return parse_fleet(body, tmp_path / "f30.toml"), snap(NOW, nodes)
+    return parse_fleet(body, tmp_path / "f30.toml"), snap(datetime.now(UTC).replace(microsecond=0), nodes)
 
 
 def stale_node() -> dict[str, Any]:
@@ -270,23 +270,25 @@ def thousand_nodes(tmp_path: Path) -> tuple[Fleet, dict[str, Any]]:
         body += f'[[node]]\nname = "rack{i:04d}"\nrole = "cluster"\nalias = "Edge {i + 1}"\n'
         k = "CRITICAL" if i % 97 == 5 else "WARNING" if i % 41 == 3 else "OK"
         nodes.append(node(f"rack{i:04d}", k, {**{c: "OK" for c in ALL_CHECKS}, "thermal": k}, "cluster"))
-    return parse_fleet(body, tmp_path / "f1000.toml"), snap(NOW, nodes)
+    return parse_fleet(body, tmp_path / "f1000.toml"), snap(datetime.now(UTC).replace(microsecond=0), nodes)
 
 
 def page_cases(fleet: Fleet, tmp_path: Path) -> dict[str, tuple[Fleet, dict[str, Any], datetime]]:
     grey = [node("orin-01", "UNKNOWN", {}), node("orin-02", "UNKNOWN", {"storm": "UNKNOWN"}, "cluster"),
             node("cockpit", "OK", {}, "desktop")]  # fmt: skip
+    # "now" when the case is built, not at import: a long run must not turn "fresh" stale.
+    now = datetime.now(UTC).replace(microsecond=0)
     f30, s30 = thirty_nodes(tmp_path)
     f1000, s1000 = thousand_nodes(tmp_path)
-    with_stale = [stale_node(), *snap(NOW)["nodes"][1:]]
+    with_stale = [stale_node(), *snap(now)["nodes"][1:]]
     return {
-        "stale-node": (fleet, snap(NOW - timedelta(seconds=20), with_stale), NOW),
-        "1000-nodes": (f1000, s1000, NOW),
-        "fresh": (fleet, snap(NOW - timedelta(seconds=20)), NOW),
-        "stale": (fleet, snap(NOW - timedelta(hours=2)), NOW),
-        "future": (fleet, snap(NOW + timedelta(days=30)), NOW),
-        "all-grey": (fleet, snap(NOW - timedelta(seconds=20), grey), NOW),
-        "30-nodes": (f30, s30, NOW),
+        "stale-node": (fleet, snap(now - timedelta(seconds=20), with_stale), now),
+        "fresh": (fleet, snap(now - timedelta(seconds=20)), now),
+        "stale": (fleet, snap(now - timedelta(hours=2)), now),
+        "future": (fleet, snap(now + timedelta(days=30)), now),
+        "all-grey": (fleet, snap(now - timedelta(seconds=20), grey), now),
+        "30-nodes": (f30, s30, now),
+        "1000-nodes": (f1000, s1000, now),  # last: its screenshot is the slowest
     }
 
 
