@@ -16,7 +16,12 @@ The flood case: one node whose health command is `head -c 3000000000 /dev/zero` 
 `timeout = 5`, against one healthy node: wall time and peak RSS of `alma fleet health` (each
 in a fresh interpreter, so the RSS is that run's own). Before issue 12 a 200 MB flood took
 257 s at 586 MB; 3 GB ran past 600 s at 3.3 GB.
-Run: .venv/bin/python bench/bench_fleet.py [--nodes 16] [--rounds 3]
+The panel case (issue 21): `alma panel` rendering at 100 nodes x 30 days of history at one
+run a minute (43,200 runs, 4.32 M node samples in the schema-1 file the old code reads) and
+at 1000 nodes, wall time and peak RSS, this code beside the code before issue 21 (from git,
+bench/oldcode.py) in one run. Targets: 100 x 30 d < 2 s and < 150 MB; 1000 nodes < 3 s. The
+new code's one-time upgrade of the schema-1 file is shown apart.
+Run: .venv/bin/python bench/bench_fleet.py [--nodes 16] [--rounds 3] [--panel-only]
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
+from oldcode import env_for, old_src  # noqa: E402
 from support_fleet import HEALTH, start_sshd, stop_sshd  # noqa: E402
 from support_guard import FakeBoard, orin_zones  # noqa: E402
 
@@ -99,11 +106,165 @@ def flood_case(base: Path, ssh_config: Path, healthy_cmd: str) -> dict[str, dict
     return out
 
 
+PANEL_RUN = """
+import json, resource, sys, time
+from pathlib import Path
+from alma.fleet.inventory import load_fleet
+from alma.fleet.panel import render_to
+t0 = time.perf_counter()
+render_to(Path(sys.argv[1]), load_fleet(Path(sys.argv[2])), Path(sys.argv[3]), history_path=Path(sys.argv[4]))
+print(json.dumps({"wall": time.perf_counter() - t0,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+OLD_REV = "30f5c70"  # main before issue 21
+JUDGE_RUN = """
+import json, sys, time
+from datetime import datetime, timezone
+from alma.fleet.health import parse_report
+from alma.fleet.inventory import Node
+now = datetime.now(timezone.utc)
+t = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+def b36(i):
+    return "0" if i == 0 else b36(i // 36).lstrip("0") + "0123456789abcdefghijklmnopqrstuvwxyz"[i % 36]
+def doc(checks):
+    return json.dumps({"schema": "alma.health/1", "status": "OK", "time": t, "checks": checks}, separators=(",", ":"))
+shapes = {
+    "35,000 checks": doc([{"name": b36(i), "status": "OK"} for i in range(35000)]),
+    "17,000 duplicate checks": doc([{"name": b36(i % 2), "status": "OK"} for i in range(33000)]),
+    "1 check, 20,000 perfdata": doc([{"name": "disk", "status": "OK", "perfdata": [
+        {"label": f"p{i}", "value": i, "warn": 1, "crit": 2} for i in range(20000)]}]),
+    "1 check, 1 MB summary": doc([{"name": "disk", "status": "OK", "summary": "x" * 1_000_000}]),
+    "1 MB of nesting": "[" * 500_000 + "]" * 500_000,
+}
+names = list(shapes) if sys.argv[1:] == [] else [list(shapes)[int(sys.argv[1])]]
+out = {}
+for name in names:
+    text = shapes[name]
+    assert len(text) <= 1 << 20, (name, len(text))
+    t0 = time.perf_counter()
+    r = parse_report(text, Node("n", "n", "board"), now=now, stale_after=300)
+    out[name] = time.perf_counter() - t0
+print(json.dumps(out))
+"""
+JUDGE_SHAPES = 5
+OLD_JUDGE_LIMIT_S = 120
+
+
+def judge_case() -> tuple[dict[str, float], dict[str, float] | None]:
+    """Seconds to judge 1 MiB reports of several shapes: this code, and the old (<= 120 s)."""
+    with tempfile.TemporaryDirectory(prefix="bench-judge-") as tmp:
+        old = old_src(OLD_REV, Path(tmp))
+        figures: list[dict[str, float]] = [{}, {}]
+        for k, src in enumerate((None, old)):
+            for shape in range(JUDGE_SHAPES):  # one interpreter per shape: a slow one cannot hide the rest
+                try:
+                    r = subprocess.run([sys.executable, "-c", JUDGE_RUN, str(shape)], capture_output=True, text=True,
+                                       timeout=OLD_JUDGE_LIMIT_S, env=env_for(src, dict(os.environ)))  # fmt: skip
+                except subprocess.TimeoutExpired:
+                    continue
+                if r.returncode == 0:
+                    figures[k].update(json.loads(r.stdout))
+    return figures[0], figures[1] if old else None
+
+
+def print_judge(new: dict[str, float], old: dict[str, float] | None) -> None:
+    print(f"judging one 1 MiB report (parse + every check; old = {OLD_REV}), target < 0.5 s each:")
+    for name, secs in new.items():
+        was = f"old {old[name]:8.3f} s" if old and name in old else f"old  > {OLD_JUDGE_LIMIT_S} s"
+        print(f"  {name:26s} {was} | new {secs:6.3f} s  {'MET' if secs < 0.5 else 'NOT MET'}")
+
+
+def panel_inputs(base: Path, nodes: int, days: int) -> tuple[Path, Path, Path]:
+    """A fleet file, a snapshot and a schema-1 history (one run a minute for ``days``)."""
+    import sqlite3
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC).timestamp()
+    base.mkdir(parents=True, exist_ok=True)
+    fleet = base / "fleet.toml"
+    fleet.write_text("".join(f'[[node]]\nname = "rack{i:04d}"\nrole = "cluster"\nalias = "Edge {i}"\n'
+                             for i in range(nodes)))  # fmt: skip
+    checks = ["storm", "memory", "gpu", "thermal", "links", "watchdog", "disk"]
+    snap = {"schema": "alma.fleet-health/1", "time": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "status": "OK", "code": 0, "stale_after": 300,
+            "nodes": [{"name": f"rack{i:04d}", "role": "cluster", "alias": None, "status": "OK", "code": 0,
+                       "summary": "", "report_time": None, "duration_s": 0.2, "reachable": True,
+                       "checks": [{"name": c, "status": "OK", "summary": "", "perfdata": []} for c in checks]}
+                      for i in range(nodes)]}  # fmt: skip
+    snapshot = base / "fleet-health.json"
+    snapshot.write_text(json.dumps(snap))
+    history = base / "fleet-history.sqlite"
+    conn = sqlite3.connect(history)
+    conn.executescript(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY, epoch REAL NOT NULL, status TEXT NOT NULL);"
+        "CREATE INDEX runs_epoch ON runs(epoch);"
+        "CREATE TABLE samples (run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE, node TEXT NOT NULL,"
+        " status TEXT NOT NULL, PRIMARY KEY (run_id, node)); PRAGMA user_version = 1;"
+    )
+    runs = days * 24 * 60
+    with conn:
+        conn.executemany("INSERT INTO runs VALUES (?, ?, 'OK')", ((r, now - 60 * (runs - r)) for r in range(runs)))
+        conn.executemany("INSERT INTO samples VALUES (?, ?, ?)",
+                         ((r, f"rack{i:04d}", "CRITICAL" if (r // 97 + i) % 53 == 0 else "OK")
+                          for r in range(runs) for i in range(nodes)))  # fmt: skip
+    conn.close()
+    return fleet, snapshot, history
+
+
+def render_once(src: Path | None, d: Path, fleet: Path, snap: Path, history: Path) -> dict[str, float]:
+    argv = [sys.executable, "-c", PANEL_RUN, str(d / "out"), str(fleet), str(snap), str(history)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env_for(src, dict(os.environ)))
+    if r.returncode != 0:
+        raise SystemExit(f"panel render in {d} failed: {r.stderr[-2000:]}")
+    return dict(json.loads(r.stdout))
+
+
+def panel_case(base: Path) -> list[tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]]:
+    """(case, old, new, new one-time upgrade) render figures, each in a fresh interpreter."""
+    import shutil
+
+    old = old_src(OLD_REV, base / "old")
+    out = []
+    for case, nodes, days in (("100 nodes x 30 days", 100, 30), ("1000 nodes", 1000, 0)):
+        d = base / case.replace(" ", "_")
+        fleet, snap, hist = panel_inputs(d, nodes, days)
+        new_hist = d / "new-history.sqlite"
+        shutil.copy(hist, new_hist)
+
+        old_fig = render_once(old, d, fleet, snap, hist) if old else {"wall": float("nan"), "rss_mb": float("nan")}
+        # the new code's first render folds the schema-1 file in, once; the second is the steady state
+        upgrade = render_once(None, d, fleet, snap, new_hist) if days else None
+        out.append((case, old_fig, render_once(None, d, fleet, snap, new_hist), upgrade))
+    return out
+
+
+def print_panel(rows: list[tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]]) -> None:
+    print(f"alma panel render (fresh interpreter each; old = {OLD_REV}, before issue 21):")
+    for case, old, new, upgrade in rows:
+        target = (2.0, 150.0) if "days" in case else (3.0, float("inf"))
+        ok = new["wall"] < target[0] and new["rss_mb"] < target[1]
+        mb = f", < {target[1]:g} MB" if target[1] != float("inf") else ""
+        print(f"  {case:20s} old {old['wall']:7.2f} s {old['rss_mb']:7.1f} MB | new {new['wall']:6.2f} s "
+              f"{new['rss_mb']:6.1f} MB | {new['wall'] / old['wall']:.3f}x time, "
+              f"{new['rss_mb'] / old['rss_mb']:.3f}x RSS  (target < {target[0]:g} s{mb}) "
+              f"{'MET' if ok else 'NOT MET'}")  # fmt: skip
+        if upgrade:
+            print(f"  {'':20s} one-time upgrade of the schema-1 file (first render): {upgrade['wall']:.2f} s, "
+                  f"{upgrade['rss_mb']:.1f} MB")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--panel-only", action="store_true", help="Only the judging and panel render cases.")
+    ap.add_argument("--skip-panel", action="store_true", help="Leave out the judging and panel cases.")
     args = ap.parse_args()
+    if args.panel_only:
+        print_judge(*judge_case())
+        with tempfile.TemporaryDirectory(prefix="bench-panel-") as tmp:
+            print_panel(panel_case(Path(tmp)))
+        return 0
     if not HEALTH.exists():
         print(f"missing {HEALTH}", file=sys.stderr)
         return 2
@@ -164,6 +325,7 @@ def main() -> int:
                         raise SystemExit(f"parallel run lost nodes {bad}: {[n.summary for n in r.nodes][:2]}")
             boards[0].write_guard_state(shedding=False)
             flood = flood_case(base, sshd.client_config, fleet.nodes[0].health_command)
+            panel_rows = [] if args.skip_panel else panel_case(base / "panel")
         finally:
             for node in mux.nodes if "mux" in locals() else ():
                 subprocess.run([*ssh_argv(node, "", mux.ssh)[:-3], "-O", "exit", node.ssh], capture_output=True)
@@ -192,6 +354,9 @@ def main() -> int:
     print(f"  ratio flood/healthy: {float(fl['wall']) / float(h['wall']):6.2f}x wall, "
           f"{float(fl['rss_mb']) / float(h['rss_mb']):6.2f}x RSS  (target: wall < 6 s, RSS < 100 MB) "
           f"{'MET' if float(fl['wall']) < 6 and float(fl['rss_mb']) < 100 else 'NOT MET'}")  # fmt: skip
+    if not args.skip_panel:
+        print_judge(*judge_case())
+        print_panel(panel_rows)
     return 0
 
 

@@ -110,3 +110,33 @@ def test_unwritable_state_is_a_warning_never_a_traceback(
     out, err = capsys.readouterr()
     assert out.startswith("FLEET CRITICAL") and "warning: snapshot not saved" in err
     assert "warning: history not updated: cannot create the fleet history" in err
+
+
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [("[health]\ntimeout = inf\n", 2), ("[ssh]\nconnect_timeout = 5\n[health]\nstale_after = nan\n", 4),
+     ("[health]\ntimeout = -5.0\n", 2), ("[panel]\nstale_after = inf\n", 2)],
+)  # fmt: skip
+def test_non_finite_or_negative_numbers_are_exit_3_naming_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, line: int
+) -> None:
+    """Issue 21 #11: `timeout = inf/nan` was exit 70; `stale_after = nan` disabled staleness."""
+    from support import run_cli
+
+    f = tmp_path / "fleet.toml"
+    f.write_text(body + '[[node]]\nname = "n1"\nrole = "board"\n')
+    code, out, err = run_cli(capsys, "fleet", "health", "--fleet", f, "--nagios", "--no-save")
+    assert code == 3 and f"{f}:{line}:" in err and "finite" in err, err
+    assert out.startswith("FLEET UNKNOWN - ")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_non_finite_timeout_option_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    from support import run_cli
+
+    f = tmp_path / "fleet.toml"
+    f.write_text('[[node]]\nname = "n1"\nrole = "board"\n')
+    code, _, err = run_cli(capsys, "fleet", "health", "--fleet", f, "--timeout", value, "--no-save")
+    assert code == 3 and "not a finite number" in err

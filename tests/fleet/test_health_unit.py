@@ -272,7 +272,7 @@ def test_nagios_line_format() -> None:
     for item in items:
         assert PERF_RE.match(item), item
     assert "'nodes_unknown'=1;;;0;2" in items
-    assert "'orin-01_eth1_mcast_rate'=3.5;1000;10000;0;" in items
+    assert "'orin-01/eth1_mcast_rate'=3.5;1000;10000;0;" in items
 
 
 def test_perf_item_quotes_and_units() -> None:
@@ -340,3 +340,123 @@ def test_snapshot_is_strict_json_even_when_a_node_sent_nonfinite_numbers(tmp_pat
 def test_desktop_rule_not_fooled_by_login_shell_noise() -> None:
     sev, summary = desktop.evaluate(0, "", None, 0, rec("ps_with_login-shell-noise.txt"), None)
     assert sev is Severity.CRITICAL and "ollama (pid 1901)" in summary
+
+
+# ---- issue 21: bounded in time, honest cells, bounded Nagios output ----------------------------
+
+
+def many_checks(n: int) -> list[dict[str, Any]]:
+    def b36(i: int) -> str:
+        return "0" if i == 0 else b36(i // 36).lstrip("0") + "0123456789abcdefghijklmnopqrstuvwxyz"[i % 36]
+
+    return [{"name": b36(i), "status": "OK"} for i in range(n)]
+
+
+def test_35000_checks_are_judged_well_within_the_per_node_deadline(tmp_path: Path) -> None:
+    """Issue 21 #1: names.count made a 1 MB report of 35,000 checks take 30-60 s, and the
+    per-node timeout did not cover judging. Now the one deadline covers connect, read and
+    judge, and judging is linear: the run ends in a fraction of the 20 s deadline."""
+    text = json.dumps(json.loads(report("OK", NOW, many_checks(35_000))), separators=(",", ":"))
+    assert len(text) < 1 << 20  # under the output cap: the node is allowed to send it
+    fl = parse_fleet('[health]\ntimeout = 20\n[[node]]\nname="n1"\nrole="board"\n', tmp_path / "f.toml")
+
+    def remote(node: Node, command: str, cfg: object, **_: object) -> RemoteResult:
+        return RemoteResult(node.name, command, 0, text.splitlines())
+
+    started = datetime.now(UTC)
+    rep = H.run_fleet_health(fl, remote=remote, clock=lambda: NOW)
+    spent = (datetime.now(UTC) - started).total_seconds()
+    assert rep.nodes[0].status is Severity.OK and rep.nodes[0].summary == "all 35000 checks OK"
+    assert spent < 10, spent  # complexity, not speed: quadratic is 30-60 s here
+
+
+def test_duplicate_checks_in_a_huge_report_are_named_briefly() -> None:
+    checks = many_checks(20_000) + many_checks(20)
+    r = H.parse_report(report("OK", NOW, checks), NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "reported twice: 0, 1, 2, 3, 4, and 15 more" in r.summary
+
+
+def test_the_deadline_covers_judging_too(tmp_path: Path) -> None:
+    """A node whose answer arrives in time but whose verdict does not is UNKNOWN."""
+    fl = parse_fleet('[health]\ntimeout = 1\n[[node]]\nname="n1"\nrole="board"\n', tmp_path / "f.toml")
+    ticks = iter([0.0, 5.0])
+
+    def remote(node: Node, command: str, cfg: object, **_: object) -> RemoteResult:
+        return RemoteResult(node.name, command, 0, report("OK", NOW).splitlines())
+
+    rep = H.run_fleet_health(fl, remote=remote, clock=lambda: NOW, ticks=lambda: next(ticks, 99.0))
+    assert rep.nodes[0].status is Severity.UNKNOWN and "no verdict within the 1 s deadline" in rep.nodes[0].summary
+
+
+def test_a_stale_reports_checks_are_stale_not_ok_everywhere() -> None:
+    """Issue 21 #2: a 27 h old report made the node UNKNOWN but left its cells green "OK"."""
+    old = H.parse_report(report("OK", NOW - timedelta(hours=27)), NODE, now=NOW, stale_after=300)
+    assert old.status is Severity.UNKNOWN
+    assert all(c.status is Severity.UNKNOWN and c.stale for c in old.checks)
+    d = old.to_dict()
+    assert {c["status"] for c in d["checks"]} == {"UNKNOWN"} and all(c["stale"] for c in d["checks"])
+    assert d["checks"][0]["reported"] == "OK"  # what it said back then, for the operator
+    rep = H.FleetReport("t", [old], 300)
+    line = H.nagios_line(rep)
+    assert "eth1_mcast_rate" not in line  # a stale value is not graphed as current
+    from alma.fleet import table
+
+    _, rows = table.rows(rep)
+    assert [text for text, _ in rows[0][3:-1]] == ["stale", "stale"]
+    fresh = H.parse_report(report("OK", NOW), NODE, now=NOW, stale_after=300)
+    assert "stale" not in fresh.to_dict()["checks"][0]
+
+
+def test_the_terminal_table_has_the_projects_columns_only_and_cut_cells() -> None:
+    """Issue 21 #7: 40 invented checks made 40 columns ("WARNING" one letter per line)."""
+    from alma.fleet import table
+
+    checks = [{"name": f"x{i}", "status": "WARNING", "summary": "s"} for i in range(40)]
+    checks.append({"name": "thermal", "status": "OK", "summary": "tj 50 C"})
+    r = H.parse_report(report("WARNING", NOW, checks), NODE, now=NOW, stale_after=300)
+    r.summary = "y" * 5000
+    r.alias = "A" * 300
+    rep = H.FleetReport("t", [r, H.NodeResult("b", "board", None, Severity.UNKNOWN, "unreachable")], 300)
+    header, rows = table.rows(rep)
+    assert header == ["node", "role", "status", "thermal", "summary"]
+    assert rows[1][3] == ("not reported", None)
+    assert all(len(text) <= table.SUMMARY_WIDTH for row in rows for text, _ in row)
+    assert rows[0][0][0].endswith("\u2026") and rows[0][-1][0].endswith("\u2026")
+    from rich.console import Console
+
+    con = Console(width=200, record=True, color_system=None)
+    con.print(table.rich_table(rep))
+    out = con.export_text()
+    assert max(len(ln) for ln in out.splitlines()) <= 200 and "WARNING" in out
+
+
+def test_nagios_output_is_bounded_and_keeps_perfdata_before_prose() -> None:
+    """Issue 21 #8: 30 nodes made 8.6 KB; a 200 KB summary pushed all perfdata past 8 KB."""
+    nodes = []
+    for i in range(30):
+        r = H.parse_report(report("CRITICAL", NOW), Node(f"node-rack{i}", "x", "board"), now=NOW, stale_after=300)
+        r.summary = "z" * (200_000 if i == 0 else 500)
+        nodes.append(r)
+    line = H.nagios_line(H.FleetReport("t", nodes, 300))
+    assert len(line.encode()) <= H.NAGIOS_MAX and "\n" not in line
+    text, perf = line.split(" | ")
+    items = perf.split(" ")
+    assert all(PERF_RE.match(i) for i in items)
+    assert "'node-rack29/eth1_mcast_rate'=3.5;1000;10000;0;" in items  # every node's perfdata kept
+    assert "\u2026" in text  # summaries were cut instead
+    # 1000 nodes: perfdata alone is over the limit, so the line says what it left out
+    big = H.FleetReport("t", [H.NodeResult(f"n{i}", "board", None, Severity.OK, "") for i in range(1000)], 300)
+    line = H.nagios_line(big)
+    assert len(line.encode()) <= H.NAGIOS_MAX and "item(s) left out" in line
+
+
+def test_perfdata_labels_cannot_collide_across_nodes() -> None:
+    """Issue 21 #8: node-rack1 + label b_response forged node-rack1_b's response time."""
+    a = H.parse_report(report("OK", NOW, [{"name": "storm", "status": "OK", "perfdata": [
+        {"label": "b_response", "value": 9.0}, {"label": "b_response", "value": 1.0}]}]),
+        Node("node-rack1", "x", "board"), now=NOW, stale_after=300)  # fmt: skip
+    b = H.NodeResult("node-rack1_b", "board", None, Severity.OK, "", duration_s=0.5)
+    items = H.nagios_line(H.FleetReport("t", [a, b], 300)).split(" | ")[1].split(" ")
+    labels = [i.split("=")[0] for i in items]
+    assert len(labels) == len(set(labels))
+    assert "'node-rack1/b_response'=9;;;;" in items and "'node-rack1_b/response'=0.5s;;;0;" in items

@@ -112,7 +112,7 @@ def test_interpret_orin(fleet: Fleet) -> None:
 
     md = I.to_markdown(started, [orin, dead])
     assert "### Verified live at 2026-11-30T16:00:00Z (node clock 2026-11-30T16:00:01Z)" in md
-    assert "memory not reported ([N/A])" in md
+    assert "memory not reported (\\[N/A])" in md  # "[" escaped: node text never opens a link
     assert "- RDMA links: rdma not installed" in md
     assert "never summed" in md.lower() or "**never summed**" in md
     assert "## orin-02 (cluster)" in md and "node not reached" in md
@@ -151,3 +151,33 @@ def test_login_shell_noise_is_reported_not_parsed(fleet: Fleet) -> None:
     assert all(x["lines"] == [noise] for x in orin.ignored_output)
     md = I.to_markdown(started, [orin])
     assert "### Ignored output" in md and "tmp.ssLLcJW1hv" in md
+
+
+BANNER = "Welcome` ![x](http://evil.example/x.png) <img src=x onerror=alert(1)> [click](http://evil.example) ``"
+
+
+def test_a_login_banner_cannot_inject_markdown_or_html(fleet: Fleet) -> None:
+    """Issue 21 #6: a banner with a backtick broke out of its code span: live image links and
+    raw <img onerror>. Rendered by a REAL CommonMark + GFM-table parser (markdown-it-py)."""
+    from markdown_it import MarkdownIt
+
+    answers = {k: (rc, [BANNER, *lines]) for k, (rc, lines) in ORIN_ANSWERS.items()}
+    answers[I.EARLYOOM] = (3, [BANNER + " | x"])  # table cell text, not a code span
+    sent: list[tuple[str, str]] = []
+    started, results = I.collect(fleet, [fleet.node("orin-01")], remote=fake_remote({"orin-01": answers}, sent))
+    md = I.to_markdown(started, results)
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img" not in html and "<a " not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html  # shown as text, not dropped
+    assert html.count("<code>") >= 1 and "Welcome` ![x]" in html  # the banner inside ONE code span
+
+
+@pytest.mark.parametrize("text", ["a", "`", "a`b", "``x``", " lead", "trail`", "x" * 10 + "`" * 7])
+def test_code_spans_fence_any_backticks(text: str) -> None:
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").render(f"- {I._code(text)}")
+    import html as h
+
+    inner = html.split("<code>", 1)[1].split("</code>", 1)[0]
+    assert h.unescape(inner) == text

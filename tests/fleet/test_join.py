@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from support import require_tool, run_cli
 from support_build import ADMIN_FPR, ADMIN_PUB
 
-from alma.errors import UserError
+from alma.errors import ConfigError, UserError
 from alma.fleet import join
 from alma.fleet.inventory import SshConfig, load_fleet, parse_fleet
 from alma.fleet.ssh import ssh_argv
@@ -115,32 +114,86 @@ def test_pinned_options_come_first_and_are_strict(tmp_path):
     argv = ssh_argv(node.nodes[0], "true", cfg)
     # ssh keeps the FIRST value of an option: the pin must precede the fleet's weaker policy
     assert argv.index("StrictHostKeyChecking=yes") < argv.index("StrictHostKeyChecking=no")
-    known = tmp_path / "pinned" / "n.known_hosts"
-    assert argv.index(f"UserKnownHostsFile={known}") < argv.index(f"UserKnownHostsFile={tmp_path / 'user_known'}")
-    assert "HostKeyAlias=n" in argv and known.read_text() == "n " + " ".join(ADMIN_PUB.split()[:2]) + "\n"
-    assert oct(known.stat().st_mode & 0o777) == "0o600"
+    assert argv.index("UserKnownHostsFile=/dev/null") < argv.index(f'UserKnownHostsFile="{tmp_path / "user_known"}"')
+    hook = next(a for a in argv if a.startswith("KnownHostsCommand="))
+    assert ADMIN_FPR in hook and hook.endswith(" %H %t %K") and "HostKeyAlias=n" in argv
+    assert not list(tmp_path.rglob("*.known_hosts"))  # no pin state on disk to plant or share
 
 
-def test_fingerprint_pin_keeps_only_a_scanned_key_with_that_fingerprint(tmp_path):
-    require_tool("ssh-keygen")
-    k = tmp_path / "k"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True)
-    pub = " ".join(Path(f"{k}.pub").read_text().split()[:2])
-    fp = subprocess.run(["ssh-keygen", "-lf", f"{k}.pub"], capture_output=True, text=True).stdout.split()[1]
-    node = parse_fleet(f'[[node]]\nname = "n"\nssh = "h"\nrole = "board"\nhost_key = "{fp}"\n', tmp_path / "f").nodes[0]
-    cfg = SshConfig(control_dir=tmp_path)
-    scans: list[str] = []
+def test_the_pin_hook_vouches_only_for_the_pinned_fingerprint(capsys):
+    from alma.fleet import pinhook
 
-    def scan(n, c):  # type: ignore[no-untyped-def]
-        scans.append(n.name)
-        return [" ".join(ADMIN_PUB.split()[:2]), pub]  # a decoy first
+    blob = ADMIN_PUB.split()[1]
+    assert pinhook.main([ADMIN_FPR, "edge-01", "ssh-ed25519", "NONE"]) == 0
+    assert capsys.readouterr().out == ""  # ssh only choosing algorithms
+    assert pinhook.main([ADMIN_FPR, "edge-01", "ssh-ed25519", blob]) == 0
+    assert capsys.readouterr().out == f"edge-01 ssh-ed25519 {blob}\n"
+    other = "SHA256:" + "A" * 43
+    assert pinhook.main([other, "edge-01", "ssh-ed25519", blob]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and f"pinned {other}, the host offered ssh-ed25519 {ADMIN_FPR}" in out.err
 
-    path = join.pinned_known_hosts(node, cfg, scan=scan)
-    assert path.read_text() == f"n {pub}\n"
-    join.pinned_known_hosts(node, cfg, scan=scan)
-    assert scans == ["n"]  # resolved once, then reused while the fingerprint matches
-    path.unlink()
-    assert join.pinned_known_hosts(node, cfg, scan=lambda n, c: [" ".join(ADMIN_PUB.split()[:2])]).read_text() == ""
+
+@pytest.mark.parametrize("path", ["/tmp/a b/k", '/tmp/q"uote', "/tmp/back\\slash", "/tmp/pct%d", "/tmp/tab\tx"])
+def test_paths_are_quoted_the_way_ssh_splits_them(path, tmp_path):
+    """Issue 21 #4: ssh splits UserKnownHostsFile on whitespace; a control dir with a space
+    made it read a second, planted file. Checked against ssh's own parser (ssh -G)."""
+    require_tool("ssh")
+    if "\t" in path:
+        with pytest.raises(ConfigError, match="control characters"):
+            join.ssh_quote(path, "p")
+        return
+    opt = f"UserKnownHostsFile={join.ssh_quote(path, 'p')}"
+    r = subprocess.run(["ssh", "-F", "/dev/null", "-G", "-o", opt, "h"], capture_output=True, text=True, check=True)
+    [line] = [ln for ln in r.stdout.splitlines() if ln.startswith("userknownhostsfile ")]
+    assert line == f"userknownhostsfile {path}"
+
+
+def test_concurrent_adds_all_land(tmp_path):
+    """Issue 21 #5: 10 parallel adds all exited 0 "added"; 6-8 survived."""
+    import sys
+
+    f = tmp_path / "fleet.toml"
+    f.write_text('[health]\ntimeout = 20\n')
+    procs = [subprocess.Popen([sys.executable, "-m", "alma", "fleet", "add", f"edge-{i:02d}", "--ssh", f"h{i}",
+                               "--fleet", str(f)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for i in range(10)]  # fmt: skip
+    assert [p.wait(timeout=120) for p in procs] == [0] * 10
+    assert sorted(n.name for n in load_fleet(f).nodes) == [f"edge-{i:02d}" for i in range(10)]
+
+
+def test_a_symlinked_fleet_file_stays_a_symlink(tmp_path):
+    """Issue 21 #5: the symlink was replaced by a regular file (the real one left stale)."""
+    real = tmp_path / "repo" / "fleet.toml"
+    real.parent.mkdir()
+    real.write_text('[[node]]\nname = "a"\nssh = "h"\nrole = "board"\n')
+    link = tmp_path / "fleet.toml"
+    link.symlink_to(real)
+    join.add_to_fleet(link, join.make_entry("edge-01", "h2"))
+    assert link.is_symlink() and "edge-01" in real.read_text()
+
+
+def test_names_are_unique_ignoring_case(tmp_path):
+    f = tmp_path / "fleet.toml"
+    join.add_to_fleet(f, join.make_entry("edge-01", "h"))
+    with pytest.raises(UserError, match="already in the fleet .*case-insensitively"):
+        join.add_to_fleet(f, join.make_entry("EDGE-01", "h2"))
+    with pytest.raises(ConfigError, match="duplicate node name 'EDGE-01'"):
+        parse_fleet(f.read_text() + '[[node]]\nname = "EDGE-01"\nrole = "board"\n', f)
+
+
+def test_a_scope_id_address_never_stops_the_other_boards(tmp_path):
+    """Issue 21 #5: a console address fe80::1%eth0 made make_entry raise out of after_flash."""
+    boot = SimpleNamespace(board={"name": "edge-01", "addresses": ["fe80::1%eth0"], "hostkey": FP})
+    good = SimpleNamespace(board={"name": "edge-02", "addresses": ["192.0.2.8"], "hostkey": FP})
+
+    def rec(b):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(result="SUCCESS", booted=True, boot=b, identity=None, board={"usb_instance": "1-3"})
+
+    f = tmp_path / "fleet.toml"
+    out = join.after_flash([rec(boot), rec(good)], f)
+    assert out[0]["entry"] is None and "no usable address" in out[0]["reason"]
+    assert out[1]["entry"]["name"] == "edge-02" and [n.name for n in load_fleet(f).nodes] == ["edge-02"]
 
 
 def test_add_to_fleet_never_writes_what_the_loader_refuses(tmp_path):

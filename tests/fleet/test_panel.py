@@ -60,7 +60,7 @@ IPV4 = re.compile(r"\b(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?
 IPV6 = re.compile(r"(?i)\b(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\b|(?i:[0-9a-f]{0,4}::[0-9a-f:]*[0-9a-f])|\bfe80:")
 BG = {
     "OK": "rgb(26, 127, 55)",
-    "WARNING": "rgb(207, 34, 46)",
+    "WARNING": "rgb(212, 167, 44)",
     "CRITICAL": "rgb(207, 34, 46)",
     "UNKNOWN": "rgb(87, 96, 106)",
     "not reported": "rgb(87, 96, 106)",
@@ -386,3 +386,84 @@ def test_any_ip_in_published_text_is_refused(ip: str, before: str, after: str) -
     fl = parse_fleet(FLEET.replace("ALMA-OS lab status", f"{before}{ip}{after}"), Path("/nonexistent/fleet.toml"))
     with pytest.raises(P.LeakError):
         P.render(fl, snapshot(NOW), now=NOW)
+
+
+# ---- issue 21: honest cells, amber warnings, a leak scan that scales, operator text sanitized -----
+
+
+def test_a_stale_nodes_checks_are_grey_stale_on_page_and_status_json(fleet: Fleet) -> None:
+    """Issue 21 #2: a 27 h old report: node UNKNOWN, but its check cells green "OK"."""
+    s = snapshot(NOW)
+    s["nodes"][0]["status"] = "UNKNOWN"
+    for c in s["nodes"][0]["checks"]:
+        c.update(status="UNKNOWN", stale=True, reported="OK")
+    pub = P.publish(fleet, s, now=NOW)
+    row = next(r for r in json.loads(pub.status_json)["nodes"] if r["alias"] == "Edge A")
+    assert {c["status"] for c in row["checks"]} == {"stale"} or {c["status"] for c in row["checks"]} <= {
+        "stale", "n/a"}  # fmt: skip
+    cells = re.findall(r'data-check="[^"]+" data-status="([^"]+)"', pub.html.split("Edge A", 1)[1].split("</tr>")[0])
+    assert cells and set(cells) <= {"stale", "n/a"} and "st-ok" not in pub.html.split("Edge A", 1)[1].split("</tr>")[0]
+
+
+def test_warning_is_amber_and_critical_red() -> None:
+    from alma.fleet.severity import Severity
+
+    assert P.CSS_CLASS[Severity.WARNING] != P.CSS_CLASS[Severity.CRITICAL]
+
+
+def old_leaks(html: str, forbidden: set[str]) -> list[str]:
+    """The per-name regex scan this replaces (the definition the linear scan must keep)."""
+    return sorted(n for n in forbidden if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", html, re.IGNORECASE))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    names=st.sets(st.from_regex(r"[a-z0-9][a-z0-9._-]{2,12}", fullmatch=True), min_size=1, max_size=6),
+    words=st.lists(st.sampled_from(["edge", "01", ".", "-", " ", "x", "<b>", "lab", "_", "\n", "é"]), max_size=30),
+)
+def test_the_linear_leak_scan_finds_exactly_what_the_regex_scan_found(names: set[str], words: list[str]) -> None:
+    picked = sorted(names)
+    html = "".join(words[: len(words) // 2]) + picked[0] + "".join(words[len(words) // 2 :])
+    html += " " + "".join(words) + (picked[-1].upper() if len(picked) > 1 else "")
+    got = sorted(x.split("'")[1] for x in P.leaks(html, names) if x.startswith("internal name"))
+    assert [g.lower() for g in got] == [n.lower() for n in old_leaks(html, names)]
+
+
+def test_bidi_controls_in_title_and_figures_are_made_visible(tmp_path: Path) -> None:
+    """Issue 21 #11: title and figures passed U+202E (RIGHT-TO-LEFT OVERRIDE) to the page."""
+    fl = parse_fleet(
+        '[panel]\ntitle = "Lab \u202estatus"\n[[panel.figure]]\nlabel = "GPU \u202eh"\nvalue = "1\u202e2"\n'
+        '[[node]]\nname = "n1"\nrole = "board"\nalias = "A"\n',
+        tmp_path / "f.toml",
+    )
+    s = snapshot(NOW)
+    s["nodes"] = s["nodes"][:1]
+    s["nodes"][0]["name"] = "n1"
+    pub = P.publish(fl, s, now=NOW)
+    for text in (pub.html, pub.status_json, pub.feed):
+        assert "\u202e" not in text
+    assert "&lt;U+202E&gt;" in pub.html or "<U+202E>" in pub.html
+
+
+def test_svg_badges_say_unknown_when_stale_and_name_nothing_private(fleet: Fleet) -> None:
+    import xml.etree.ElementTree as ET
+
+    def badges(t: datetime) -> dict[str, str]:
+        return {k: v for k, v in P.publish(fleet, snapshot(t), now=NOW).extra.items() if k in P.BADGES}
+
+    fresh, old = badges(NOW), badges(NOW - timedelta(hours=3))
+    assert set(fresh) == set(P.BADGES)
+    for b in (*fresh.values(), *old.values()):
+        ET.fromstring(b)  # well-formed SVG
+        assert "orin-0" not in b and not P.find_ips(b)
+    assert ET.fromstring(old["badge.svg"]).get("aria-label") == "fleet: stale" and "#57606a" in old["badge.svg"]
+    assert "no data" in fresh["badge-uptime-7d.svg"]  # no history: grey, never a made-up 100 %
+
+
+def test_problems_page_filters_and_sorts_without_javascript(fleet: Fleet) -> None:
+    pub = P.publish(fleet, snapshot(NOW), now=NOW)
+    page = pub.extra[P.PROBLEMS]
+    rows = re.findall(r'<td class="state node-state [^"]+" data-status="([^"]+)"', page)
+    order = {"CRITICAL": 0, "WARNING": 1, "UNKNOWN": 2}
+    assert rows and "OK" not in rows and rows == sorted(rows, key=order.__getitem__)
+    assert 'href="problems.html"' in pub.html and 'aria-current="page">All nodes' in pub.html

@@ -34,7 +34,7 @@ def test_control_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     fl = parse_fleet('[ssh]\ncontrol_persist = 30\n[[node]]\nname = "n1"\nrole = "board"\n', tmp_path / "f.toml")
     argv = ssh_argv(fl.nodes[0], "true", fl.ssh)
     d = tmp_path / "cache" / "alma" / "ssh"
-    assert f"ControlPath={d}/%C" in argv and "ControlPersist=30" in argv and "ControlMaster=auto" in argv
+    assert f'ControlPath="{d}/%C"' in argv and "ControlPersist=30" in argv and "ControlMaster=auto" in argv
     assert d.stat().st_mode & 0o777 == 0o700  # sockets are credentials: private directory
 
 
@@ -55,7 +55,9 @@ def test_remote_deadline_wrapper_keeps_the_command_exact(command: str, tmp_path:
 
     if command == "alma-health --json":
         wrapped = ssh_argv(Node("n", "n", "board"), command, SshConfig(), remote_timeout=7.2)[-1]
-        assert wrapped.startswith("if command -v timeout") and "timeout -k 2 8 sh -c 'alma-health --json'" in wrapped
+        assert wrapped.startswith("if command -v python3")  # the subreaper first (issue 21 #9)
+        assert " 8 2 'alma-health --json'; elif command -v timeout" in wrapped
+        assert "timeout -k 2 8 sh -c 'alma-health --json'" in wrapped  # else coreutils' process group
         return
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     direct = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -232,7 +233,7 @@ def test_nagios_and_table_from_real_nodes(sshd: Sshd, boards: dict[str, Path], t
     (line,) = r.stdout.splitlines()
     text, perf = line.split(" | ")
     assert text.startswith("FLEET WARNING - 2 nodes: 0 critical, 1 warning, 0 unknown, 1 ok; node-b WARNING: thermal")
-    assert "'node-a_mem_available_pct'=62.5%;10:;5:;0;100" in perf.split()  # lower-bound thresholds as N: ranges
+    assert "'node-a/mem_available_pct'=62.5%;10:;5:;0;100" in perf.split()  # lower-bound thresholds as N: ranges
     plain = alma("fleet", "health", "--fleet", str(f), "--no-save")
     assert plain.returncode == 1
     lines = plain.stdout.splitlines()
@@ -396,9 +397,9 @@ def test_each_run_is_appended_to_the_history_beside_the_snapshot(
         assert r.returncode == 3, r.stderr
     db = snap.with_name("fleet-history.sqlite")
     with sqlite3.connect(db) as conn:
-        sql = "SELECT s.node, s.status FROM samples s JOIN runs r ON r.id = s.run_id ORDER BY r.id, s.node"
-        rows = conn.execute(sql)
-        assert list(rows) == [("dead-node", "UNKNOWN"), ("node-a", "OK")] * 2
+        assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 2
+        rows = conn.execute("SELECT node, status FROM node_state ORDER BY node")
+        assert list(rows) == [("dead-node", "UNKNOWN"), ("node-a", "OK")]
     other = tmp_path / "elsewhere.sqlite"
     r = alma("fleet", "health", "--fleet", str(f), "--no-save", "--history", str(other))
     assert not other.exists()  # --no-save saves neither
@@ -412,3 +413,46 @@ def test_each_run_is_appended_to_the_history_beside_the_snapshot(
     assert st["nodes"][0]["uptime_percent"]["24h"] == 100.0 and st["nodes"][1]["uptime_percent"]["24h"] == 0.0
     for name in ("node-a", "dead-node"):
         assert all(name not in x.read_text() for x in out.iterdir())
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as fh:  # a zombie is gone too (only not yet reaped)
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_remote_child_that_calls_setsid_ends_at_the_deadline(sshd: Sshd, tmp_path: Path) -> None:
+    """Issue 21 #9: a remote child that called setsid() (or outlived its parent) escaped the
+    remote `timeout`. Over a REAL sshd: both end, by the deadline and when the command ends."""
+    hang = tmp_path / "hang.pid"
+    left = tmp_path / "left.pid"
+    f = fleet_file(tmp_path, sshd, [
+        # setsid: a new session AND process group, out of coreutils timeout's reach
+        ("node-hang", "board", f"setsid sh -c 'echo $$ > {hang}; exec sleep 300' & sleep 300"),
+        # the command exits at once; its child would live on after it
+        ("node-left", "board", f"(setsid sh -c 'echo $$ > {left}; exec sleep 300' &); sleep 1; echo done"),
+    ])  # fmt: skip
+    r = alma("fleet", "health", "--fleet", str(f), "--json", "--timeout", "3", "--no-save")
+    assert r.returncode == 3, r.stderr
+    pids = {}
+    for p in (hang, left):
+        for _ in range(50):
+            if p.exists() and p.read_text().strip():
+                break
+            time.sleep(0.1)
+        pids[p.name] = int(p.read_text())
+    try:
+        assert _gone(pids["hang.pid"], 10), "the setsid child outlived the deadline"
+        assert _gone(pids["left.pid"], 10), "the orphaned child outlived its command"
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ FLEET_OPT = click.option(
     help="Fleet file (TOML). Default: $ALMA_FLEET or ~/.config/alma/fleet.toml.",
 )
 UNKNOWN_EXIT = 3  # Nagios UNKNOWN: the plugin could not judge
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's FloatRange lets ``inf`` and ``nan`` through: a deadline must be a number."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number of seconds")
+    return value
 
 
 class PluginCommand(click.Command):
@@ -67,7 +75,8 @@ def fleet() -> None:
 @FLEET_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
 @click.option("--nagios", is_flag=True, help="Print one Nagios status line with perfdata.")
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, help="Per-node timeout in seconds.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, callback=finite,
+              help="Per-node timeout in seconds (connect, read and judge the report).")  # fmt: skip
 @click.option(
     "--snapshot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -82,9 +91,12 @@ def fleet() -> None:
     "Default: fleet-history.sqlite beside the snapshot.",
 )
 @click.option("--no-save", is_flag=True, help="Save neither the snapshot nor the history.")
+@click.option("--prometheus", "prom_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the run as Prometheus metrics (textfile-collector format, atomically) "
+              "to FILE.")  # fmt: skip
 def health(
     fleet_path: Path | None, as_json: bool, nagios: bool, timeout: float | None, snapshot: Path | None,
-    history: Path | None, no_save: bool,
+    history: Path | None, no_save: bool, prom_path: Path | None = None,
 ) -> None:  # fmt: skip
     """Run `alma-health --json` on every node in parallel and show node x check.
 
@@ -121,9 +133,24 @@ def health(
         except OSError as exc:
             click.echo(f"warning: snapshot not saved: {snap}: {exc.strerror or exc}", err=True)
         try:
-            Hist.append(history or Hist.default_history_path(snap), report)
+            Hist.append(history or Hist.default_history_path(snap), report, max_gap=fl.panel.stale_after)
         except AlmaError as exc:
             click.echo(f"warning: history not updated: {exc.message}", err=True)
+    if prom_path is not None:
+        from alma.fleet.metrics import write_textfile
+
+        try:
+            write_textfile(prom_path, report)
+        except OSError as exc:
+            click.echo(f"warning: metrics not written: {prom_path}: {exc.strerror or exc}", err=True)
+    if fl.alerts and not no_save:
+        from alma.fleet import alerts as A
+
+        snap_for_alerts = snapshot or H.default_snapshot_path()
+        try:  # deliveries run detached: they never hold up the verdict or the exit code
+            A.fire(fl, report, A.default_state_path(snap_for_alerts))
+        except AlmaError as exc:
+            click.echo(f"warning: alerts not evaluated: {exc.message}", err=True)
     if nagios:
         click.echo(H.nagios_line(report))
     elif as_json:
@@ -151,7 +178,8 @@ def health(
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write to FILE (atomically)."
 )
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of Markdown.")
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, help="Per-command timeout in seconds.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=None, callback=finite,
+              help="Per-command timeout in seconds.")  # fmt: skip
 def inspect(
     fleet_path: Path | None, nodes: tuple[str, ...], out: Path | None, as_json: bool, timeout: float | None
 ) -> None:

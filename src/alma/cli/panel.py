@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from alma.cli.fleet import finite
+
 
 @click.command(
     epilog="Exit codes: 0 page written (or server stopped with Ctrl-C), 2 no snapshot / bad fleet "
@@ -19,7 +21,8 @@ import click
     show_default=True,
     help="Directory to write index.html, status.json and feed.atom into (each atomically).",
 )
-@click.option("--stale-after", type=click.FloatRange(min=1), default=None, help="Seconds; default from [panel].")
+@click.option("--stale-after", type=click.FloatRange(min=1), default=None, callback=finite,
+              help="Seconds; default from [panel].")  # fmt: skip
 @click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Fleet file (aliases, [panel] title and figures). Default: $ALMA_FLEET or "
               "~/.config/alma/fleet.toml.")  # fmt: skip
@@ -34,7 +37,7 @@ import click
 @click.option("--serve", is_flag=True, help="Serve the page over HTTP and re-render it on an interval.")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="Port (0: any free).")
-@click.option("--interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
+@click.option("--interval", type=click.FloatRange(min=1), default=60.0, show_default=True, callback=finite,
               help="Seconds between re-renders while serving.")  # fmt: skip
 def panel(
     out: Path, stale_after: float | None, fleet_path: Path | None, snapshot: Path | None, history_path: Path | None,

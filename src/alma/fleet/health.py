@@ -6,6 +6,15 @@ answers with anything but exactly one ``alma.health/1`` report with at least one
 than ``stale_after`` is UNKNOWN, never OK, and the summary says why. The fleet's status is
 the worst node status (OK < UNKNOWN < WARNING < CRITICAL) and is the exit code of
 ``alma fleet health``.
+
+Invariants (each attacked by a named test in tests/fleet/test_health_unit.py):
+
+- Bounded in time: ONE deadline per node covers connect, read AND judging the report; a
+  node whose answer was not judged by then is UNKNOWN. Judging is linear in the report
+  (sets and dicts, never ``list.count`` per check), so the cap on the output bounds it.
+- Honest cells: a stale (or future-dated) report's checks are not shown as they were
+  reported: each becomes UNKNOWN with ``stale`` set, and its perfdata is not published as
+  current; an unreachable node has no checks at all ("not reported" on every output).
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import json
 import math
 import os
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -37,6 +48,8 @@ SNAPSHOT_SCHEMA = "alma.fleet-health/1"
 # Checks every on-board report carries (docs/formats.md); the table shows them in this order.
 KNOWN_CHECKS = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
 MAX_WORKERS = 32
+# Judging runs after the read; this much past the deadline is scheduling noise, not a slow judge.
+JUDGE_GRACE_S = 0.5
 
 
 def default_snapshot_path() -> Path:
@@ -64,6 +77,10 @@ class Check:
     status: Severity
     summary: str = ""
     perfdata: list[Perf] = field(default_factory=list)
+    # The report is too old (or from the future) to vouch for this check: its status is
+    # UNKNOWN and ``reported`` keeps what the node said back then, for the operator only.
+    stale: bool = False
+    reported: str | None = None
 
 
 @dataclass
@@ -84,6 +101,8 @@ class NodeResult:
         d["code"] = self.status.code
         for c in d["checks"]:
             c["status"] = c["status"].name
+            if not c["stale"]:
+                del c["stale"], c["reported"]
         return d
 
 
@@ -102,12 +121,12 @@ class FleetReport:
         return self.status.code
 
     def check_names(self) -> list[str]:
-        names = [c for c in KNOWN_CHECKS if any(ch.name == c for n in self.nodes for ch in n.checks)]
-        for n in self.nodes:
-            for ch in n.checks:
-                if ch.name not in names:
-                    names.append(ch.name)
-        return names
+        """The project's own check names that some node reported, in the fixed order.
+
+        Columns never come from a report: a node inventing 40 checks adds no column.
+        """
+        seen = {ch.name for n in self.nodes for ch in n.checks}
+        return [c for c in (*KNOWN_CHECKS, desktop.CHECK_NAME) if c in seen]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -218,9 +237,11 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
         return unknown(f"malformed {REPORT_SCHEMA} report: {exc}")
     if not checks:
         return unknown("report with no checks: nothing was verified")
-    names = [c.name for c in checks]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(c.name for c in checks)  # linear: 35,000 checks are judged in milliseconds
+    twice = sorted(n for n, k in counts.items() if k > 1)
     if twice:
+        if len(twice) > 5:
+            twice = [*twice[:5], f"and {len(twice) - 5} more"]
         return unknown(f"check(s) reported twice: {', '.join(twice)}")
 
     age = (now - t).total_seconds()
@@ -237,13 +258,21 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
     if age > stale_after:
         result.status = Severity.UNKNOWN
         result.summary = f"stale report: taken at {utc_iso(t)}, {age:.0f} s old (limit {stale_after:.0f} s)"
+        _mark_stale(checks)
     elif age < -stale_after:
         result.status = Severity.UNKNOWN
         result.summary = f"report time {utc_iso(t)} is {-age:.0f} s in the future: the node's clock is wrong"
+        _mark_stale(checks)
     else:
         bad = [f"{c.name} {c.status.name}: {c.summary}" for c in checks if c.status is not Severity.OK]
         result.summary = "; ".join(bad) if bad else f"all {len(checks)} checks OK"
     return result
+
+
+def _mark_stale(checks: list[Check]) -> None:
+    """A stale report vouches for nothing now: every check UNKNOWN/stale, no current perfdata."""
+    for c in checks:
+        c.reported, c.status, c.stale, c.perfdata = c.status.name, Severity.UNKNOWN, True, []
 
 
 def node_from_remote(res: RemoteResult, node: Node, *, now: datetime, stale_after: float) -> NodeResult:
@@ -279,6 +308,7 @@ def run_fleet_health(
     on_done: Callable[[str], None] | None = None,
     clock: Callable[[], datetime] = utc_now,
     remote: Callable[..., RemoteResult] = run_remote,
+    ticks: Callable[[], float] = time.monotonic,
 ) -> FleetReport:
     """Query every node in parallel, each call bounded by ``timeout`` (fleet default)."""
     if remote is run_remote:
@@ -286,7 +316,7 @@ def run_fleet_health(
     per_node = timeout if timeout is not None else fleet.timeout
     targets = list(nodes or fleet.nodes)
     cancel = runner.Deadline(None, phase="fleet health")
-    jobs: dict[tuple[str, str], Future[RemoteResult]] = {}
+    jobs: dict[tuple[str, str], Future[Any]] = {}
     lock = threading.Lock()
 
     def call(node: Node, command: str) -> RemoteResult:
@@ -297,10 +327,22 @@ def run_fleet_health(
                 on_done(node.name)
         return res
 
+    def judged(node: Node) -> NodeResult:
+        """The node's whole budget, connect + read + judge, is ``per_node`` (one deadline)."""
+        started = ticks()
+        res = call(node, node.health_command)
+        result = node_from_remote(res, node, now=clock(), stale_after=fleet.stale_after)
+        spent = ticks() - started
+        if spent > per_node + JUDGE_GRACE_S and result.reachable:
+            return NodeResult(node.name, node.role, node.alias, Severity.UNKNOWN,
+                              f"no verdict within the {per_node:g} s deadline ({spent:.1f} s to connect, read "
+                              "and judge the report)", duration_s=spent)  # fmt: skip
+        return result
+
     n_calls = sum(3 if n.role == "desktop" else 1 for n in targets)
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_WORKERS, n_calls))) as pool:
         for n in targets:
-            jobs[(n.name, "health")] = pool.submit(call, n, n.health_command)
+            jobs[(n.name, "health")] = pool.submit(judged, n)
             if n.role == "desktop":
                 jobs[(n.name, "gpu")] = pool.submit(call, n, desktop.GPU_APPS_COMMAND)
                 jobs[(n.name, "ps")] = pool.submit(call, n, desktop.PS_COMMAND)
@@ -316,7 +358,7 @@ def run_fleet_health(
     now = clock()
     results = []
     for n in targets:
-        r = node_from_remote(jobs[(n.name, "health")].result(), n, now=now, stale_after=fleet.stale_after)
+        r = jobs[(n.name, "health")].result()
         if n.role == "desktop":
             add_desktop_rule(r, jobs[(n.name, "gpu")].result(), jobs[(n.name, "ps")].result())
         results.append(r)
@@ -332,26 +374,74 @@ def perf_item(label: str, value: float | None, uom: str = "", warn: float | None
     return T.perf_item(label, value, uom, warn, crit, lo, hi, low=low)
 
 
-def nagios_line(report: FleetReport) -> str:
-    """One status line with perfdata, for check_by_ssh/NRPE-style integration."""
+NAGIOS_MAX = 4096  # bytes of plugin output: Nagios' and NRPE's smallest common buffer
+_ELLIPSIS = "\u2026"
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` UTF-8 bytes, an ellipsis marking a cut."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    if limit < 4:
+        return ""
+    return raw[: limit - 3].decode("utf-8", "ignore") + _ELLIPSIS
+
+
+def perf_items(report: FleetReport) -> list[str]:
+    """Every perfdata item, labels ``node/label`` (node names hold no '/': unambiguous), each
+    label once (a node repeating a label keeps its first), fleet counts first."""
     counts = {s: sum(1 for n in report.nodes if n.status is s) for s in Severity}
     total = len(report.nodes)
+    items = [perf_item(f"nodes_{s.name.lower()}", counts[s], lo=0, hi=total) for s in Severity]
+    seen: set[str] = set()
+    for n in report.nodes:
+        wanted = [(f"{n.name}/response", Perf("response", round(n.duration_s, 3), "s", min=0))]
+        wanted += [(f"{n.name}/{T.nagios_label(p.label)}", p) for c in n.checks for p in c.perfdata]
+        for label, p in wanted:
+            if label in seen:
+                continue
+            seen.add(label)
+            items.append(perf_item(label, p.value, p.uom, p.warn, p.crit, p.min, p.max, p.low))
+    return [i for i in items if i is not None]
+
+
+def nagios_line(report: FleetReport, limit: int = NAGIOS_MAX) -> str:
+    """One status line with perfdata, at most ``limit`` bytes (check_by_ssh/NRPE).
+
+    Perfdata is what graphs are drawn from, so it is kept before prose: the node summaries
+    are cut first (with an ellipsis), then, only if the perfdata alone is over the limit,
+    the items that do not fit are left out and the text says how many.
+    """
+    counts = {s: sum(1 for n in report.nodes if n.status is s) for s in Severity}
     parts = [
         f"{counts[s]} {s.name.lower()}" for s in (Severity.CRITICAL, Severity.WARNING, Severity.UNKNOWN, Severity.OK)
     ]
-    text = f"FLEET {report.status.name} - {total} nodes: {', '.join(parts)}"
+    head = f"FLEET {report.status.name} - {len(report.nodes)} nodes: {', '.join(parts)}"
+    reserve = len(head.encode()) + 200  # room for the omitted-count and a first summary
+    kept, used = [], 0
+    items = perf_items(report)
+    for item in items:
+        size = len(item.encode()) + 1
+        if reserve + 3 + used + size > limit:
+            break
+        kept.append(item)
+        used += size
+    if len(kept) < len(items):
+        head += f"; perfdata of {len(items) - len(kept)} item(s) left out (output limit {limit} B)"
+    perf = " ".join(kept)
     bad = sorted((n for n in report.nodes if n.status is not Severity.OK), key=lambda n: -n.status.rank)
-    if bad:
-        text += "; " + "; ".join(f"{n.name} {n.status.name}: {n.summary}" for n in bad)
-    items = [perf_item(f"nodes_{s.name.lower()}", counts[s], lo=0, hi=total) for s in Severity]
-    for n in report.nodes:
-        items.append(perf_item(f"{n.name}_response", round(n.duration_s, 3), "s", lo=0))
-        for c in n.checks:
-            for p in c.perfdata:
-                items.append(perf_item(f"{n.name}_{p.label}", p.value, p.uom, p.warn, p.crit, p.min, p.max, p.low))
-    perf = " ".join(i for i in items if i is not None)
     # nagios_text: one line, no '|' (it would start perfdata), no terminal escapes.
-    return f"{T.nagios_text(text)} | {perf}"
+    text = T.nagios_text(head)
+    room = limit - len(text.encode()) - len(perf.encode()) - 3
+    for n in bad:
+        piece = T.nagios_text(f"; {n.name} {n.status.name}: {n.summary}")
+        if room <= len(_ELLIPSIS.encode()) + 2:
+            break
+        piece = _clip(piece, min(room, 300))  # one node's summary never crowds out the others
+        text += piece
+        room -= len(piece.encode())
+    return f"{text} | {perf}"
 
 
 # ---- snapshot ----------------------------------------------------------------------------

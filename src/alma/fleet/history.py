@@ -1,4 +1,4 @@
-"""The fleet's health history: every `alma fleet health` run appended to one SQLite file.
+"""The fleet's health history: every `alma fleet health` run folded into one SQLite file.
 
 The status page reads it for per-node uptime (24 h / 7 d / 30 d) and the last state changes
 (incidents, and the Atom feed). Stdlib ``sqlite3`` only; one transaction per run, so a
@@ -9,13 +9,32 @@ Uptime is time-weighted: a run's state holds until the next run, but never longe
 ``max_gap`` seconds (the panel's staleness limit); time not covered by a run is "no data"
 and is left out of the share rather than guessed. Only OK counts as up: WARNING, CRITICAL
 and UNKNOWN (unreachable, stale, unparsable) are all time the node was not known good.
+
+Storage is incremental (schema 2), so rendering costs the same after a day or after 90:
+each run credits the interval since a node's previous run to hourly rollups (seconds OK /
+seconds known per node and hour), keeps each node's last state, and records only state
+CHANGES (not every sample). A window's uptime is a sum over at most 24 x 30 rollups per
+node (the hour the window starts in is prorated), plus the still-open interval of the
+node's last state. A schema-1 file (one row per node per run) is folded into this on first
+open, once.
+
+Invariants (tests/fleet/test_history.py):
+
+- A clock cannot erase the history: a run more than ``FUTURE_LIMIT_S`` ahead of this
+  machine's wall clock is refused; pruning removes only what is older than ``KEEP_DAYS``
+  before the newest *plausible* run, and a run that jumps more than ``JUMP_S`` past the
+  previous newest one is stored without pruning anything.
+- A locked history (another run writing) is waited for (``BUSY_TIMEOUT_S``), then a clear
+  "another alma run is writing; retry", never advice to move the file away.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,9 +44,14 @@ from alma.errors import ConfigError
 from alma.fleet.health import FleetReport
 from alma.ground import parse_utc, utc_iso
 
-SCHEMA_VERSION = 1
-KEEP_DAYS = 90  # older runs are pruned on append: the file stays bounded
+SCHEMA_VERSION = 2
+KEEP_DAYS = 90  # older runs, rollups and changes are pruned on append: the file stays bounded
 WINDOWS = {"24h": 86400.0, "7d": 7 * 86400.0, "30d": 30 * 86400.0}
+BUCKET_S = 3600  # rollup granularity; a window's first hour is prorated
+FUTURE_LIMIT_S = 600.0  # a run this far ahead of the wall clock is refused
+JUMP_S = 86400.0  # a run this far past the previous newest is kept, but prunes nothing
+BUSY_TIMEOUT_S = 10.0
+DEFAULT_MAX_GAP = 900.0  # the panel's default staleness limit
 _DDL = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
@@ -35,12 +59,26 @@ CREATE TABLE IF NOT EXISTS runs (
     status TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_epoch ON runs(epoch);
-CREATE TABLE IF NOT EXISTS samples (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+CREATE TABLE IF NOT EXISTS node_state (
+    node TEXT PRIMARY KEY,
+    epoch REAL NOT NULL,
+    status TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup (
     node TEXT NOT NULL,
-    status TEXT NOT NULL,
-    PRIMARY KEY (run_id, node)
+    hour INTEGER NOT NULL,
+    ok_s REAL NOT NULL,
+    known_s REAL NOT NULL,
+    PRIMARY KEY (node, hour)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rollup_hour ON rollup(hour);
+CREATE TABLE IF NOT EXISTS changes (
+    node TEXT NOT NULL,
+    epoch REAL NOT NULL,
+    before TEXT NOT NULL,
+    after TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS changes_epoch ON changes(epoch);
 """
 _STATUSES = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
 
@@ -49,8 +87,12 @@ def default_history_path(snapshot: Path) -> Path:
     return snapshot.with_name("fleet-history.sqlite")
 
 
+def _locked(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
 @contextmanager
-def _connect(path: Path, *, create: bool) -> Iterator[sqlite3.Connection]:
+def _connect(path: Path, *, create: bool, busy_timeout: float = BUSY_TIMEOUT_S) -> Iterator[sqlite3.Connection]:
     if not create and not path.exists():
         raise ConfigError(f"no fleet history at {path}", hint="run `alma fleet health` (it appends to the history)")
     if create:
@@ -62,32 +104,157 @@ def _connect(path: Path, *, create: bool) -> Iterator[sqlite3.Connection]:
             raise ConfigError(f"cannot create the fleet history {path}: {exc.strerror or exc}",
                               hint="pass --history FILE in a writable directory") from exc  # fmt: skip
     try:
-        with closing(sqlite3.connect(path, timeout=10)) as conn:
-            conn.execute("PRAGMA foreign_keys = ON")
+        with closing(sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)) as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, 1, SCHEMA_VERSION):
                 raise ConfigError(f"{path}: history schema {version}, this alma knows {SCHEMA_VERSION}",
-                                  hint="upgrade alma, or move the file away")  # fmt: skip
-            if create and version == 0:
+                                  hint="upgrade alma; the file is left as it is")  # fmt: skip
+            if version == 0 and create:
                 conn.executescript(_DDL + f"PRAGMA user_version = {SCHEMA_VERSION};")
+            elif version == 1:
+                _migrate_v1(conn)
             yield conn
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
+        if _locked(exc):
+            raise ConfigError(
+                f"{path}: another alma run is writing the fleet history; retry",
+                hint=f"waited {busy_timeout:g} s for its lock; run again once it is done (nothing was lost)",
+            ) from None
         raise ConfigError(
-            f"{path}: unreadable fleet history: {exc}", hint=f"move {path} away; a new one is started"
+            f"{path}: unreadable fleet history: {exc}",
+            hint=f"keep a copy of {path} for inspection (sqlite3 {path} .recover), then move it away; "
+            "a new one is started",
         ) from exc
 
 
-def append(path: Path, report: FleetReport) -> None:
-    """Add one run (its time and every node's status) in one transaction; prune old runs."""
-    epoch = parse_utc(report.time).timestamp()
-    with _connect(path, create=True) as conn, conn:
-        cur = conn.execute("INSERT INTO runs (epoch, status) VALUES (?, ?)", (epoch, report.status.name))
-        run_id = cur.lastrowid
+class Folder:
+    """Folds runs into rollups, states and changes in memory; ``flush`` adds them to the file.
+
+    One run (``append``) or a whole schema-1 file (the upgrade streams its samples through
+    one Folder, so memory is one entry per node and hour, never one per sample).
+    """
+
+    def __init__(self, last: dict[str, tuple[float, str]], max_gap: float) -> None:
+        self.last = dict(last)
+        self.max_gap = max_gap
+        self.rollup: dict[tuple[str, int], list[float]] = {}
+        self.changes: list[tuple[str, float, str, str]] = []
+        self.runs: list[tuple[float, str]] = []
+        self.touched: set[str] = set()
+
+    def _credit(self, node: str, start: float, end: float, status: str) -> None:
+        t = start
+        while t < end:
+            hour = math.floor(t / BUCKET_S)
+            upto = min(end, (hour + 1) * BUCKET_S)
+            acc = self.rollup.setdefault((node, hour), [0.0, 0.0])
+            acc[1] += upto - t
+            if status == "OK":
+                acc[0] += upto - t
+            t = upto
+
+    def feed(self, epoch: float, status: str, nodes: list[tuple[str, str]]) -> None:
+        self.runs.append((epoch, status))
+        for node, st in nodes:
+            prev = self.last.get(node)
+            if prev is not None:
+                p_epoch, p_status = prev
+                if epoch > p_epoch:
+                    self._credit(node, p_epoch, min(epoch, p_epoch + self.max_gap), p_status)
+                if p_status != st:
+                    self.changes.append((node, epoch, p_status, st))
+            self.last[node] = (epoch, st)
+            self.touched.add(node)
+
+    def flush(self, conn: sqlite3.Connection) -> None:
+        conn.executemany("INSERT INTO runs (epoch, status) VALUES (?, ?)", self.runs)
         conn.executemany(
-            "INSERT OR REPLACE INTO samples (run_id, node, status) VALUES (?, ?, ?)",
-            [(run_id, n.name, n.status.name) for n in report.nodes],
+            "INSERT INTO rollup (node, hour, ok_s, known_s) VALUES (?, ?, ?, ?) ON CONFLICT (node, hour) "
+            "DO UPDATE SET ok_s = ok_s + excluded.ok_s, known_s = known_s + excluded.known_s",
+            [(n, h, ok, known) for (n, h), (ok, known) in self.rollup.items()],
         )
-        conn.execute("DELETE FROM runs WHERE epoch < ?", (epoch - KEEP_DAYS * 86400.0,))
+        conn.executemany("INSERT INTO changes (node, epoch, before, after) VALUES (?, ?, ?, ?)", self.changes)
+        conn.executemany(
+            "INSERT INTO node_state (node, epoch, status) VALUES (?, ?, ?) ON CONFLICT (node) "
+            "DO UPDATE SET epoch = excluded.epoch, status = excluded.status",
+            [(n, *self.last[n]) for n in self.touched],
+        )
+
+
+def _prune(conn: sqlite3.Connection, epoch: float) -> None:
+    cutoff = epoch - KEEP_DAYS * 86400.0
+    conn.execute("DELETE FROM runs WHERE epoch < ?", (cutoff,))
+    conn.execute("DELETE FROM changes WHERE epoch < ?", (cutoff,))
+    conn.execute("DELETE FROM rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
+    conn.execute("DELETE FROM node_state WHERE epoch < ?", (cutoff,))
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """Schema 1 (runs + one sample row per node and run) -> rollups, states and changes, in
+    ONE transaction (SQLite's DDL is transactional): a killed upgrade leaves schema 1."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DROP INDEX IF EXISTS runs_epoch")
+        conn.execute("ALTER TABLE runs RENAME TO runs_v1")
+        for stmt in _DDL.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        folder = Folder({}, DEFAULT_MAX_GAP)
+        rows = conn.execute(
+            "SELECT r.id, r.epoch, r.status, s.node, s.status FROM runs_v1 r LEFT JOIN samples s ON s.run_id = r.id "
+            "ORDER BY r.epoch, r.id"
+        )
+        current: tuple[int, float, str] | None = None
+        nodes: list[tuple[str, str]] = []
+        for run_id, epoch, status, node, node_status in rows:
+            if current is None or current[0] != run_id:
+                if current is not None:
+                    folder.feed(current[1], current[2], nodes)
+                current, nodes = (int(run_id), float(epoch), str(status)), []
+            if node is not None:
+                nodes.append((str(node), str(node_status)))
+        if current is not None:
+            folder.feed(current[1], current[2], nodes)
+        folder.flush(conn)
+        conn.execute("DROP TABLE samples")
+        conn.execute("DROP TABLE runs_v1")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
+
+
+def append(
+    path: Path, report: FleetReport, *, max_gap: float = DEFAULT_MAX_GAP, wall: Callable[[], float] = time.time,
+    busy_timeout: float = BUSY_TIMEOUT_S,
+) -> None:  # fmt: skip
+    """Fold one run (its time and every node's status) in one transaction; prune old runs.
+
+    Raises ConfigError for a run dated more than FUTURE_LIMIT_S ahead of ``wall()``.
+    """
+    epoch = parse_utc(report.time).timestamp()
+    ahead = epoch - wall()
+    if ahead > FUTURE_LIMIT_S:
+        raise ConfigError(
+            f"{path}: run dated {report.time} is {ahead:.0f} s ahead of this machine's clock; not recorded",
+            hint="check the clock (timedatectl); the history keeps its runs",
+        )
+    nodes = [(n.name, n.status.name) for n in report.nodes]
+    with _connect(path, create=True, busy_timeout=busy_timeout) as conn:
+        conn.execute("BEGIN IMMEDIATE")  # take the write lock now: wait for it, then fail clearly
+        try:
+            newest = conn.execute("SELECT MAX(epoch) FROM runs").fetchone()[0]
+            last = {n: (float(e), str(s)) for n, e, s in conn.execute("SELECT node, epoch, status FROM node_state")}
+            folder = Folder(last, max_gap)
+            folder.feed(epoch, report.status.name, nodes)
+            folder.flush(conn)
+            if newest is None or epoch - float(newest) <= JUMP_S:
+                _prune(conn, epoch)
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
 
 
 @dataclass(frozen=True)
@@ -115,58 +282,58 @@ class History:
     runs: int
 
 
-def _samples(conn: sqlite3.Connection, since: float) -> dict[str, list[tuple[float, str]]]:
-    out: dict[str, list[tuple[float, str]]] = {}
-    rows = conn.execute(
-        "SELECT s.node, r.epoch, s.status FROM samples s JOIN runs r ON r.id = s.run_id "
-        "WHERE r.epoch >= ? ORDER BY s.node, r.epoch",
-        (since,),
-    )
-    for node, epoch, status in rows:
-        out.setdefault(str(node), []).append((float(epoch), status if status in _STATUSES else "UNKNOWN"))
-    return out
-
-
-def summarise(
-    samples: list[tuple[float, str]], now: float, max_gap: float
-) -> tuple[dict[str, float | None], dict[str, float]]:
-    """Time-weighted OK share and coverage per window (see the module docstring)."""
-    uptime: dict[str, float | None] = {}
-    coverage: dict[str, float] = {}
-    for name, span in WINDOWS.items():
-        start = now - span
-        ok = known = 0.0
-        for i, (t, status) in enumerate(samples):
-            end = min(samples[i + 1][0] if i + 1 < len(samples) else now, t + max_gap, now)
-            lo = max(t, start)
-            if end <= lo:
-                continue
-            known += end - lo
-            if status == "OK":
-                ok += end - lo
-        uptime[name] = round(100.0 * ok / known, 2) if known > 0 else None
-        coverage[name] = round(100.0 * known / span, 1)
-    return uptime, coverage
-
-
-def changes_of(samples: dict[str, list[tuple[float, str]]]) -> list[Change]:
-    out = []
-    for node, seq in samples.items():
-        for (_, before), (t, after) in zip(seq, seq[1:], strict=False):
-            if before != after:
-                out.append(Change(node, utc_iso(t), t, before, after))
-    out.sort(key=lambda c: (-c.epoch, c.node))
-    return out
-
-
 def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> History:
     """Uptime per node and the newest ``limit`` state changes from the history file."""
     t_now = now.timestamp()
+    now_hour = math.floor(t_now / BUCKET_S)
+    sums: dict[str, dict[str, list[float]]] = {}
     with _connect(path, create=False) as conn:
-        samples = _samples(conn, t_now - max(WINDOWS.values()) - max_gap)
+        for name, span in WINDOWS.items():
+            start = t_now - span
+            first = math.floor(start / BUCKET_S)
+            frac = ((first + 1) * BUCKET_S - start) / BUCKET_S  # the share of the first hour inside
+            rows = conn.execute(
+                "SELECT node, SUM(CASE WHEN hour = ? THEN ok_s * ? ELSE ok_s END), "
+                "SUM(CASE WHEN hour = ? THEN known_s * ? ELSE known_s END) "
+                "FROM rollup WHERE hour >= ? AND hour < ? GROUP BY node",
+                (first, frac, first, frac, first, now_hour),
+            )
+            for node, ok, known in rows:
+                sums.setdefault(str(node), {})[name] = [float(ok or 0), float(known or 0)]
+            # The current hour exactly (its rollup holds only closed intervals up to the last run).
+            for node, ok, known in conn.execute(
+                "SELECT node, ok_s, known_s FROM rollup WHERE hour = ?", (now_hour,)
+            ):
+                acc = sums.setdefault(str(node), {}).setdefault(name, [0.0, 0.0])
+                acc[0] += float(ok)
+                acc[1] += float(known)
+        states = conn.execute("SELECT node, epoch, status FROM node_state").fetchall()
+        change_rows = conn.execute(
+            "SELECT node, epoch, before, after FROM changes WHERE epoch <= ? ORDER BY epoch DESC, node LIMIT ?",
+            (t_now, limit),
+        ).fetchall()
         runs = int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+    for node, epoch, status in states:  # the last state holds until now, at most max_gap
+        end = min(t_now, float(epoch) + max_gap)
+        for name, span in WINDOWS.items():
+            lo = max(float(epoch), t_now - span)
+            if end > lo:
+                acc = sums.setdefault(str(node), {}).setdefault(name, [0.0, 0.0])
+                acc[1] += end - lo
+                if status == "OK":
+                    acc[0] += end - lo
     nodes = {}
-    for node, seq in samples.items():
-        uptime, coverage = summarise(seq, t_now, max_gap)
+    for node, per in sums.items():
+        uptime: dict[str, float | None] = {}
+        coverage: dict[str, float] = {}
+        for name, span in WINDOWS.items():
+            ok, known = per.get(name, [0.0, 0.0])
+            known = min(known, span)
+            uptime[name] = round(100.0 * min(ok, known) / known, 2) if known > 0 else None
+            coverage[name] = round(100.0 * known / span, 1)
         nodes[node] = NodeHistory(node, uptime, coverage)
-    return History(nodes, changes_of(samples)[:limit], runs)
+    def valid(s: str) -> str:
+        return s if s in _STATUSES else "UNKNOWN"
+
+    changes = [Change(str(n), utc_iso(float(e)), float(e), valid(b), valid(a)) for n, e, b, a in change_rows]
+    return History(nodes, changes, runs)

@@ -296,9 +296,29 @@ def to_json(started: str, nodes: list[NodeInspection]) -> dict[str, Any]:
     }
 
 
+# What can open Markdown inline syntax mid-line: code spans, emphasis, links and images
+# ("[" / "!["), raw HTML and autolinks ("<"), table cells ("|"), strikethrough ("~").
+_MD_PUNCT = frozenset("\\`*_[<>!|~")
+
+
 def _cell(v: Any) -> str:
-    """Node text in a Markdown table cell: no terminal escapes (one sanitizer), no '|'."""
-    return T.terminal(v).replace("|", "\\|")
+    """Node text as Markdown TEXT: no terminal escapes (one sanitizer), and every ASCII
+    punctuation character backslash-escaped (CommonMark allows it for all of them), so no
+    node can open a code span, a link, an image or raw HTML, or end a table cell."""
+    return "".join("\\" + ch if ch in _MD_PUNCT else ch for ch in T.terminal(v))
+
+
+def _code(v: Any, *, in_table: bool = False) -> str:
+    """Node text as a Markdown code span whose fence no backtick inside can close: one
+    backtick more than the longest run in the text, padded when the text touches a
+    backtick. In a GFM table a '|' still ends the cell inside a span: escaped there."""
+    text = T.terminal(v)
+    if in_table:
+        text = text.replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) or not text else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
@@ -314,7 +334,7 @@ def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
         lines += [f"## {n.name} ({n.role})", ""]
         v = n.verified
         if v:
-            clock = f" (node clock {n.node_clock})" if n.node_clock else ""
+            clock = f" (node clock {_cell(n.node_clock)})" if n.node_clock else ""
             lines += [f"### Verified live at {n.verified_at}{clock}", ""]
             lines += ["| item | value | source |", "|---|---|---|"]
             if "memory" in v:
@@ -362,7 +382,8 @@ def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
                     carrier = {True: "carrier up", False: "NO CARRIER", None: "carrier unreadable"}[f["carrier"]]
                     exp = f" (expected {f['expected_speed']} Mb/s)" if f["expected_speed"] else ""
                     state = f"{carrier}, {speed}{exp}" + (f"; PROBLEM: {f['problem']}" if f["problem"] else "")
-                lines.append(f"| fabric port {f['iface']} | {_cell(state)} | `/sys/class/net/{f['iface']}` |")
+                lines.append(f"| fabric port {_cell(f['iface'])} | {_cell(state)} | "
+                             f"{_code('/sys/class/net/' + f['iface'], in_table=True)} |")  # fmt: skip
             lines.append("")
         lines += ["### Not checked", ""]
         lines += [f"- {x['item']}: {_cell(x['reason'])}" for x in n.not_checked] or ["- nothing: every item was read"]
@@ -379,7 +400,7 @@ def to_markdown(started: str, nodes: list[NodeInspection]) -> str:
                 "",
             ]
             for x in n.ignored_output:
-                lines += [f"- `{x['command']}`: " + "; ".join(f"`{_cell(ln)}`" for ln in x["lines"][:5])]
+                lines += [f"- `{x['command']}`: " + "; ".join(_code(ln) for ln in x["lines"][:5])]
             lines.append("")
     lines += ["## Commands sent (read-only allow-list)", ""] + [f"- `{c}`" for c in ALLOWED_COMMANDS] + [""]
     return T.terminal("\n".join(lines), keep_newline=True)  # the last line of defence

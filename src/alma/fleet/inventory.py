@@ -34,6 +34,7 @@ offending ``name =`` for semantic ones) and exit 2 through ``ConfigError``.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -114,6 +115,7 @@ class Fleet:
     stale_after: float = 300.0
     panel: PanelConfig = field(default_factory=PanelConfig)
     max_output: int = 1 << 20  # bytes one call may print (stdout + stderr)
+    alerts: tuple[Any, ...] = ()  # alma.fleet.alerts.AlertRule, from [[alert]]
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -162,6 +164,18 @@ class _Source:
                 return no + 1
         return start
 
+    def section_key_line(self, section: str, key: str) -> int | None:
+        """Line of ``key =`` in the ``[section]`` table (None when not written there)."""
+        header = re.compile(rf"^\s*\[\s*{re.escape(section)}\s*\]\s*(#.*)?$")
+        pat = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        inside = False
+        for no, ln in enumerate(self.lines, start=1):
+            if ln.lstrip().startswith("["):
+                inside = bool(header.match(ln))
+            elif inside and pat.match(ln):
+                return no
+        return None
+
     def error(self, line: int | None, msg: str, hint: str | None = None) -> ConfigError:
         where = f"{self.path}:{line}" if line else str(self.path)
         return ConfigError(f"{where}: {msg}", hint=hint or f"fix {self.path} (see docs/fleet.md)")
@@ -175,9 +189,12 @@ def _str(d: dict[str, Any], key: str, src: _Source, line: int | None, default: s
 
 
 def _num(d: dict[str, Any], key: str, default: float, src: _Source, what: str) -> float:
+    """A positive, FINITE number: ``inf`` would never time out, ``nan`` compares false with
+    everything (a ``stale_after = nan`` report is never stale). Refused with file:line."""
     v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise src.error(None, f"{what}.{key} must be a positive number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise src.error(src.section_key_line(what.strip("[]"), key),
+                        f"{what}.{key} must be a positive number (finite), got {v!r}")  # fmt: skip
     return float(v)
 
 
@@ -220,6 +237,8 @@ def _parse_panel(raw: Any, src: _Source) -> PanelConfig:
         if not isinstance(fig, dict) or not isinstance(fig.get("label"), str) or "value" not in fig:
             raise src.error(None, f'[[panel.figure]] #{i + 1} needs label = "..." and value = ...')
         value = fig["value"]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise src.error(None, f"[[panel.figure]] {fig['label']!r}: value must be a finite number, got {value!r}")
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise src.error(None, f"[[panel.figure]] {fig['label']!r}: value must be a number or a string")
         # Shown exactly as configured: a string keeps its formatting, 0 stays 0.
@@ -280,7 +299,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         # tomllib's message already carries "(at line N, column M)".
         raise ConfigError(f"{path}: invalid TOML: {exc}", hint=f"fix the TOML syntax in {path}") from exc
 
-    known_top = {"ssh", "health", "panel", "node"}
+    known_top = {"ssh", "health", "panel", "node", "alert"}
     unknown = sorted(set(data) - known_top)
     if unknown:
         raise src.error(
@@ -308,14 +327,14 @@ def parse_fleet(text: str, path: Path) -> Fleet:
             raise src.error(line, f"node #{i + 1} has no name")
         if not _NAME_RE.match(name):
             raise src.error(src.key_line(i, "name"), f"node name {name!r}: use letters, digits, '.', '_' or '-'")
-        if name in seen:
-            first = seen[name]
+        if name.lower() in seen:  # hostnames (and ssh's HostKeyAlias) ignore case
+            first = seen[name.lower()]
             raise src.error(
                 src.key_line(i, "name"),
                 f"duplicate node name {name!r}" + (f" (first declared at line {first})" if first else ""),
                 hint="give every [[node]] a unique name",
             )
-        seen[name] = src.key_line(i, "name")
+        seen[name.lower()] = src.key_line(i, "name")
         role = _str(raw, "role", src, line)
         if role not in ROLES:
             raise src.error(
@@ -357,7 +376,15 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         stale_after=_num(health, "stale_after", 300.0, src, "[health]"),
         panel=_parse_panel(data.get("panel"), src),
         max_output=_max_output(health, src),
+        alerts=_alerts(data.get("alert"), src),
     )
+
+
+def _alerts(raw: Any, src: _Source) -> tuple[Any, ...]:
+    from alma.fleet.alerts import parse_alerts
+
+    line = next((i + 1 for i, ln in enumerate(src.lines) if re.match(r"^\s*\[\[\s*alert\s*\]\]", ln)), None)
+    return parse_alerts(raw, lambda msg: src.error(line, msg))
 
 
 def _max_output(health: dict[str, Any], src: _Source) -> int:

@@ -6,30 +6,35 @@ reaches it (``alma@<first address>``), and the SHA256 fingerprint of its ed25519
 which came over the serial cable, not over the network, so nothing is trusted on first use.
 
 ``alma fleet health`` then connects with ``StrictHostKeyChecking=yes``, ``HostKeyAlias=<node
-name>`` and a known_hosts file of alma's own holding only that node's pinned key: a full key
-from the fleet file is written as is; a fingerprint is resolved once with ``ssh-keyscan`` and
-kept only if the scanned key has exactly that fingerprint. A board answering with another key
-finds no match, and ssh refuses it ("Host key verification failed").
+name>``, no known_hosts file at all and ssh's ``KnownHostsCommand`` pointing at
+``pinhook.py``: ssh hands it the key the server offered on this connection (however it was
+reached: ProxyCommand, ProxyJump), and it vouches for that key only when its fingerprint is
+the pinned one. A board answering with another key is refused ("Host key verification
+failed"), and the hook's line says which key was pinned and which was offered. This needs
+OpenSSH 8.5 or newer on the operator's machine (Debian 12 has 9.2).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
+import sys
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alma import runner, settings
-from alma.errors import ConfigError, ToolError, UserError
+from alma.errors import ConfigError, UserError
 from alma.flash.identity import check_hostname
 from alma.fleet.inventory import ROLES, Node, SshConfig, parse_fleet
 from alma.ground import write_atomic
-from alma.sshkeys import FINGERPRINT, BadKey, parse_host_key, parse_public_key
+from alma.sshkeys import FINGERPRINT, parse_host_key, parse_public_key
 
 ADMIN_USER = "alma"  # the image's admin user (alma.imagebuild.access)
-KEYSCAN_TIMEOUT_S = 5
 _DEST = re.compile(r"^(?:[A-Za-z0-9._-]{1,32}@)?(?:[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45})$")
 _ALIAS = re.compile(r"^[^\x00-\x1f\x7f\"\\]{1,64}$")
 
@@ -89,14 +94,64 @@ def entry_from_record(rec: Any, user: str = ADMIN_USER) -> tuple[NodeEntry | Non
     addrs = line.get("addresses") or []
     if not addrs:
         return None, "the board printed no address (no network yet?): add it with alma fleet add once it has one"
-    entry = make_entry(line["name"], f"{user}@{addrs[0]}", host_key=line["hostkey"])
-    return entry, "seen booting"
+    refused = []
+    for addr in addrs:  # the first address ssh can be given as written (a scope id cannot)
+        try:
+            return make_entry(line["name"], f"{user}@{addr}", host_key=line["hostkey"]), "seen booting"
+        except UserError as exc:
+            refused.append(exc.message)
+    return None, f"no usable address ({'; '.join(refused)[:300]}): add it with alma fleet add"
+
+
+@contextmanager
+def locked_fleet_file(path: Path) -> Iterator[Path]:
+    """The REAL fleet file (symlinks followed), held under an exclusive flock.
+
+    Writers replace the file atomically (a new inode), so a lock on the old inode would
+    guard nothing: after taking the lock the path must still name the locked inode, else
+    the lock is taken again on the new one. Readers that only load the fleet take no lock:
+    they always see a whole old or a whole new file.
+    """
+    real = path.resolve()  # a symlinked fleet file stays a symlink; its target is updated
+    for _ in range(100):
+        try:
+            fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise UserError(f"cannot open fleet file {real}: {exc.strerror}", hint="check its permissions") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(real).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield real
+                return
+        finally:
+            os.close(fd)  # closing releases the lock
+    raise UserError(f"{real}: the fleet file keeps being replaced; retry")
 
 
 def add_to_fleet(path: Path, entry: NodeEntry) -> None:
-    """Append ``entry`` to the fleet file atomically; the result must load like any fleet file."""
+    """Append ``entry`` to the fleet file: read, check and write under the file's lock, so
+    concurrent adds all land; the result must load like any fleet file."""
+    real = path.resolve()
+    existed = real.exists()
     try:
-        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        real.parent.mkdir(parents=True, exist_ok=True)
+        with locked_fleet_file(real) as locked:
+            _add_locked(locked, entry)
+    except BaseException:
+        if not existed:  # the lock created an empty file: a failed first add leaves nothing
+            with contextlib.suppress(OSError):
+                if real.stat().st_size == 0:
+                    real.unlink()
+        raise
+
+
+def _add_locked(path: Path, entry: NodeEntry) -> None:
+    try:
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
     if text.strip():
@@ -105,9 +160,14 @@ def add_to_fleet(path: Path, entry: NodeEntry) -> None:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}", hint=f"fix the TOML syntax in {path}") from exc
         nodes = current.get("node", [])
-        if isinstance(nodes, list) and any(isinstance(n, dict) and n.get("name") == entry.name for n in nodes):
+        taken = {str(n.get("name")).lower(): n.get("name") for n in nodes if isinstance(n, dict)} if isinstance(
+            nodes, list) else {}  # fmt: skip
+        if entry.name.lower() in taken:
+            same = taken[entry.name.lower()]
             raise UserError(
-                f"{path}: a node named {entry.name} is already in the fleet",
+                f"{path}: a node named {same} is already in the fleet"
+                + (f" (names are compared case-insensitively, as hostnames are: {entry.name})" if same != entry.name
+                   else ""),  # fmt: skip
                 hint=f"edit or remove its [[node]] entry in {path} first (a reflashed board has a new host key)",
             )
     new = (text.rstrip("\n") + "\n\n" if text.strip() else "") + entry.toml()
@@ -122,96 +182,54 @@ def add_to_fleet(path: Path, entry: NodeEntry) -> None:
 
 # -- pinned host keys for ssh ---------------------------------------------------------------
 
-
-def _pin_dir(cfg: SshConfig) -> Path:
-    base = cfg.control_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alma" / "ssh"
-    d = base / "pinned"
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return d
+PIN_HOOK = Path(__file__).with_name("pinhook.py")
 
 
-def _ssh_target(node: Node, cfg: SshConfig) -> tuple[str, str]:
-    """(hostname, port) ssh would use for the node (``ssh -G`` applies ~/.ssh/config)."""
-    argv = [settings.tool("ssh"), *(["-F", str(cfg.config)] if cfg.config else []), "-G", "--", node.ssh]
-    res = runner.capture(argv, timeout=10, check=False)
-    conf = dict(ln.split(" ", 1) for ln in res.lines if " " in ln)
-    return conf.get("hostname", node.ssh.rsplit("@", 1)[-1]), conf.get("port", "22")
+def ssh_quote(value: str, what: str) -> str:
+    """``value`` as ONE argument of an ``-o`` option, the way ssh splits it.
+
+    ssh splits option values on whitespace (UserKnownHostsFile takes a LIST of files) and
+    expands ``%`` tokens: the value is double-quoted, ``\\`` and ``"`` escaped, ``%``
+    doubled. Control characters cannot be written at all: refused.
+    """
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise ConfigError(f"{what} {ascii(value)[:120]}: control characters cannot be passed to ssh",
+                          hint="use a path without control characters")  # fmt: skip
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{escaped}"'
 
 
-def scan_host_keys(node: Node, cfg: SshConfig) -> list[str]:
-    """``<type> <base64>`` of every host key the node offers (ssh-keyscan, bounded)."""
-    host, port = _ssh_target(node, cfg)
-    argv = [
-        settings.tool("ssh-keyscan"),
-        "-T",
-        str(KEYSCAN_TIMEOUT_S),
-        "-p",
-        port,
-        "-t",
-        "ed25519,ecdsa,rsa",
-        "--",
-        host,
-    ]
-    try:
-        res = runner.capture(argv, timeout=KEYSCAN_TIMEOUT_S * 3 + 5, check=False, stderr="separate")
-    except ToolError:
-        return []
-    keys = []
-    for ln in res.lines:
-        parts = ln.split()
-        if len(parts) >= 3 and not ln.startswith("#"):
-            try:
-                k = parse_public_key(" ".join(parts[1:3]))
-            except BadKey:
-                continue
-            keys.append(f"{k.type} {k.blob_b64}")
-    return keys
-
-
-def _fingerprint(key: str) -> str:
-    return parse_public_key(key).fingerprint
-
-
-def pinned_known_hosts(node: Node, cfg: SshConfig, scan: Any = scan_host_keys) -> Path:
-    """A known_hosts file holding only ``node``'s pinned key under its name (HostKeyAlias)."""
-    assert node.host_key is not None
-    path = _pin_dir(cfg) / f"{node.name}.known_hosts"
-    if FINGERPRINT.fullmatch(node.host_key):
-        key = None
-        if path.exists():  # resolved before: reuse while it still has the pinned fingerprint
-            old = path.read_text(encoding="utf-8", errors="replace").split(None, 1)
-            if len(old) == 2 and _safe_fp(old[1]) == node.host_key:
-                key = old[1].strip()
-        if key is None:
-            key = next((k for k in scan(node, cfg) if _fingerprint(k) == node.host_key), None)
-    else:
-        key = node.host_key
-    write_atomic(path, f"{node.name} {key}\n" if key else "", mode=0o600)
-    return path
-
-
-def _safe_fp(key: str) -> str | None:
-    try:
-        return _fingerprint(key.strip())
-    except BadKey:
-        return None
-
-
-def pinned_ssh_options(node: Node, cfg: SshConfig) -> list[str]:
-    """ssh options for a node with a pinned host key (first on the command line: ssh keeps
-    the first value of an option, so these beat the fleet's and ~/.ssh/config's)."""
+def pinned_fingerprint(node: Node) -> str | None:
+    """The SHA256 fingerprint a node is pinned to (a full key pins its fingerprint)."""
     if node.host_key is None:
+        return None
+    if FINGERPRINT.fullmatch(node.host_key):
+        return node.host_key
+    return parse_public_key(node.host_key).fingerprint
+
+
+def pinned_ssh_options(node: Node, cfg: SshConfig, python: str | None = None) -> list[str]:
+    """ssh options for a node with a pinned host key (first on the command line: ssh keeps
+    the first value of an option, so these beat the fleet's and ~/.ssh/config's).
+
+    No known_hosts file and no ssh-keyscan: ssh itself asks ``pinhook.py`` about the key
+    the server offered on this very connection (through any ProxyCommand or ProxyJump), and
+    the hook vouches for it only when it has the pinned fingerprint. Nothing is kept on
+    disk, so no pin file can be planted, shared between fleets or go stale.
+    """
+    fp = pinned_fingerprint(node)
+    if fp is None:
         return []
-    try:
-        known = pinned_known_hosts(node, cfg)
-    except OSError:
-        known = Path("/dev/null")  # cannot keep the pin: fail closed, ssh then knows no key at all
+    hook = " ".join([ssh_quote(python or sys.executable, "python"), "-I", ssh_quote(str(PIN_HOOK), "pin hook"),
+                     fp, "%H", "%t", "%K"])  # fmt: skip
     return [
         "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={known}",
+        "-o", "UserKnownHostsFile=/dev/null",
         "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", f"KnownHostsCommand={hook}",
         "-o", f"HostKeyAlias={node.name}",
         "-o", "UpdateHostKeys=no",
+        "-o", "CheckHostIP=no",
     ]  # fmt: skip
 
 
@@ -221,7 +239,10 @@ def after_flash(records: list[Any], fleet_file: Path | None, user: str = ADMIN_U
     for rec in records:
         if rec.result != "SUCCESS" or rec.boot is None:
             continue  # not flashed, or no console watched: nothing is known about the boot
-        entry, why = entry_from_record(rec, user)
+        try:
+            entry, why = entry_from_record(rec, user)
+        except UserError as exc:  # one board's odd console line never stops the others
+            entry, why = None, f"not added: {exc.message}"
         item: dict[str, Any] = {"usb_instance": rec.board.get("usb_instance"), "entry": None, "reason": why}
         if entry is not None:
             item["entry"] = entry.to_dict()

@@ -27,18 +27,19 @@ class Severity(Enum):
 
     @classmethod
     def parse(cls, value: object) -> Severity:
-        if isinstance(value, str) and value.upper() in cls.__members__:
-            return cls[value.upper()]
+        if isinstance(value, str):
+            found = _BY_NAME.get(value) or _BY_NAME.get(value.upper())
+            if found is not None:
+                return found
         raise ValueError(f"not a Nagios status: {value!r}")
 
 
 _RANK = {Severity.OK: 0, Severity.UNKNOWN: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
+_BY_NAME = {s.name: s for s in Severity}
+_WORST_FIRST = sorted(Severity, key=lambda s: -_RANK[s])
 
 
 def worst(severities: Iterable[Severity]) -> Severity:
-    """The worst severity (OK for an empty input)."""
-    out = Severity.OK
-    for s in severities:
-        if s.rank > out.rank:
-            out = s
-    return out
+    """The worst severity (OK for an empty input); linear, one set of at most four."""
+    seen = set(severities)
+    return next((s for s in _WORST_FIRST if s in seen), Severity.OK)

@@ -8,10 +8,16 @@ every call in flight at once.
 
 The remote side is bounded too: sshd does not stop a command when the client goes away
 (without a pty nothing sends it SIGHUP, and a command that does not write never sees the
-closed channel), so each command runs under the node's own ``timeout`` (coreutils), which
-starts it in a process group of its own and signals that whole group at the deadline
-(SIGTERM, SIGKILL ``REMOTE_KILL_AFTER_S`` later). A node without ``timeout`` runs the
-command unbounded, as before (docs/fleet.md).
+closed channel), so each command runs under the node's own deadline: with ``python3`` on
+the node (every ALMA-OS image: alma-health is Python) under ``reaper.py``, a child
+subreaper that ends the command's WHOLE tree at the deadline or when the command ends,
+children that called ``setsid()`` or outlived their parent included; else under coreutils
+``timeout`` (its process group only: a ``setsid()`` child escapes); else unbounded
+(docs/fleet.md). SIGTERM first, SIGKILL ``REMOTE_KILL_AFTER_S`` later.
+
+Every path handed to ssh inside ``-o`` is quoted the way ssh splits it (alma.fleet.join.ssh_quote):
+ssh reads UserKnownHostsFile as a whitespace-separated LIST, so an unquoted control dir with
+a space would make it read a second, planted file.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from pathlib import Path
 from alma import runner, settings
 from alma.errors import ToolError, ToolNotFound, ToolOutputLimit, ToolTimeout
 from alma.fleet.inventory import Node, SshConfig
-from alma.fleet.join import pinned_ssh_options
+from alma.fleet.join import pinned_ssh_options, ssh_quote
+from alma.fleet.pinhook import PREFIX as PIN_MISMATCH
 
 # ssh's own exit code for "could not connect / authenticate / protocol error".
 SSH_FAILED = 255
@@ -65,6 +72,9 @@ class RemoteResult:
         if self.error == "ssh-missing":
             return self.lines[0] if self.lines else "ssh is not installed"
         if self.error == "unreachable":
+            pin = [ln for ln in self.lines if ln.startswith(PIN_MISMATCH)]
+            if pin:  # the pinned key's own words: which key was expected and which was offered
+                return f"Host key verification failed: {pin[-1][len('alma: '):]}"
             tail = [ln for ln in self.lines if ln.strip()]
             return "unreachable: " + (tail[-1] if tail else f"ssh exited {self.returncode}")
         tail = [ln for ln in self.stderr or self.lines if ln.strip()]
@@ -89,14 +99,19 @@ def control_dir(cfg: SshConfig) -> Path:
     return d
 
 
+REAPER = Path(__file__).with_name("reaper.py")
+
+
 def remote_command(command: str, seconds: float | None) -> str:
     """``command`` under the node's own deadline (POSIX sh; see the module docstring)."""
     if seconds is None:
         return command
     inner = shlex.quote(command)
     limit = max(1, math.ceil(seconds))
+    reaper = shlex.quote(REAPER.read_text(encoding="utf-8"))
     return (
-        f"if command -v timeout >/dev/null 2>&1; then exec timeout -k {REMOTE_KILL_AFTER_S} {limit} sh -c {inner}; "
+        f"if command -v python3 >/dev/null 2>&1; then exec python3 -c {reaper} {limit} {REMOTE_KILL_AFTER_S} {inner}; "
+        f"elif command -v timeout >/dev/null 2>&1; then exec timeout -k {REMOTE_KILL_AFTER_S} {limit} sh -c {inner}; "
         f"else exec sh -c {inner}; fi"
     )
 
@@ -118,12 +133,12 @@ def ssh_argv(node: Node, command: str, cfg: SshConfig, *, remote_timeout: float 
         "-T",  # no tty: the remote side must not wait for input
     ]  # fmt: skip
     if cfg.known_hosts is not None:
-        argv += ["-o", f"UserKnownHostsFile={cfg.known_hosts}"]
+        argv += ["-o", f"UserKnownHostsFile={ssh_quote(str(cfg.known_hosts), '[ssh] known_hosts')}"]
     if cfg.control_persist > 0:
         # %C (a hash of host, port, user) keeps the socket path short and unique.
         argv += [
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={control_dir(cfg)}/%C",
+            "-o", f"ControlPath={ssh_quote(str(control_dir(cfg)), '[ssh] control_dir')[:-1]}/%C\"",
             "-o", f"ControlPersist={cfg.control_persist}",
         ]  # fmt: skip
     argv += ["--", node.ssh, remote_command(command, remote_timeout)]

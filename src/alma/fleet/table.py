@@ -1,4 +1,11 @@
-"""The node x check table of a fleet report, as rows a renderer (rich or plain) prints."""
+"""The node x check table of a fleet report, as rows a renderer (rich or plain) prints.
+
+The table's shape is the project's, never a node's: the columns are the project's own check
+names (a report inventing checks adds no column), and every cell is cut to a fixed width
+with an ellipsis, so a 300-character alias or a 200 KB summary cannot push the columns
+off-screen. A stale report's checks read "stale", a check a node did not report "not
+reported", both grey.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +14,38 @@ from almaboard import text as T
 from alma.fleet.health import FleetReport
 from alma.fleet.severity import Severity
 
-# green / red / grey, the only three colours the operator has to read.
-COLOUR = {Severity.OK: "green", Severity.WARNING: "red", Severity.CRITICAL: "red", Severity.UNKNOWN: "grey50"}
-MISSING = "-"  # a check this node did not report (grey)
+# green / amber / red / grey: WARNING is not CRITICAL.
+COLOUR = {Severity.OK: "green", Severity.WARNING: "dark_orange", Severity.CRITICAL: "red", Severity.UNKNOWN: "grey50"}
+MISSING = "not reported"  # a check this node did not report (grey)
+STALE = "stale"  # the report is too old to vouch for the check (grey)
+NAME_WIDTH = 32  # node names are at most 63 characters (fleet grammar); aliases up to any length
+SUMMARY_WIDTH = 100
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
 def rows(report: FleetReport) -> tuple[list[str], list[list[tuple[str, Severity | None]]]]:
     """Header and rows of (text, severity) cells; severity None = not reported (grey).
 
-    Every cell passes the one sanitizer: check names and summaries come from the nodes.
+    Every cell passes the one sanitizer: names and summaries come from the fleet and the nodes.
     """
     checks = report.check_names()
-    header = [T.terminal(h) for h in ("node", "role", "status", *checks, "summary")]
+    header = ["node", "role", "status", *checks, "summary"]
     out = []
     for n in report.nodes:
         by_name = {c.name: c for c in n.checks}
-        cells: list[tuple[str, Severity | None]] = [(T.terminal(n.name), None), (n.role, None)]
+        label = n.name if not n.alias else f"{n.name} ({n.alias})"
+        cells: list[tuple[str, Severity | None]] = [(clip(T.terminal(label), NAME_WIDTH), None), (n.role, None)]
         cells.append((n.status.name, n.status))
         for name in checks:
             c = by_name.get(name)
-            cells.append((c.status.name, c.status) if c else (MISSING, None))
-        cells.append((T.terminal(n.summary), None))
+            if c is None:
+                cells.append((MISSING, None))
+            else:
+                cells.append((STALE, None) if c.stale else (c.status.name, c.status))
+        cells.append((clip(T.terminal(n.summary), SUMMARY_WIDTH), None))
         out.append(cells)
     return header, out
 
@@ -50,8 +68,10 @@ def rich_table(report: FleetReport) -> object:
 
     header, body = rows(report)
     t = Table(title=f"fleet health at {report.time}", title_justify="left")
-    for h in header:
-        t.add_column(h, overflow="fold")
+    for i, h in enumerate(header):
+        last = i == len(header) - 1
+        # Fixed cells never wrap a word one letter per line: they are cut with an ellipsis.
+        t.add_column(h, overflow="ellipsis", no_wrap=not last, max_width=SUMMARY_WIDTH if last else NAME_WIDTH)
     for r in body:
         cells = []
         for i, (text, sev) in enumerate(r):

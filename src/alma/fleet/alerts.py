@@ -1,0 +1,319 @@
+"""Alerts: ``[[alert]]`` entries in the fleet file fire on node state changes.
+
+::
+
+    [[alert]]
+    name = "ops"
+    on = ["CRITICAL", "WARNING", "UNKNOWN", "OK"]  # entering these states fires (OK = resolved)
+    repeat = 3600               # seconds; re-sent while a node stays in a firing state (0: never)
+    webhook = "http://alertmanager:9093/api/v2/alerts"
+    payload = "alertmanager"    # or "alma" (default): one alma.alert/1 JSON event per POST
+    command = ["/usr/local/bin/page-oncall", "--team", "lab"]   # argv; stdin = the JSON event
+    timeout = 5                 # seconds per attempt
+    retries = 3                 # attempts after the first, backoff 1 s, 2 s, 4 s ...
+    backoff = 1.0
+    [[alert.maintenance]]       # no alerts for this node (and check) in this window
+    node = "edge-01"            # a node name, or "*"
+    check = "disk"              # optional: only this check is ignored
+    start = "2026-12-01T20:00:00Z"
+    end = "2026-12-01T22:00:00Z"
+
+A node's alert state is the worst of its checks outside maintenance (UNKNOWN when it did
+not answer); state per rule and node is kept in ``fleet-alerts.json`` beside the snapshot
+(private, 0600). A node seen for the first time counts as having been OK. During a node's
+maintenance window its state is not updated, so a problem still there when the window ends
+fires then.
+
+Deliveries never hold up the run: ``fire`` writes the events to a job file and starts a
+detached deliverer (its own session) that tries each target with the timeout and retries
+above, then records every outcome (attempts, last error) in the job's ``.result.json`` and
+every failure in ``fleet-alerts.log`` (one JSON line each). Webhooks go direct (no proxy
+from the environment), http and https only, never following redirects.
+
+Threat model: the fleet file is the operator's (trusted); node text (summaries, check
+names) in an event is sanitized and cut (``MAX_SUMMARY``); the hook's argv is the
+configured list, never a shell; the event is JSON on stdin, never in argv or the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from almaboard import text as T
+
+from alma.errors import ConfigError
+from alma.fleet.health import FleetReport, NodeResult
+from alma.fleet.severity import Severity, worst
+from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
+
+EVENT_SCHEMA = "alma.alert/1"
+PAYLOADS = ("alma", "alertmanager")
+MAX_SUMMARY = 1000
+_KEYS = {"name", "on", "repeat", "webhook", "payload", "command", "timeout", "retries", "backoff", "maintenance"}
+
+
+@dataclass(frozen=True)
+class Window:
+    node: str
+    check: str | None
+    start: float
+    end: float
+
+    def covers(self, node: str, check: str | None, now: float) -> bool:
+        return self.start <= now < self.end and self.node in ("*", node) and (self.check is None or self.check == check)
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    name: str
+    on: tuple[str, ...] = ("CRITICAL", "WARNING", "UNKNOWN", "OK")
+    repeat_s: float = 0.0
+    webhook: str | None = None
+    payload: str = "alma"
+    command: tuple[str, ...] | None = None
+    timeout_s: float = 5.0
+    retries: int = 3
+    backoff_s: float = 1.0
+    maintenance: tuple[Window, ...] = field(default_factory=tuple)
+
+
+def parse_alerts(raw: Any, error: Callable[[str], ConfigError]) -> tuple[AlertRule, ...]:
+    """The ``[[alert]]`` tables; ``error(msg)`` makes the loader's file:line error."""
+    import math
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise error("[[alert]] must be an array of tables")
+    rules = []
+    for i, a in enumerate(raw):
+        if not isinstance(a, dict):
+            raise error(f"[[alert]] #{i + 1} must be a table")
+        name = a.get("name", f"alert-{i + 1}")
+        unknown = sorted(set(a) - _KEYS)
+        if unknown:
+            raise error(f"[[alert]] {name!r}: unknown key(s) {', '.join(unknown)}")
+        on = a.get("on", list(AlertRule.on))
+        if not isinstance(on, list) or not on or any(s not in Severity.__members__ for s in on):
+            raise error(f"[[alert]] {name!r}: on must list states of {', '.join(Severity.__members__)}")
+
+        def number(key: str, default: float, minimum: float, a: dict[str, Any] = a, name: Any = name) -> float:
+            v = a.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < minimum:
+                raise error(f"[[alert]] {name!r}: {key} must be a finite number >= {minimum:g}, got {v!r}")
+            return float(v)
+
+        webhook = a.get("webhook")
+        if webhook is not None and (not isinstance(webhook, str) or not webhook.startswith(("http://", "https://"))):
+            raise error(f"[[alert]] {name!r}: webhook must be an http:// or https:// URL")
+        command = a.get("command")
+        if command is not None and (not isinstance(command, list) or not command
+                                    or not all(isinstance(x, str) and x for x in command)):  # fmt: skip
+            raise error(f'[[alert]] {name!r}: command must be an argv list, e.g. ["/usr/local/bin/notify"]')
+        if webhook is None and command is None:
+            raise error(f"[[alert]] {name!r}: needs a webhook or a command")
+        payload = a.get("payload", "alma")
+        if payload not in PAYLOADS:
+            raise error(f"[[alert]] {name!r}: payload must be one of {', '.join(PAYLOADS)}")
+        windows = []
+        for w in a.get("maintenance", []) or []:
+            try:
+                start, end = parse_utc(w["start"]).timestamp(), parse_utc(w["end"]).timestamp()
+                node, check = w.get("node", "*"), w.get("check")
+                if not isinstance(node, str) or (check is not None and not isinstance(check, str)) or end <= start:
+                    raise ValueError("node/check must be strings and end after start")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise error(f"[[alert]] {name!r}: bad [[alert.maintenance]] window: {exc}") from None
+            windows.append(Window(node, check, start, end))
+        retries = number("retries", 3, 0)
+        rules.append(AlertRule(
+            name=str(name), on=tuple(on), repeat_s=number("repeat", 0, 0), webhook=webhook, payload=payload,
+            command=tuple(command) if command else None, timeout_s=number("timeout", 5, 0.1),
+            retries=int(retries), backoff_s=number("backoff", 1.0, 0), maintenance=tuple(windows),
+        ))  # fmt: skip
+    return tuple(rules)
+
+
+def default_state_path(snapshot: Path) -> Path:
+    return snapshot.with_name("fleet-alerts.json")
+
+
+def _alert_status(n: NodeResult, rule: AlertRule, now: float) -> tuple[Severity, list[dict[str, str]]] | None:
+    """The node's state for this rule (None: the whole node is in maintenance)."""
+    if any(w.covers(n.name, None, now) and w.check is None for w in rule.maintenance):
+        return None
+    checks = [c for c in n.checks if not any(w.covers(n.name, c.name, now) for w in rule.maintenance)]
+    if not n.checks:  # unreachable, unparsable: nothing was verified
+        return n.status, []
+    status = worst(c.status for c in checks) if checks else Severity.OK
+    if n.status is Severity.UNKNOWN and not any(c.stale for c in n.checks) and all(
+            c.status is not Severity.UNKNOWN for c in checks):  # fmt: skip
+        status = worst([status, Severity.UNKNOWN])  # e.g. a duplicate check or the desktop rule cannot tell
+    return status, [{"name": T.terminal(c.name)[:64], "status": c.status.name} for c in checks
+                    if c.status is not Severity.OK]  # fmt: skip
+
+
+def evaluate(rules: tuple[AlertRule, ...], report: FleetReport, state: dict[str, Any],
+             now: datetime) -> tuple[list[tuple[AlertRule, dict[str, Any]]], dict[str, Any]]:  # fmt: skip
+    """(rule, event) pairs to deliver, and the new state."""
+    t = now.timestamp()
+    new = {k: dict(v) for k, v in state.items() if isinstance(v, dict)}
+    out = []
+    for rule in rules:
+        for n in report.nodes:
+            got = _alert_status(n, rule, t)
+            if got is None:
+                continue
+            status, bad = got
+            key = f"{rule.name}/{n.name}"
+            prev = new.get(key, {"status": "OK", "sent": 0.0})
+            kind = None
+            if status.name != prev.get("status"):
+                kind = "changed" if status.name in rule.on else None
+            elif (status is not Severity.OK and status.name in rule.on and rule.repeat_s > 0
+                  and t - float(prev.get("sent", 0.0)) >= rule.repeat_s):  # fmt: skip
+                kind = "repeat"
+            entry = {"status": status.name, "sent": float(prev.get("sent", 0.0))}
+            if kind:
+                entry["sent"] = t
+                out.append((rule, {
+                    "schema": EVENT_SCHEMA, "rule": rule.name, "kind": kind, "node": n.name, "role": n.role,
+                    "status": status.name, "previous": prev.get("status", "OK"), "time": utc_iso(now),
+                    "summary": T.terminal(n.summary)[:MAX_SUMMARY], "checks": bad,
+                }))  # fmt: skip
+            new[key] = entry
+    return out, new
+
+
+def alertmanager_payload(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """Prometheus Alertmanager's POST /api/v2/alerts body: an OK event resolves the alert."""
+    alert: dict[str, Any] = {
+        "labels": {"alertname": "AlmaNodeState", "node": event["node"], "role": event["role"],
+                   "severity": event["status"].lower(), "alma_rule": event["rule"]},
+        "annotations": {"summary": event["summary"] or f"{event['node']} is {event['status']}"},
+        "startsAt": event["time"],
+    }  # fmt: skip
+    if event["status"] == "OK":
+        alert["labels"]["severity"] = event["previous"].lower()
+        alert["endsAt"] = event["time"]
+    return [alert]
+
+
+def fire(fleet: Any, report: FleetReport, state_path: Path, *, now: datetime | None = None,
+         detach: bool = True) -> Path | None:  # fmt: skip
+    """Evaluate the rules, save the state, hand the events to a detached deliverer.
+
+    Returns the job file (None: nothing to send).
+    """
+    when = now or utc_now()
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.exists() else {}
+        if not isinstance(state, dict):
+            state = {}
+    except (OSError, ValueError):
+        state = {}  # an unreadable state re-fires current problems: noisy, never silent
+    events, new = evaluate(fleet.alerts, report, state, when)
+    try:
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(state_path, json.dumps(new, sort_keys=True), mode=0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write alert state {state_path}: {exc.strerror or exc}") from exc
+    if not events:
+        return None
+    spool = state_path.with_name("fleet-alerts.d")
+    spool.mkdir(mode=0o700, exist_ok=True)
+    job = spool / f"{when.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}.json"
+    jobs = [{"rule": _rule_dict(r), "event": e} for r, e in events]
+    write_atomic(job, json.dumps({"log": str(state_path.with_name("fleet-alerts.log")), "jobs": jobs}), mode=0o600)
+    if detach:
+        with open(os.devnull, "rb") as null_in, open(spool / "deliverer.err", "ab") as err:
+            subprocess.Popen([sys.executable, "-m", "alma.fleet.alerts", str(job)], stdin=null_in,
+                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, close_fds=True)  # fmt: skip
+    else:
+        deliver_job(job)
+    return job
+
+
+def _rule_dict(r: AlertRule) -> dict[str, Any]:
+    return {"name": r.name, "webhook": r.webhook, "payload": r.payload, "command": list(r.command or []),
+            "timeout": r.timeout_s, "retries": r.retries, "backoff": r.backoff_s}  # fmt: skip
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kw: Any) -> None:
+        return None
+
+
+def _post(url: str, body: bytes, timeout: float) -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "User-Agent": "alma-alerts"})  # fmt: skip
+    with opener.open(req, timeout=timeout) as resp:
+        if not 200 <= resp.status < 300:
+            raise urllib.error.HTTPError(url, resp.status, "not 2xx", resp.headers, None)
+
+
+def _hook(argv: list[str], body: bytes, timeout: float) -> None:
+    # The configured argv, never a shell; the event on stdin only.
+    r = subprocess.run(argv, input=body, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout,
+                       check=False, start_new_session=True)  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(f"exit {r.returncode}: {T.terminal(r.stderr.decode(errors='replace').strip())[-200:]}")
+
+
+def _attempt(what: Callable[[], None], retries: int, backoff: float, sleep: Callable[[float], None]) -> tuple[
+        bool, int, str | None]:  # fmt: skip
+    last = None
+    for attempt in range(retries + 1):
+        if attempt:
+            sleep(backoff * (2 ** (attempt - 1)))
+        try:
+            what()
+            return True, attempt + 1, None
+        except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+            last = T.terminal(f"{type(exc).__name__}: {exc}")[:300]
+    return False, retries + 1, last
+
+
+def deliver_job(job: Path, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Try every delivery of the job; record outcomes (.result.json) and failures (the log)."""
+    data = json.loads(job.read_text(encoding="utf-8"))
+    results = []
+    for item in data["jobs"]:
+        rule, event = item["rule"], item["event"]
+        targets: list[tuple[str, Callable[[], None]]] = []
+        timeout = float(rule["timeout"])
+        if rule["webhook"]:
+            body = json.dumps(alertmanager_payload(event) if rule["payload"] == "alertmanager" else event).encode()
+            targets.append((f"webhook {rule['webhook']}", partial(_post, str(rule["webhook"]), body, timeout)))
+        if rule["command"]:
+            argv = [str(x) for x in rule["command"]]
+            targets.append((f"command {argv[0]}", partial(_hook, argv, json.dumps(event).encode(), timeout)))
+        for target, call in targets:
+            ok, attempts, error = _attempt(call, int(rule["retries"]), float(rule["backoff"]), sleep)
+            res = {"rule": rule["name"], "node": event["node"], "status": event["status"], "target": target,
+                   "ok": ok, "attempts": attempts, "error": error, "time": utc_iso()}  # fmt: skip
+            results.append(res)
+            if not ok:
+                with open(data["log"], "a", encoding="utf-8") as log:
+                    log.write(json.dumps(res) + "\n")
+    out = {"job": job.name, "deliveries": results}
+    write_atomic(job.with_suffix(".result.json"), json.dumps(out, indent=1), mode=0o600)
+    return out
+
+
+if __name__ == "__main__":  # the detached deliverer: python -m alma.fleet.alerts JOB
+    deliver_job(Path(sys.argv[1]))

@@ -1,0 +1,71 @@
+"""`alma fleet health --prometheus FILE`: the run as Prometheus metrics (text exposition
+format 0.0.4, as node_exporter's textfile collector reads ``*.prom`` files), written
+atomically so the collector never reads half a file.
+
+One gauge per node state and per node x check state (Nagios codes, plus ``stale``), the
+response time, and every perfdata value as ``alma_perfdata{node,check,label,unit}``. Label
+values come from nodes: they pass the one sanitizer, then the format's escaping (``\\``,
+``"``, newline); a non-finite value is left out; at most ``MAX_PERF_PER_NODE`` perfdata
+series per node, so a node cannot blow up the collector's cardinality. The file names
+internal nodes: it is for the operator's own Prometheus, never published by `alma panel`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from almaboard import text as T
+
+from alma.fleet.health import FleetReport
+from alma.ground import parse_utc, write_atomic
+
+MAX_PERF_PER_NODE = 200
+
+
+def _label(v: object) -> str:
+    return T.terminal(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**kv: object) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in kv.items()) + "}"
+
+
+def exposition(report: FleetReport) -> str:
+    lines: list[str] = []
+
+    def family(name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} gauge")
+        lines.extend(f"{name}{labels} {value:.17g}" for labels, value in samples if math.isfinite(value))
+
+    family("alma_fleet_status", "Worst node state, Nagios code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).",
+           [("", float(report.exit_code))])  # fmt: skip
+    family("alma_fleet_run_timestamp_seconds", "When this fleet health run was taken (Unix time).",
+           [("", parse_utc(report.time).timestamp())])  # fmt: skip
+    family("alma_node_status", "Node state, Nagios code (3 UNKNOWN: unreachable, stale or unparsable).",
+           [(_labels(node=n.name, role=n.role), float(n.status.code)) for n in report.nodes])  # fmt: skip
+    family("alma_node_reachable", "1 when ssh reached the node and it answered.",
+           [(_labels(node=n.name), float(n.reachable)) for n in report.nodes])  # fmt: skip
+    family("alma_node_response_seconds", "Seconds to connect, read and judge the node's report.",
+           [(_labels(node=n.name), n.duration_s) for n in report.nodes])  # fmt: skip
+    family("alma_check_status", "Check state, Nagios code; stale=\"true\": the report was too old to vouch for it.",
+           [(_labels(node=n.name, check=c.name, stale=str(c.stale).lower()), float(c.status.code))
+            for n in report.nodes for c in n.checks])  # fmt: skip
+    perf = []
+    for n in report.nodes:
+        seen: set[tuple[str, str]] = set()
+        for c in n.checks:
+            for p in c.perfdata:
+                key = (c.name, p.label)
+                if p.value is None or key in seen or len(seen) >= MAX_PERF_PER_NODE:
+                    continue
+                seen.add(key)
+                perf.append((_labels(node=n.name, check=c.name, label=p.label, unit=p.uom), p.value))
+    family("alma_perfdata", "A check's performance value as the node reported it (unit in the unit label).", perf)
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path: Path, report: FleetReport) -> None:
+    """Atomically (temp file + rename): the textfile collector must never see half a file."""
+    write_atomic(path, exposition(report))

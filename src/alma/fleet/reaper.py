@@ -1,0 +1,104 @@
+"""Runs ON THE NODE (sent as ``python3 -c``): the health command's whole process tree ends
+by the deadline, including children that called ``setsid()`` or outlived their parent.
+
+Usage: python3 -c <this source> LIMIT_S KILL_AFTER_S COMMAND
+
+It makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every orphaned descendant
+is re-parented to it rather than to init, wherever it moved its session or process group;
+it runs COMMAND with ``sh -c`` and, when COMMAND ends or LIMIT_S passes (whichever is
+first), sends SIGTERM to every process still below it, SIGKILL KILL_AFTER_S later, and
+reaps them. Exit code: COMMAND's, or 124 on timeout (as coreutils ``timeout``).
+What remains out of reach (docs/fleet.md): work handed to another daemon (systemd-run, at,
+cron, a container engine) and processes of another user (sudo) that it may not signal.
+Stdlib only; it must run on the board's python3 (3.12) and any older one (3.8+).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def descendants(root: int) -> list[int]:
+    """Pids below ``root`` (from /proc: ppid links; orphans are re-parented to root)."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields and fields[0] != b"Z":
+            kids.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for pid in kids.get(todo.pop(), []):
+            out.append(pid)
+            todo.append(pid)
+    return out
+
+
+def reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def end_tree(kill_after: float) -> None:
+    me = os.getpid()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = descendants(me)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (kill_after if sig == signal.SIGTERM else 1.0)
+        while time.monotonic() < deadline and descendants(me):
+            reap()
+            time.sleep(0.05)
+    reap()
+
+
+class Stopped(Exception):
+    """SIGTERM/SIGHUP to the reaper: end the tree now."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped()
+
+
+def main(argv: list[str]) -> int:
+    limit, kill_after, command = float(argv[0]), float(argv[1]), argv[2]
+    with contextlib.suppress(OSError, AttributeError):  # no prctl: only what stays a child is ended
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    child = subprocess.Popen(["sh", "-c", command], start_new_session=True)
+    code = 124
+    with contextlib.suppress(subprocess.TimeoutExpired, Stopped):
+        code = child.wait(timeout=limit)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the clean-up itself is not interrupted
+    end_tree(kill_after)
+    if child.returncode is None:
+        child.wait()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,144 @@
+"""The fleet history (issue 21 #3, #10, #11): a clock cannot erase it, uptime is incremental
+(the same figures as the sample-by-sample definition), and a locked file is a retry, not a
+loss. See the invariants in alma/fleet/history.py."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alma.errors import ConfigError
+from alma.fleet import health as H
+from alma.fleet import history as Hist
+from alma.fleet.severity import Severity
+from alma.ground import utc_iso
+
+STATUSES = ["OK", "WARNING", "CRITICAL", "UNKNOWN"]
+
+
+def run_at(t: datetime, statuses: dict[str, str]) -> H.FleetReport:
+    nodes = [H.NodeResult(n, "board", None, Severity[s], "") for n, s in statuses.items()]
+    return H.FleetReport(utc_iso(t), nodes, 300)
+
+
+def reference_uptime(samples: list[tuple[float, str]], now: float, max_gap: float,
+                     known_out: dict[str, float] | None = None) -> dict[str, float | None]:  # fmt: skip
+    """The definition, sample by sample (what schema 1 computed on every render)."""
+    out: dict[str, float | None] = {}
+    for name, span in Hist.WINDOWS.items():
+        start, ok, known = now - span, 0.0, 0.0
+        for i, (t, status) in enumerate(samples):
+            end = min(samples[i + 1][0] if i + 1 < len(samples) else now, t + max_gap, now)
+            lo = max(t, start)
+            if end > lo:
+                known += end - lo
+                ok += (end - lo) if status == "OK" else 0.0
+        out[name] = 100.0 * ok / known if known > 0 else None
+        if known_out is not None:
+            known_out[name] = known
+    return out
+
+
+def test_a_run_far_ahead_of_the_wall_clock_erases_nothing(tmp_path: Path) -> None:
+    """Issue 21 #3: one run 91 days ahead pruned 1153 runs to 1."""
+    db = tmp_path / "h.sqlite"
+    now = datetime.now(UTC).replace(microsecond=0)
+    for i in range(120):  # ten days, one run every two hours
+        Hist.append(db, run_at(now - timedelta(hours=2 * (120 - i)), {"n1": "OK", "n2": "OK"}), max_gap=7200)
+    with pytest.raises(ConfigError, match="ahead of this machine's clock"):
+        Hist.append(db, run_at(now + timedelta(days=91), {"n1": "OK", "n2": "OK"}))
+    assert Hist.load(db, now, max_gap=7200).runs == 120
+    # the machine's own clock jumped too (the run is not "ahead" of it): kept, but it prunes nothing
+    jumped = (now + timedelta(days=91)).timestamp()
+    Hist.append(db, run_at(now + timedelta(days=91), {"n1": "OK", "n2": "OK"}), wall=lambda: jumped, max_gap=7200)
+    Hist.append(db, run_at(now, {"n1": "OK", "n2": "CRITICAL"}), max_gap=7200)  # and back
+    h = Hist.load(db, now, max_gap=7200)
+    assert h.runs == 122
+    assert h.nodes["n1"].uptime["7d"] == 100.0 and h.nodes["n1"].coverage["7d"] == 100.0
+
+
+def test_pruning_keeps_the_retention_window(tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite"
+    now = datetime.now(UTC)
+    for days in (100, 95, 91, 89, 10, 0):  # steps under JUMP_S prune; the first big gaps do not
+        t = now - timedelta(days=days)
+        Hist.append(db, run_at(t, {"n1": "OK"}))
+        Hist.append(db, run_at(t + timedelta(minutes=1), {"n1": "OK"}))
+    # the two runs of each day; once the newest run is plausible (a step < 1 day), what is
+    # older than 90 days before it goes, nothing else
+    assert Hist.load(db, now, max_gap=900).runs == 6
+
+
+def test_a_locked_history_waits_then_says_retry_never_move_it_away(tmp_path: Path) -> None:
+    """Issue 21 #11: another run writing -> exit 2 advising to move the database away."""
+    db = tmp_path / "h.sqlite"
+    Hist.append(db, run_at(datetime.now(UTC), {"n1": "OK"}))
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN IMMEDIATE")  # another alma run, mid-write
+    try:
+        with pytest.raises(ConfigError) as err:
+            Hist.append(db, run_at(datetime.now(UTC), {"n1": "OK"}), busy_timeout=0.3)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert "another alma run is writing the fleet history; retry" in err.value.message
+    assert "move" not in (err.value.hint or "") and "nothing was lost" in (err.value.hint or "")
+    Hist.append(db, run_at(datetime.now(UTC), {"n1": "OK"}))  # once it is done, it works
+    assert Hist.load(db, datetime.now(UTC), max_gap=900).runs == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(1, 20_000), st.sampled_from(STATUSES)), min_size=1, max_size=40),
+    tail=st.integers(0, 40_000),
+)
+def test_incremental_uptime_is_the_sample_by_sample_uptime(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, str]], tail: int
+) -> None:
+    db = tmp_path_factory.mktemp("h") / "h.sqlite"
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(days=40)
+    t, samples = t0, []
+    for gap, status in steps:
+        t += timedelta(seconds=gap)
+        Hist.append(db, run_at(t, {"n1": status}), max_gap=900)
+        samples.append((t.timestamp(), status))
+    now = t + timedelta(seconds=tail)
+    got = Hist.load(db, now, max_gap=900).nodes.get("n1")
+    known_s: dict[str, float] = {}
+    want = reference_uptime(samples, now.timestamp(), 900, known_s)
+    for name in Hist.WINDOWS:
+        up = got.uptime[name] if got else None
+        if want[name] is None:
+            assert up is None
+            continue
+        assert up is not None
+        # exact but for the window's first hour, which is prorated
+        assert abs(up - want[name]) <= 100 * min(1.0, Hist.BUCKET_S / known_s[name]) + 0.01
+
+
+def test_a_schema_1_history_is_folded_in_once(tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite"
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY, epoch REAL NOT NULL, status TEXT NOT NULL);"
+        "CREATE TABLE samples (run_id INTEGER NOT NULL, node TEXT NOT NULL, status TEXT NOT NULL,"
+        " PRIMARY KEY (run_id, node)); PRAGMA user_version = 1;"
+    )
+    now = datetime.now(UTC).replace(microsecond=0)
+    samples = []
+    for i, s in enumerate(["OK", "OK", "CRITICAL", "OK", "OK"]):
+        e = (now - timedelta(minutes=10 * (5 - i))).timestamp()
+        conn.execute("INSERT INTO runs (id, epoch, status) VALUES (?, ?, ?)", (i + 1, e, s))
+        conn.execute("INSERT INTO samples VALUES (?, 'n1', ?)", (i + 1, s))
+        samples.append((e, s))
+    conn.commit()
+    conn.close()
+    h = Hist.load(db, now, max_gap=900)
+    assert h.runs == 5 and [(c.before, c.after) for c in h.changes] == [("CRITICAL", "OK"), ("OK", "CRITICAL")]
+    assert h.nodes["n1"].uptime["24h"] == pytest.approx(reference_uptime(samples, now.timestamp(), 900)["24h"])
+    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == Hist.SCHEMA_VERSION

@@ -1,0 +1,83 @@
+"""`alma panel --serve` under hostile clients (issue 21 #11): idle connections time out, the
+number of connections is bounded, a hang-up is no traceback, the Server header names no
+version. A real HTTP server on loopback, raw sockets as the clients."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from alma.fleet import panel as P
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    (tmp_path / "index.html").write_text("<!doctype html><title>t</title>")
+    handler = type("H", (P._Handler,), {"out_dir": tmp_path, "timeout": 0.5})
+    srv = type("S", (P.PanelServer,), {"max_connections": 4})(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_connections_are_bounded_and_time_out(server: P.PanelServer) -> None:
+    port = server.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    time.sleep(0.2)  # the four are being served (each waiting for its request line)
+    extra = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    try:
+        assert all(closed_within(s, 3) for s in extra)  # over the bound: closed at once, no thread
+        assert all(closed_within(s, 5) for s in idle)  # idle past the read timeout: closed
+        # A slot is released just after its socket closes: the next client may race it, once.
+        for _ in range(50):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                conn.request("GET", "/")
+                resp = conn.getresponse()
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                conn.close()
+                time.sleep(0.1)
+        assert resp.status == 200 and resp.getheader("Server") == "alma-panel"
+        assert "Python" not in str(resp.headers)
+    finally:
+        for s in idle + extra:
+            s.close()
+
+
+def test_a_client_hang_up_prints_no_traceback(server: P.PanelServer, capsys: pytest.CaptureFixture[str]) -> None:
+    for exc in (ConnectionResetError(104, "reset"), BrokenPipeError(32, "pipe"), TimeoutError("timed out")):
+        try:
+            raise exc
+        except OSError:
+            server.handle_error(None, ("127.0.0.1", 50123))
+    err = capsys.readouterr().err
+    assert err == "" and "Traceback" not in err and "50123" not in err
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 50123))
+    err = capsys.readouterr().err
+    assert "ValueError" in err and "50123" not in err and "Traceback" not in err
+    assert sys.exc_info() == (None, None, None)
