@@ -96,6 +96,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- status -----------------------------------------------------------------------------------
+def _boot_id(proc: Path) -> str:
+    from almaboard.files import boot_id
+
+    return boot_id(proc / "sys/kernel/random/boot_id")
+
+
 def live_line(cfg: Config) -> tuple[str, bool]:
     """Evaluate the conditions once, without the agent (it is not running)."""
     m = cfg.machine
@@ -103,7 +109,7 @@ def live_line(cfg: Config) -> tuple[str, bool]:
     readings = thermal.ZoneWatch(m.thermal, cfg.plausibility).read(time.monotonic())
     heat = thermal.zone_heat(readings, cfg.max_temp_c, cfg.zone_max_c)
     if not heat.hot:
-        heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
+        heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now, boot=_boot_id(m.proc))
     tty = presence.tty_activity(presence.terminals(m.dev, m.dev_pts, cfg.include_serial_ttys))
     sess = presence.session_activity(m.sessions, now)
     act = max(

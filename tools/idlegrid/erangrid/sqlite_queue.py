@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CoordinatorUnreachable, UserError
-from .jobs import Job, Lease, Outcome, validate_command
+from .jobs import Job, Lease, Outcome, job_id_problem, validate_command
 
 MIN_SQLITE = (3, 35, 0)
 
@@ -66,6 +66,9 @@ def parse_command(raw: object) -> tuple[list[str] | None, str]:
 
 
 def _job_from_row(row: tuple[Any, ...]) -> tuple[Job | None, str]:
+    why = job_id_problem(str(row[0]))
+    if why:
+        return None, why
     command, why = parse_command(row[2])
     if command is None:
         return None, why
