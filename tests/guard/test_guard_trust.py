@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 IDLEGRID = REPO / "tools" / "idlegrid"
 
 

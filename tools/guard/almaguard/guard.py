@@ -294,7 +294,9 @@ class Guard:
 
     def _collect_errors(self) -> None:
         fx = self.forensics
-        if not (self._io_errors or self.status.errors or self.pauser.record_error or (fx is not None and fx.write_error)):
+        if not (
+            self._io_errors or self.status.errors or self.pauser.record_error or (fx is not None and fx.write_error)
+        ):
             return  # the common case: nothing to report, nothing to clear
         self.pauser.retry_record()
         if self.pauser.record_error:

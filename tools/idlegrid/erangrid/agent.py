@@ -270,6 +270,13 @@ class Agent:
             self.log("WARNING: job_user is not set: jobs run as the agent's own user (development only)")
         work = self.cfg.state_dir / "work"
         work.mkdir(parents=True, exist_ok=True)
+        if self.stranger is not None:
+            for parent in self.cfg.state_dir.resolve().parents:
+                if not os.stat(parent).st_mode & 0o001:
+                    raise UserError(
+                        f"job_user cannot reach its HOME: {parent} is not searchable by others",
+                        hint=f"chmod o+x {parent} (StateDirectoryMode=0711 does it for {self.cfg.state_dir})",
+                    )
         # A stranger may traverse to its own HOME, never list or write what is here.
         os.chmod(work, 0o711 if self.stranger else 0o700)
         self._recover()
@@ -433,11 +440,11 @@ class Agent:
         home.mkdir()
         if self.stranger is not None:
             # The agent's records (lease.json, stdout, exit.json) are 0600 in a 0711 directory;
-            # HOME is the job's: setgid to the shared group, so what the job writes stays
-            # readable (its checkpoint) and removable by the agent.
+            # HOME is the job's: group eran-job (the agent is a member), so what the job
+            # writes (umask 007) stays readable (its checkpoint) and removable by the agent.
             os.chmod(workdir, 0o711)
             os.chown(home, -1, self.stranger.gid)
-            os.chmod(home, 0o2770)
+            os.chmod(home, 0o770)
         ckpt = home / "checkpoint"
         try:
             restored = unpack_checkpoint(lease.checkpoint, ckpt)
@@ -447,9 +454,9 @@ class Agent:
             return
         (home / "input").write_bytes(job.input)
         if self.stranger is not None:
-            for path in (ckpt, *ckpt.iterdir()):
-                os.chmod(path, 0o2770 if path.is_dir() else 0o660)
-            os.chmod(home / "input", 0o640)
+            for path in (ckpt, *ckpt.iterdir(), home / "input"):
+                os.chown(path, -1, self.stranger.gid)
+                os.chmod(path, 0o770 if path.is_dir() else 0o660 if path.parent == ckpt else 0o640)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")}
         env.update(
             {

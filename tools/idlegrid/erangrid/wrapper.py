@@ -13,8 +13,8 @@ records that instead of running the job again. SIGTERM/SIGINT/SIGHUP are the job
 
 A stranger (``--uid``/``--gid``): the job runs under a uid that owns nothing of the agent's,
 no supplementary groups and no capabilities (the wrapper clears its ambient set first, so the
-exec gets none). It can write only HOME (``work/<id>/home``, group-shared with the agent so
-the agent can read its checkpoint). Its stdout and stderr are pipes to this wrapper, which
+exec gets none). It can write only HOME (``work/<id>/home``, group eran-job, of which the
+agent is a member, so the agent can read its checkpoint). Its stdout and stderr are pipes to this wrapper, which
 writes them to agent-owned files and enforces ``--stdout-max``/``--stderr-max`` while the job
 runs: one byte over and the job is killed and the limit recorded in ``exit.json``
 (``"limit"``). ``--file-max`` is the job's RLIMIT_FSIZE (no single file larger). When the job
@@ -158,7 +158,7 @@ def _make_removable(home: str, uid: int, gid: int) -> None:
                     with contextlib.suppress(OSError):
                         path = os.path.join(dirpath, name)
                         if not os.path.islink(path):
-                            os.chmod(path, 0o2770 if name in dirs else 0o660)
+                            os.chmod(path, 0o770 if name in dirs else 0o660)
         except OSError:
             code = 1
         os._exit(code)
@@ -259,10 +259,10 @@ def main(argv: list[str]) -> int:
     limit = ""
     stranger: dict[str, Any] = {"user": uid, "group": gid, "extra_groups": [], "umask": 0o007} if uid >= 0 else {}
 
+    import resource  # here, not in the child: as the stranger it may not read the interpreter's files
+
     def _limits() -> None:  # in the child, after fork: the wrapper's own writes are not limited
         if file_max >= 0:
-            import resource
-
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_max, file_max))
 
     with open(os.path.join(home, "input"), "rb") as stdin:
