@@ -184,7 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--polls", type=int, default=3000)
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--old-rev", default="7f88049", help="the guard before the plausibility rules (git rev)")
+    ap.add_argument("--old-rev", default="30f5c70", help="the guard before issue 19 (git rev)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         board = FakeBoard(Path(tmp) / "board")
@@ -209,7 +209,7 @@ def main() -> None:
         if both is not None:
             old, new = both
             ratio = statistics.median(new) / statistics.median(old)
-            print(f"  plausibility rules: step() CPU before (git {args.old_rev}) vs now, same run, 3 rounds each")
+            print(f"  step() CPU before (git {args.old_rev}) vs now, same run, 3 rounds each")
             print(f"    before  {us(old)}")
             print(f"    now     {us(new)}")
             verdict = "MET" if ratio <= 1.2 else "NOT MET"

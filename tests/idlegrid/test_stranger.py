@@ -386,3 +386,10 @@ def test_a_setsid_daemon_stays_in_the_jobs_cgroup_freezes_with_it_and_dies_with_
             proc.kill()
             proc.wait()
     _wait(lambda: not _alive(daemon), 15, "the daemon to die with the agent")
+
+
+def test_the_one_place_a_job_id_becomes_a_path_is_job_dir() -> None:
+    """The grep-able rule of docs/architecture.md, "No path from unvalidated text"."""
+    src = Path(__file__).resolve().parents[2] / "tools/idlegrid/erangrid"
+    hits = [(p.name, line) for p in src.glob("*.py") for line in p.read_text().splitlines() if '"work" /' in line]
+    assert hits == [("jobs.py", '    return state_dir / "work" / job_id')]

@@ -102,7 +102,8 @@ class Guard:
         self.status = GuardStatus(since_wall=wall(), boot_id=boot_id(paths.boot_id_file))
         self._thaw_retry_at: float | None = None  # a failed thaw is retried from then on
         self._thaw_backoff = 1.0
-        self._dir_names: frozenset[str] = frozenset()
+        self._probe = ""  # the next zone's directory, checked every poll
+        self._stuck_next = float("-inf")
         self._stuck_since: dict[str, tuple[float, float]] = {}  # zone -> (value, since)
         self._stuck: list[str] = []
         self._cool_since: float | None = None
@@ -145,10 +146,10 @@ class Guard:
         name of its own instead of inheriting the vanished one's."""
         self._last_discover = now
         found = thermal.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
-        self._dir_names = self._listing()
         by_path = {str(z.path): z for z in self.zones}
         new = [z for z in found if str(z.path) not in by_path]
         if not new and self.zones:
+            self._probe = self._next_zone_path()
             return
         names = {z.name for z in self.zones}
         zones = list(self.zones)
@@ -160,14 +161,18 @@ class Guard:
             names.add(name)
             zones.append(thermal.Zone(name=name, path=z.path, trips=z.trips))
         self._set_zones(zones)
+        self._probe = self._next_zone_path()
 
-    def _listing(self) -> frozenset[str]:
-        """The thermal_zone* entries of the thermal directory (one listdir: a zone that
-        appears is read from the very next poll, not at the next 30 s rediscovery)."""
-        try:
-            return frozenset(n for n in os.listdir(self.paths.thermal) if n.startswith("thermal_zone"))
-        except OSError:
-            return frozenset()
+    def _next_zone_path(self) -> str:
+        """Where the kernel puts the next zone (ids are allocated upwards): one stat of it per
+        poll sees a zone that appears at its very next poll, not at the 30 s rediscovery.
+        (A zone reusing a vanished one's id has that one's path: it is read in its place.)"""
+        top = -1
+        for z in self.zones:
+            digits = z.path.name[len("thermal_zone") :]
+            if digits.isdigit():
+                top = max(top, int(digits))
+        return os.path.join(self.paths.thermal, f"thermal_zone{top + 1}")
 
     def _add_zone(self, zone: thermal.Zone) -> None:
         self._set_zones([*self.zones, zone])
@@ -196,7 +201,7 @@ class Guard:
     def step(self, now: float) -> str | None:
         """One poll at monotonic time ``now``; returns "shed", "resume" or None."""
         st = self.status
-        if now - self._last_discover >= (30.0 if self.zones else 1.0) or self._listing() != self._dir_names:
+        if now - self._last_discover >= (30.0 if self.zones else 1.0) or os.access(self._probe, os.F_OK):
             self.discover(now)  # sensors may be probed late or come back
         # While shedding, also check that kept descriptors still name live files (a resume
         # must never rest on a vanished sensor's last value).
@@ -261,8 +266,9 @@ class Guard:
                 log.warning("paused more work: %s", res.detail)
         if not st.shedding and self._thaw_retry_at is not None and now >= self._thaw_retry_at:
             self._retry_thaw(now)
-        if ok and self._track_stuck(now, ok):
-            changed = True
+        if ok and now >= self._stuck_next:  # every 10 s is plenty against a 10 min threshold
+            self._stuck_next = now + 10.0
+            changed = self._track_stuck(now, ok) or changed
         now_wall = self.wall()
         self._collect_errors()
         changed = changed or st.errors != self._last_errors
