@@ -148,36 +148,36 @@ class Sensors:
 
 
 def resolve_stranger(job_user: str) -> Stranger | None:
-    """The uid/gid jobs run under, or None (job_user unset). The agent must be able to become
-    it (root, or CAP_SETUID + CAP_SETGID) and share its group (SupplementaryGroups=)."""
+    """The uid/gid jobs run under, or None (job_user unset). The uid is job_user's; the gid is
+    the agent's own primary group (the unit's UMask=0077 leaves every agent file without
+    group access, so sharing it gives the job nothing, and lets the agent read the job's
+    checkpoint without SupplementaryGroups=). An agent running as root (a developer
+    machine, CI) gives the job the job user's own group instead: root's group is not to
+    share. The agent must be able to switch: root, or CAP_SETUID + CAP_SETGID."""
     if not job_user:
         return None
     import pwd
 
     try:
         entry = pwd.getpwnam(job_user) if not job_user.isdigit() else pwd.getpwuid(int(job_user))
-        uid, gid = entry.pw_uid, entry.pw_gid
+        uid, own_gid = entry.pw_uid, entry.pw_gid
     except KeyError:
         if not job_user.isdigit():
             raise UserError(
                 f"job_user {job_user!r} does not exist",
                 hint="the image creates eran-job (useradd in eran-grid's recipe); or set job_user to a free uid",
             ) from None
-        uid = gid = int(job_user)
+        uid = own_gid = int(job_user)
     if uid == 0 or uid == os.geteuid():
         raise UserError(f"job_user {job_user!r} is uid {uid}: a job must not run as root or as the agent")
-    if os.geteuid() != 0:
-        if not _has_caps(("CAP_SETUID", "CAP_SETGID")):
-            raise UserError(
-                f"cannot run jobs as {job_user!r}: the agent lacks CAP_SETUID/CAP_SETGID",
-                hint="eran-grid.service grants them (AmbientCapabilities=); check the unit",
-            )
-        if gid not in os.getgroups() and gid != os.getegid():
-            raise UserError(
-                f"the agent is not in group {gid} of {job_user!r}: it could not read the job's checkpoint",
-                hint="SupplementaryGroups=eran-job in eran-grid.service",
-            )
-    return Stranger(uid, gid)
+    if os.geteuid() == 0:
+        return Stranger(uid, own_gid)
+    if not _has_caps(("CAP_SETUID", "CAP_SETGID")):
+        raise UserError(
+            f"cannot run jobs as {job_user!r}: the agent lacks CAP_SETUID/CAP_SETGID",
+            hint="eran-grid.service grants them (AmbientCapabilities=); check the unit",
+        )
+    return Stranger(uid, os.getegid())
 
 
 _CAP_BITS = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
@@ -440,7 +440,7 @@ class Agent:
         home.mkdir()
         if self.stranger is not None:
             # The agent's records (lease.json, stdout, exit.json) are 0600 in a 0711 directory;
-            # HOME is the job's: group eran-job (the agent is a member), so what the job
+            # HOME is the job's: the group the two share (resolve_stranger), so what the job
             # writes (umask 007) stays readable (its checkpoint) and removable by the agent.
             os.chmod(workdir, 0o711)
             os.chown(home, -1, self.stranger.gid)

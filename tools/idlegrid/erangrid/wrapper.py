@@ -13,8 +13,8 @@ records that instead of running the job again. SIGTERM/SIGINT/SIGHUP are the job
 
 A stranger (``--uid``/``--gid``): the job runs under a uid that owns nothing of the agent's,
 no supplementary groups and no capabilities (the wrapper clears its ambient set first, so the
-exec gets none). It can write only HOME (``work/<id>/home``, group eran-job, of which the
-agent is a member, so the agent can read its checkpoint). Its stdout and stderr are pipes to this wrapper, which
+exec gets none). It can write only HOME (``work/<id>/home``, group shared with the
+agent, so the agent can read its checkpoint). Its stdout and stderr are pipes to this wrapper, which
 writes them to agent-owned files and enforces ``--stdout-max``/``--stderr-max`` while the job
 runs: one byte over and the job is killed and the limit recorded in ``exit.json``
 (``"limit"``). ``--file-max`` is the job's RLIMIT_FSIZE (no single file larger). When the job

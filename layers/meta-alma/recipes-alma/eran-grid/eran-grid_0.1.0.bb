@@ -22,7 +22,7 @@ S = "${WORKDIR}/idlegrid"
 inherit python_setuptools_build_meta systemd useradd
 
 # Jobs run as eran-job: a uid that owns nothing of the agent's (docs/eran-grid.md, "Jobs run
-# as a stranger"); the agent (DynamicUser) joins its group to read a job's checkpoint.
+# as a stranger"); nothing else of the image runs as it.
 USERADD_PACKAGES = "${PN}"
 USERADD_PARAM:${PN} = "--system --no-create-home --home-dir /nonexistent --shell /sbin/nologin --user-group eran-job"
 
