@@ -36,6 +36,17 @@ def boottime() -> float:
 IDLEGRID = REPO / "tools" / "idlegrid"
 
 
+@pytest.fixture(autouse=True)
+def _mutant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ALMA_GUARD_MUTANT`` (bench/mutants_guard.py) patches one rule out: these attacks
+    must catch every mutant of issue 19's invariants."""
+    name = os.environ.get("ALMA_GUARD_MUTANT", "")
+    if name:
+        from test_guard_faults import apply_mutant
+
+        apply_mutant(name, monkeypatch)
+
+
 def polls(guard, clock: Clock, seconds: float) -> list[str]:
     out = []
     end = clock.t + seconds
