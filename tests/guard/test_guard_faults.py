@@ -575,28 +575,6 @@ class GuardFaults(RuleBasedStateMachine):
             self.calm_since = self.t  # the blind polls restart the hold-off
         self._poll()
 
-    @rule()
-    def sighup(self) -> None:
-        """SIGHUP to the running service loop (a reload request): logged, never fatal; the
-        loop goes on until a SIGTERM."""
-        import signal
-
-        calls = [0]
-
-        def clock() -> float:
-            calls[0] += 1
-            if calls[0] == 2:  # inside run(), its handlers installed: the signal lands mid-loop
-                os.kill(os.getpid(), signal.SIGHUP)
-            self.t += 1.0
-            return self.t
-
-        self.guard.run(max_polls=3, clock=clock)
-        self._check()  # run() ended with the SIGTERM path (_stop): (2) holds
-        self.guard = self._new_guard()
-        if self.truth.calm():
-            self.calm_since = self.t
-        self._poll()
-
 
 def with_suppress_kill(p: subprocess.Popen[bytes]) -> None:
     import signal
