@@ -36,13 +36,18 @@ def boottime() -> float:
 IDLEGRID = REPO / "tools" / "idlegrid"
 
 
+# Read at import: the suite's autouse fixture clears ALMA_* from the environment per test.
+MUTANT = os.environ.get("ALMA_GUARD_MUTANT", "")
+
+
 @pytest.fixture(autouse=True)
 def _mutant(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ALMA_GUARD_MUTANT`` (bench/mutants_guard.py) patches one rule out: these attacks
     must catch every mutant of issue 19's invariants."""
-    name = os.environ.get("ALMA_GUARD_MUTANT", "")
+    name = MUTANT
     if name:
-        from test_guard_faults import apply_mutant
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from test_guard_faults import apply_mutant  # type: ignore[import-not-found]
 
         apply_mutant(name, monkeypatch)
 
