@@ -1,6 +1,7 @@
 """Fault injection against the guard's invariants (docs/guard.md, "Invariants"): a hypothesis
-state machine interleaves temperature changes, zones vanishing and coming back, garbage and
-lying values, the state directory turning read-only (a real read-only bind mount) and back,
+state machine interleaves temperature changes, zones vanishing and coming back (two of them
+sharing one type), garbage and lying values, wall-clock steps both ways, running out of file
+descriptors (EMFILE), the state directory turning read-only (a real read-only bind mount) and back,
 and SIGKILL (no cleanup) or SIGTERM of the guard followed by a fresh guard; after every poll
 it checks the invariants against two real worker processes (/proc/PID/stat).
 
@@ -14,7 +15,9 @@ Ground truth is what the test wrote into the fake sysfs tree. After every poll:
   (plus the polls the rate rule needs to accept a big but real change), the work runs,
   whatever files were lost (the pause record can be unwritable for the whole run);
 - (4) a poll never raises, the state's ``errors`` name the read-only state file while /run
-  is read-only, and clear once it is writable again.
+  is read-only, and clear once it is writable again;
+- (5) the state file is rewritten on the monotonic period whatever the wall clock did (its
+  wall stamp never lags the wall clock by more than a period).
 
 ``ALMA_GUARD_MUTANT=<name>`` (bench/mutants_guard.py runs them all) patches one rule out of
 the guard: the machine must find a violation for every mutant.
