@@ -5,9 +5,10 @@
    10 s, sd_notify keep-alive), against two anchors reading the same 9 files each poll:
    a bare Python open/read/close loop (what a naive guard does) and `cat` of the 9 files
    (what a shell-script guard does). Target: < 1 ms per poll (< 0.1 % of a core at 1 Hz).
-   Beside it, the same step() measured for the guard as it was before the plausibility
-   rules (issue 11), taken from git (`--old-rev`, default 7f88049) and run in the same
-   way in the same run: the rules may cost at most 20 % more per poll.
+   Beside it, the same step() measured for the guard as it was before issue 19's
+   invariants (zones by path, thaw retries, blind-is-hot, stuck flags, the new-zone probe),
+   taken from git (`--old-rev`, default 30f5c70) and run in the same way in the same run:
+   they may cost at most 20 % more per poll.
 2. Reaction time with the REAL alma-guard process at the default 1 s poll and a REAL
    child process: from writing the crossing temperature to the child being stopped (T in
    /proc/PID/stat). Target: <= one poll + 50 ms. The anchor is that bound itself.
@@ -184,7 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--polls", type=int, default=3000)
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--old-rev", default="7f88049", help="the guard before the plausibility rules (git rev)")
+    ap.add_argument("--old-rev", default="30f5c70", help="the guard before issue 19 (git rev)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         board = FakeBoard(Path(tmp) / "board")
@@ -209,7 +210,7 @@ def main() -> None:
         if both is not None:
             old, new = both
             ratio = statistics.median(new) / statistics.median(old)
-            print(f"  plausibility rules: step() CPU before (git {args.old_rev}) vs now, same run, 3 rounds each")
+            print(f"  step() CPU before (git {args.old_rev}) vs now, same run, 3 rounds each")
             print(f"    before  {us(old)}")
             print(f"    now     {us(new)}")
             verdict = "MET" if ratio <= 1.2 else "NOT MET"

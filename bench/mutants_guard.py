@@ -3,8 +3,10 @@
 For each mutant (one rule of the guard patched out: shedding on heat, failing closed, the
 range and rate plausibility rules, blind zones blocking a resume, a rejected hot jump still
 shedding, recovery from the machine, I/O errors never raising, SIGTERM keeping blind work
-paused, vanished zones staying on the list), run the state machine with that mutant and
-report whether it was caught (the run fails with an invariant violation). Every mutant must
+paused, vanished zones staying on the list; and issue 19's: zones by path, thaw retries,
+clocks, blind-is-hot, descriptor budget, stuck flags, new zones at once, alma-health's typed
+state), run the state machine and the attacks of tests/guard/test_guard_trust.py with that
+mutant and report whether it was caught (the run fails with an invariant violation). Every mutant must
 be caught; the unmutated guard must pass. Prints one line per run and exits 1 on a survivor.
 Run: .venv/bin/python bench/mutants_guard.py [--examples 100] [--seeds 8]
 """
@@ -32,7 +34,7 @@ def run(mutant: str, examples: int, seeds: int) -> tuple[bool, str, float]:
     for seed in range(seeds):
         r = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"--hypothesis-seed={seed}",
-             "tests/guard/test_guard_faults.py"],
+             "tests/guard/test_guard_trust.py", "tests/guard/test_guard_faults.py"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         if r.returncode != 0:

@@ -120,15 +120,18 @@ class FakeBoard:
         _put(self.p("/etc/hostname"), name + "\n")
 
     # -- thermal -----------------------------------------------------------------------
-    def add_zone(self, kind: str, temp_c: float, trips: tuple[tuple[str, float], ...] = ORIN_TRIPS) -> Path:
+    def add_zone(
+        self, kind: str, temp_c: float, trips: tuple[tuple[str, float], ...] = ORIN_TRIPS, key: str | None = None
+    ) -> Path:
+        """A thermal_zoneN of type ``kind``; ``key`` names it for the setters when types repeat."""
         d = self.p(f"/sys/class/thermal/thermal_zone{len(self._zones)}")
         d.mkdir(parents=True, exist_ok=True)
         _put(d / "type", kind + "\n")
         for i, (tkind, ttemp) in enumerate(trips):
             _put(d / f"trip_point_{i}_type", tkind + "\n")
             _put(d / f"trip_point_{i}_temp", f"{int(round(ttemp * 1000))}\n")
-        self._zones[kind] = d
-        self.set_temp(kind, temp_c)
+        self._zones[key or kind] = d
+        self.set_temp(key or kind, temp_c)
         return d
 
     def set_temp(self, kind: str, temp_c: float) -> None:

@@ -1,6 +1,7 @@
 """Fault injection against the guard's invariants (docs/guard.md, "Invariants"): a hypothesis
-state machine interleaves temperature changes, zones vanishing and coming back, garbage and
-lying values, the state directory turning read-only (a real read-only bind mount) and back,
+state machine interleaves temperature changes, zones vanishing and coming back (two of them
+sharing one type), garbage and lying values, wall-clock steps both ways, running out of file
+descriptors (EMFILE), the state directory turning read-only (a real read-only bind mount) and back,
 and SIGKILL (no cleanup) or SIGTERM of the guard followed by a fresh guard; after every poll
 it checks the invariants against two real worker processes (/proc/PID/stat).
 
@@ -14,7 +15,9 @@ Ground truth is what the test wrote into the fake sysfs tree. After every poll:
   (plus the polls the rate rule needs to accept a big but real change), the work runs,
   whatever files were lost (the pause record can be unwritable for the whole run);
 - (4) a poll never raises, the state's ``errors`` name the read-only state file while /run
-  is read-only, and clear once it is writable again.
+  is read-only, and clear once it is writable again;
+- (5) the state file is rewritten on the monotonic period whatever the wall clock did (its
+  wall stamp never lags the wall clock by more than a period).
 
 ``ALMA_GUARD_MUTANT=<name>`` (bench/mutants_guard.py runs them all) patches one rule out of
 the guard: the machine must find a violation for every mutant.
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from almaboard.files import parse_iso, read_json
 from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.forensics import Forensics
@@ -43,7 +47,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from support import IN_CI
 from support_guard import FakeBoard, ReadOnly, proc_state, remove_zone, restore_zone, set_raw
 
-ZONES = ("tj-thermal", "cpu-thermal")
+# Keys of the fake tree's zones; soc-a and soc-b share the type "soc-thermal" (the guard
+# names them soc-thermal and soc-thermal#1): one of them vanishing must not be forgotten.
+ZONES = ("tj-thermal", "cpu-thermal", "soc-a", "soc-b")
+ZONE_TYPE = {"soc-a": "soc-thermal", "soc-b": "soc-thermal"}
 SHED, RESUME = 89.0, 79.0  # Orin trips: passive 99 - margin 10, hysteresis 10
 HOLDOFF = 3.0
 SETTLE = HOLDOFF + 4.0  # hold-off + polls for the rate rule to accept a big real change
@@ -145,6 +152,85 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
             return orig_step(self, now)
 
         monkeypatch.setattr(g.Guard, "step", step2)
+    elif name == "zones-by-type":  # issue 19: the old discover, keyed by the type-derived name
+        import almaboard.thermal as th2
+
+        def discover(self: g.Guard, now: float) -> None:
+            self._last_discover = now
+            found = th2.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
+            known = {z.name: z for z in self.zones}
+            for z in found:
+                known[z.name] = z
+            self._set_zones(list(known.values()))
+            self._probe = self._next_zone_path()
+
+        monkeypatch.setattr(g.Guard, "discover", discover)
+    elif name == "no-thaw-retry":
+        monkeypatch.setattr(g.Guard, "_retry_thaw", lambda self, now: None)
+    elif name == "thaw-forgotten":  # the old resume: a failed thaw still forgets the pause
+        orig_resume = pz.Pauser.resume
+
+        def resume(self: pz.Pauser) -> pz.PauseResult:
+            res = orig_resume(self)
+            self.thaw_error, self.method = "", None
+            return res
+
+        monkeypatch.setattr(pz.Pauser, "resume", resume)
+    elif name == "state-refresh-on-wall-clock":
+        orig_write = g.Guard.write_state
+
+        def write_state(self: g.Guard, now_wall: float) -> None:
+            last = getattr(self, "_wall_written", float("-inf"))
+            if now_wall - last < 0 and not self.status.errors:
+                return  # the old rule: a wall clock stepped back looks like "written just now"
+            self._wall_written = now_wall
+            orig_write(self, now_wall)
+
+        monkeypatch.setattr(g.Guard, "write_state", write_state)
+    elif name == "freshness-on-wall-clock":
+        import almaboard.files as bf
+
+        def state_age(state: dict[str, Any], *, wall: float, boot: str, now_boottime: float) -> float:
+            try:
+                return wall - bf.parse_iso(str(state.get("updated")))
+            except ValueError:
+                return float("inf")
+
+        monkeypatch.setattr(bf, "state_age", state_age)
+        import almaguard.health as hl
+
+        monkeypatch.setattr(hl, "state_age", state_age)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "idlegrid"))
+        import erangrid.thermal as et
+
+        monkeypatch.setattr(et, "state_age", state_age)
+    elif name == "blind-is-not-hot":  # issue 19: tj or a majority unreadable keeps going
+        monkeypatch.setattr(g.Guard, "_blind", lambda self, unreadable: "")
+    elif name == "critical-zones-ignored":
+        orig_blind = g.Guard._blind
+
+        def blind(self: g.Guard, unreadable: list[str]) -> str:
+            why = orig_blind(self, unreadable)
+            return "" if why.startswith("critical") else why
+
+        monkeypatch.setattr(g.Guard, "_blind", blind)
+    elif name == "no-fd-budget":
+        monkeypatch.setattr(th.Reader, "KEEP_FDS", 10**9)
+        import resource
+
+        monkeypatch.setattr(resource, "getrlimit", lambda what: (4 * 10**9, 4 * 10**9))
+    elif name == "no-stuck-flag":
+        monkeypatch.setattr(g.Guard, "_track_stuck", lambda self, now, ok: False)
+    elif name == "new-zone-waits-for-rediscovery":
+        monkeypatch.setattr(g.Guard, "_next_zone_path", lambda self: "/nonexistent/alma-guard-probe")
+    elif name == "health-untyped-state":
+        import almaguard.health as hl2
+
+        monkeypatch.setattr(
+            hl2,
+            "load_state",
+            lambda path: ((lambda d: (d if isinstance(d, dict) else {}, {}))(hl2.read_json(path))),
+        )
     elif name:
         raise ValueError(f"unknown mutant {name}")
 
@@ -160,6 +246,18 @@ MUTANTS = (
     "state-errors-raise",
     "sigterm-resumes-when-blind",
     "forget-vanished-zones",
+    # issue 19's invariants (caught by this machine or by tests/guard/test_guard_trust.py)
+    "zones-by-type",
+    "no-thaw-retry",
+    "thaw-forgotten",
+    "state-refresh-on-wall-clock",
+    "freshness-on-wall-clock",
+    "blind-is-not-hot",
+    "critical-zones-ignored",
+    "no-fd-budget",
+    "no-stuck-flag",
+    "new-zone-waits-for-rediscovery",
+    "health-untyped-state",
 )
 
 
@@ -201,7 +299,7 @@ class GuardFaults(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="guard-faults-", dir=shm))
         self.board = FakeBoard(self.tmp / "board")
         for z in ZONES:
-            self.board.add_zone(z, 50.0)
+            self.board.add_zone(ZONE_TYPE.get(z, z), 50.0, key=z)
         self.workers = [
             subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.02)"]) for _ in range(2)
         ]
@@ -210,6 +308,11 @@ class GuardFaults(RuleBasedStateMachine):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ro = ReadOnly(self.run_dir)
         self.t = 1000.0
+        self.wall_offset = 0.0  # wall-clock steps (NTP, RTC, an operator), both ways
+        self.emfile = False
+        self.lost_at = float("-inf")
+        self.stepped_at = float("-inf")
+        self.emfile_at = float("-inf")
         self.truth = Truth()
         self.calm_since: float | None = self.t
         self.ro_since: float | None = None
@@ -220,7 +323,9 @@ class GuardFaults(RuleBasedStateMachine):
     def _new_guard(self) -> Guard:
         cfg = GuardConfig(holdoff_s=HOLDOFF, state_every_s=2.0, ring_every_s=600.0)
         paths = Paths(self.board.root)
-        guard = Guard(cfg, paths, wall=lambda: 1_780_000_000.0 + self.t, forensics=Forensics(paths, 600.0))
+        guard = Guard(
+            cfg, paths, wall=lambda: 1_780_000_000.0 + self.t + self.wall_offset, forensics=Forensics(paths, 600.0)
+        )
         guard.start_forensics()
         return guard
 
@@ -265,9 +370,21 @@ class GuardFaults(RuleBasedStateMachine):
             states = self._states(want_stopped=False)
             assert all(s != "T" for s in states), f"(3) work stranded {self.t - self.calm_since:.0f} s after calm"
         errors = self.guard.status.errors
+        settled = self.t - max(self.rw_since or float("inf"), self.stepped_at) >= 3.0
+        if not self.ro.mounted and not self.emfile and settled:
+            # (5) the state file is rewritten on the monotonic period whatever the wall clock
+            # did: its wall stamp is never more than one period behind the wall clock now.
+            state = read_json(self.run_dir / "state.json")
+            if isinstance(state, dict):
+                lag = 1_780_000_000.0 + self.t + self.wall_offset - parse_iso(state["updated"])
+                assert -2.0 <= lag <= 4.0, f"(5) state not refreshed: its stamp is {lag:.0f} s off the wall clock"
+            else:  # its files were just lost: rewritten within one period
+                assert self.t - self.lost_at <= 3.0, "(5) the state file was not rewritten"
         if self.ro_since is not None and self.t - self.ro_since >= 3.0:
             assert any("state.json" in e for e in errors), f"(4) read-only /run not reported: {errors}"
-        if self.rw_since is not None and self.t - self.rw_since >= 3.0:
+        if self.rw_since is not None and self.t - self.rw_since >= 3.0 and not self.emfile:
+            # (the forensics ring is rewritten every ring_every_s: an EMFILE'd write shows till then)
+            errors = [e for e in errors if "ring.json" not in e or self.t - self.emfile_at > 600.0]
             assert errors == [], f"(4) errors not cleared after /run came back: {errors}"
 
     def _hot_update(self, z: str) -> None:
@@ -396,6 +513,7 @@ class GuardFaults(RuleBasedStateMachine):
         if not self.ro.mounted:
             for f in self.run_dir.iterdir():
                 f.unlink()
+            self.lost_at = self.t
         self.guard = self._new_guard()
         if self.truth.calm():
             self.calm_since = self.t
@@ -408,6 +526,7 @@ class GuardFaults(RuleBasedStateMachine):
             return
         for f in self.run_dir.iterdir():
             f.unlink()
+        self.lost_at = self.t
         self._poll()
 
     @rule(kill9=st.booleans())
@@ -425,6 +544,39 @@ class GuardFaults(RuleBasedStateMachine):
     @rule(n=st.integers(1, 10))
     def wait(self, n: int) -> None:
         self._poll(float(n))
+
+    @rule(delta=st.sampled_from([-3600.0, -30.0, 30.0, 3600.0]))
+    def wall_clock_step(self, delta: float) -> None:
+        """The wall clock jumps (either way): nothing the guard decides may change."""
+        self.wall_offset += delta
+        self.stepped_at = self.t
+        self._poll(4.0)
+
+    @rule(polls=st.integers(1, 3))
+    def out_of_descriptors(self, polls: int) -> None:
+        """The process runs out of file descriptors (EMFILE) for a few polls: every poll still
+        returns, work stays paused while a zone is blind, and the guard says so."""
+        import resource
+
+        self.guard.reader.close()  # its kept descriptors go: the reads must open afresh
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = len(os.listdir("/proc/self/fd"))
+        self.emfile = True
+        self.emfile_at = self.t
+        resource.setrlimit(resource.RLIMIT_NOFILE, (used, hard))
+        try:
+            for _ in range(polls):
+                self.t += 1.0
+                self.guard.step(self.t)  # (4): never raises
+                assert self.guard.status.shedding, "(2) blind (EMFILE) and not shedding"
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        self._check()
+        self.emfile = False
+        self.rw_since = self.t if not self.ro.mounted else None
+        if self.truth.calm():
+            self.calm_since = self.t  # the blind polls restart the hold-off
+        self._poll()
 
 
 def with_suppress_kill(p: subprocess.Popen[bytes]) -> None:

@@ -25,6 +25,7 @@ class RecordingPauser:
     def __init__(self) -> None:
         self.method: str | None = None
         self.record_error = ""
+        self.thaw_error = ""
         self.recorded_zones: dict[str, str] = {}
         self.calls: list[str] = []
 

@@ -189,7 +189,19 @@ def test_state_file_is_exactly_the_documented_format(board: FakeBoard) -> None:
     guard.step(clock.t)
     state_dir = board.p("/run/alma-guard")
     state = json.loads((state_dir / "state.json").read_text())
-    assert set(state) == {"schema", "updated", "shedding", "since", "reason", "zones", "unreadable", "errors"}
+    assert set(state) == {
+        "schema",
+        "updated",
+        "boot_id",
+        "boottime",
+        "shedding",
+        "since",
+        "reason",
+        "zones",
+        "unreadable",
+        "errors",
+        "stuck",
+    }
     assert state["errors"] == []
     assert state["schema"] == "alma.guard-state/1"
     assert state["updated"].endswith("Z") and state["zones"]["tj-thermal"] == 61.5

@@ -24,7 +24,13 @@ RECIPES = {
     for name in ("python3-almaboard", "alma-guard", "alma-health", "alma-watchdog-config", "alma-fabric-network")
 }
 BBCLASS = LAYER / "classes" / "alma-fabric-check.bbclass"
-UNITS = ["alma-guard.service", "alma-health.service", "alma-health.timer", "alma-fabric-network.service"]
+UNITS = [
+    "alma-guard.service",
+    "alma-health.service",
+    "alma-health.timer",
+    "alma-fabric-network.service",
+    "alma-work.slice",
+]
 EXPOSURE_TARGET = {"alma-guard.service": 4.0, "alma-health.service": 4.0, "alma-fabric-network.service": 4.0}
 
 

@@ -101,6 +101,9 @@ class FakeMachine:
             "state_dir": str(tmp / "state"),
             "status_path": str(tmp / "state" / "status.json"),
             "cpu_busy": 1.01,  # the test machine is busy with other tests: presence via pts here
+            # The fake guard state is written once; a slow run of a long test must not see it
+            # go stale (the staleness rule has its own tests).
+            "guard_stale_after": 3600.0,
             "queue": {"backend": "sqlite", "path": str(tmp / "queue.db")},
         }
         data.update(over)

@@ -116,7 +116,7 @@ def test_guard_shedding_pauses_like_heat(grid, machine):
             "on battery",
         ),
         (lambda m: m.zone(0, "cpu-thermal", 85.4), "hot: cpu-thermal 85 °C"),
-        (lambda m: m.guard_state(shedding=False, updated=time.time() - 120), "hot: thermal guard state stale"),
+        (lambda m: m.guard_state(shedding=False, updated=time.time() - 7200), "hot: thermal guard state stale"),
         (lambda m: m.guard.unlink(), "hot: thermal guard state missing"),
         (lambda m: m.touch_pts(2, time.time() - 0.4), "owner active 0 s ago (pts/2)"),
     ],

@@ -114,7 +114,8 @@ def test_systemd_analyze_security_rates_the_unit_ok(tmp_path):
     )
     m = re.search(r"Overall exposure level for eran-grid.service: ([\d.]+) (\w+)", proc.stdout)
     assert m, proc.stdout[-500:] + proc.stderr
-    assert float(m.group(1)) <= 2.0 and m.group(2) == "OK"
+    # 1.4 before jobs ran as strangers; 2.1 is exactly that price (docs/eran-grid.md, "The unit").
+    assert float(m.group(1)) <= 2.1 and m.group(2) == "OK"
 
 
 def test_entry_point_runs_from_the_checkout():

@@ -54,6 +54,7 @@ class FakeProc:
         self.terminating = False
         self.rc: int | None = None
         self.forbidden_streak = 0.0  # how long it has run without a break while it must not
+        self.limit_hit = lambda: ""  # no live cap in this world (the wrapper's, tested for real)
         self.worst_streak = 0.0
         world.procs.append(self)
 
@@ -175,7 +176,7 @@ class GridMachine(RuleBasedStateMachine):
             backend,
             clock=self.world.clock,
             monotonic=self.world.clock,
-            spawn=lambda *a: FakeProc(self.world, *a),
+            spawn=lambda *a, **_kw: FakeProc(self.world, *a),
         )
         agent.start()
         return agent

@@ -80,10 +80,15 @@ def read_json(path: Path, limit: int = 1 << 20) -> Any | None:
         return None
 
 
-def read_text(path: Path) -> str | None:
-    """Stripped content of a sysfs/procfs attribute; None when it cannot be read."""
+READ_LIMIT = 64 * 1024  # sysfs attributes are one page; /proc files the board reads fit easily
+
+
+def read_text(path: Path, limit: int = READ_LIMIT) -> str | None:
+    """Stripped content of a sysfs/procfs attribute, at most its first ``limit`` bytes (a
+    165 MB fake meminfo costs one 64 KiB read); None when it cannot be read."""
     try:
-        return path.read_text().strip()
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode().strip()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -96,6 +101,33 @@ def read_int(path: Path) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+def boottime() -> float:
+    """Seconds since boot, suspend included (CLOCK_BOOTTIME): what freshness is measured on.
+    A wall-clock step (NTP, RTC, an operator) never moves it."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def state_age(state: dict[str, Any], *, wall: float, boot: str, now_boottime: float) -> float:
+    """How old a state file is, in seconds; infinity when it cannot be trusted to be fresh.
+
+    Same boot and a ``boottime`` field: measured on CLOCK_BOOTTIME, so a wall-clock step
+    either way changes nothing. Another boot's file: infinity (its writer is gone). Only a
+    file without ``boot_id`` (an older writer) is judged by its wall-clock ``updated``, and
+    one dated in the future (beyond the 2 s of second rounding) is infinity too."""
+    bt = state.get("boottime")
+    sid = state.get("boot_id")
+    if sid is not None:
+        if sid != boot or boot == "unknown" or not isinstance(bt, int | float) or isinstance(bt, bool):
+            return float("inf")
+        age = now_boottime - float(bt)
+        return age if age >= 0 else float("inf")
+    try:
+        age = wall - parse_iso(str(state.get("updated")))
+    except ValueError:
+        return float("inf")
+    return max(0.0, age) if age >= -2.0 else float("inf")
 
 
 def boot_id(path: Path) -> str:

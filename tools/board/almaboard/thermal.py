@@ -153,8 +153,16 @@ class Reader:
     lifetime). A failed read closes the descriptor and the next poll reopens it.
     """
 
+    KEEP_FDS = 256  # descriptors kept open at most: 1100 zones must not starve the guard of fds
+
     def __init__(self, zones: list[Zone], rules: Plausibility | None = None, carry: Reader | None = None) -> None:
         self.zones = zones
+        self.keep_fds = self.KEEP_FDS
+        with contextlib.suppress(ImportError, ValueError, OSError):
+            import resource
+
+            # A quarter of the soft limit at most: the rest stays for the caller's own files.
+            self.keep_fds = max(8, min(self.KEEP_FDS, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4))
         self.rules = rules or Plausibility()
         self._fds: dict[str, int] = {}
         # The rate rule's memory (``carry`` hands it on to a reader re-created for a new zone
@@ -199,6 +207,7 @@ class Reader:
         # most zones were accepted at the previous read, so one limit serves them all.
         common = rate * max(0.0, now - prev_now) + slack if prev_now is not None else 0.0
         fds = self._fds
+        keep = self.keep_fds
         pread = os.pread
         for z in self.zones:
             name = z.name
@@ -206,9 +215,17 @@ class Reader:
             try:
                 if fd is None:
                     fd = os.open(z.path / "temp", os.O_RDONLY | os.O_CLOEXEC)
-                    fds[name] = fd
-                raw = pread(fd, 32, 0)
-                if verify and os.fstat(fd).st_nlink == 0:
+                    if len(fds) < keep:
+                        fds[name] = fd
+                    else:  # past the budget: open, read, close (the caller's own files need fds)
+                        try:
+                            raw = pread(fd, 32, 0)
+                        finally:
+                            os.close(fd)
+                        fd = None
+                if fd is not None:
+                    raw = pread(fd, 32, 0)
+                if verify and fd is not None and os.fstat(fd).st_nlink == 0:
                     self._drop(name)
                     bad[name] = Reading(None, "vanished")
                     continue

@@ -8,6 +8,7 @@ board died, or ``status`` found no fresh state; 2 usage or configuration error (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from almaboard.errors import run_main
-from almaboard.files import parse_iso, read_json
+from almaboard.files import boot_id, boottime, read_json, state_age
 from almaboard.paths import Paths, from_root
 
 from . import __version__, logsetup
@@ -96,25 +97,37 @@ def _run(cfg: GuardConfig, paths: Paths, polls: int | None) -> int:
     except OSError as exc:
         # Guarding matters more than forensics: carry on, Forensics logs each failed write.
         logging.getLogger("alma-guard").error("cannot create %s: %s", exc.filename, exc.strerror)
+    _raise_nofile()
     guard = Guard(cfg, paths, notifier=Notifier(), forensics=Forensics(paths, cfg.ring_every_s))
     return guard.run(max_polls=polls)
 
 
-def _age(state: Any) -> float | None:
-    if isinstance(state, dict) and isinstance(state.get("updated"), str):
-        try:
-            return time.time() - parse_iso(state["updated"])
-        except ValueError:
-            return None
-    return None
+def _raise_nofile() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: a board with a thousand zones must not run the
+    guard out of descriptors (the Reader keeps at most a few hundred; the rest is margin)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _age(state: Any, paths: Paths | None = None) -> float | None:
+    """The state's age on CLOCK_BOOTTIME (same boot), never moved by a wall-clock step."""
+    if not isinstance(state, dict):
+        return None
+    boot = boot_id(paths.boot_id_file) if paths is not None else "unknown"
+    age = state_age(state, wall=time.time(), boot=boot, now_boottime=boottime())
+    return None if age == float("inf") else age
 
 
 def _status(paths: Paths, as_json: bool) -> int:
     state, source = read_json(paths.guard_state), paths.guard_state
-    age = _age(state)
+    age = _age(state, paths)
     # The guard writes here instead when /run/alma-guard is not writable (invariant 4).
     fallback = read_json(paths.guard_state_fallback)
-    fb_age = _age(fallback)
+    fb_age = _age(fallback, paths)
     if fb_age is not None and (age is None or fb_age < age):
         state, source, age = fallback, paths.guard_state_fallback, fb_age
     fresh = age is not None and age <= STALE_S

@@ -41,6 +41,13 @@ GUARD_DEFAULTS: dict[str, Any] = {
     "plausible_min_c": -40.0,
     "plausible_max_c": 150.0,
     "max_rate_c_per_s": 50.0,
+    # Fail closed while blind: any of these zones (type globs) unreadable, or at least this
+    # share of all zones unreadable, sheds the work even though the rest read cool.
+    "critical": ["tj-thermal"],
+    "unreadable_shed_share": 0.5,
+    # A zone whose value has not changed by one millidegree for this long is flagged "stuck"
+    # (a WARNING in the state and alma-health, never a pause by itself).
+    "stuck_after_s": 600.0,
 }
 
 
@@ -68,6 +75,9 @@ class GuardConfig:
     plausible_max_c: float = 150.0
     max_rate_c_per_s: float = 50.0
     zones: dict[str, dict[str, float]] = field(default_factory=dict)  # per-zone shed_c/resume_c
+    critical: list[str] = field(default_factory=lambda: ["tj-thermal"])
+    unreadable_shed_share: float = 0.5
+    stuck_after_s: float = 600.0
     files: list[Path] = field(default_factory=list)
 
     def thresholds(self, zone: Zone) -> Thresholds:
@@ -136,6 +146,9 @@ def load_guard_config(path: Path) -> GuardConfig:
             plausible_max_c=float(section["plausible_max_c"]),
             max_rate_c_per_s=float(section["max_rate_c_per_s"]),
             zones={str(k): {kk: float(vv) for kk, vv in v.items()} for k, v in zones.items()},
+            critical=[str(x) for x in section["critical"]],
+            unreadable_shed_share=float(section["unreadable_shed_share"]),
+            stuck_after_s=float(section["stuck_after_s"]),
             files=layers.files,
         )
     except (TypeError, ValueError) as exc:
@@ -149,6 +162,12 @@ def load_guard_config(path: Path) -> GuardConfig:
             ("guard", bad),
             "interval_s and hysteresis_c must be > 0, holdoff_s >= 0",
             hint="e.g. interval_s = 1.0, hysteresis_c = 10.0, holdoff_s = 60.0",
+        )
+    if not 0.0 < cfg.unreadable_shed_share <= 1.0 or not isinstance(section["critical"], list):
+        raise layers.error(
+            ("guard", "unreadable_shed_share"),
+            "unreadable_shed_share must be in (0, 1] and critical a list of zone type globs",
+            hint='e.g. unreadable_shed_share = 0.5, critical = ["tj-thermal"]',
         )
     if not cfg.plausible_min_c < cfg.plausible_max_c or cfg.max_rate_c_per_s <= 0:
         raise layers.error(

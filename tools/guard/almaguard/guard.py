@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from almaboard import thermal
-from almaboard.files import iso, read_json, write_json
+from almaboard.files import boot_id, boottime, iso, read_json, write_json
 from almaboard.paths import Paths
 
 from .config import GuardConfig, Thresholds
@@ -52,11 +52,17 @@ class GuardStatus:
     zones: dict[str, float] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    boot_id: str = "unknown"
 
-    def to_state(self, now_wall: float) -> dict[str, Any]:
-        """The state file of docs/formats.md, exactly."""
+    def to_state(self, now_wall: float, now_boottime: float = 0.0) -> dict[str, Any]:
+        """The state file of docs/formats.md, exactly. Readers judge its freshness by
+        ``boot_id`` + ``boottime`` (CLOCK_BOOTTIME), never by the wall-clock ``updated``."""
         return {
             "schema": STATE_SCHEMA,
+            "boot_id": self.boot_id,
+            "boottime": round(now_boottime, 3),
+            "stuck": list(self.stuck),
             "updated": iso(now_wall),
             "shedding": self.shedding,
             "since": iso(self.since_wall),
@@ -77,8 +83,10 @@ class Guard:
         notifier: Notifier | None = None,
         pauser: Pauser | None = None,
         forensics: Forensics | None = None,
+        boottime_clock: Callable[[], float] = boottime,
     ) -> None:
         self.cfg = cfg
+        self.boottime = boottime_clock
         self.paths = paths
         self.wall = wall
         self.notifier = notifier or Notifier(env={})
@@ -91,7 +99,13 @@ class Guard:
         self._shed_c: dict[str, float] = {}
         self.reader = thermal.Reader([], cfg.plausibility)
         self._last_discover = float("-inf")
-        self.status = GuardStatus(since_wall=wall())
+        self.status = GuardStatus(since_wall=wall(), boot_id=boot_id(paths.boot_id_file))
+        self._thaw_retry_at: float | None = None  # a failed thaw is retried from then on
+        self._thaw_backoff = 1.0
+        self._probe = ""  # the next zone's directory, checked every poll
+        self._stuck_next = float("-inf")
+        self._stuck_since: dict[str, tuple[float, float]] = {}  # zone -> (value, since)
+        self._stuck: list[str] = []
         self._cool_since: float | None = None
         self._last_state_write = float("-inf")
         self._last_unreadable: list[str] = []
@@ -111,9 +125,14 @@ class Guard:
         self.discover(float("-inf"))
         # Zones a previous guard of this boot watched and that are gone now stay on the list
         # (unreadable until they come back): a vanished sensor is not a cool one.
+        watched = {str(z.path) for z in self.zones}
         for name, path in recorded.items():
-            if name not in self.thresholds:
-                self._add_zone(thermal.Zone(name=name, path=Path(path)))
+            if path not in watched:
+                unique, n = name, 1
+                while unique in self.thresholds:
+                    unique, n = f"{name.split('#', 1)[0]}#{n}", n + 1
+                self._add_zone(thermal.Zone(name=unique, path=Path(path)))
+                watched.add(path)
         if self.pauser.paused:
             # A previous guard (crashed or killed) left the work paused: adopt that pause.
             self.status.shedding = True
@@ -121,16 +140,39 @@ class Guard:
 
     # -- zones ---------------------------------------------------------------------------
     def discover(self, now: float) -> None:
-        """Add the zones present now; a zone seen before and gone now is kept (unreadable)."""
+        """Add the zones present now. Zones are identified by their sysfs path, never by type:
+        a zone seen before and gone now is kept (unreadable) for the guard's life, and a new
+        zone whose name is taken (``soc-thermal`` vanished, its sibling renumbered) gets a
+        name of its own instead of inheriting the vanished one's."""
         self._last_discover = now
         found = thermal.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
-        known = {z.name: z for z in self.zones}
-        if all(z.name in known and known[z.name].path == z.path for z in found) and self.zones:
+        by_path = {str(z.path): z for z in self.zones}
+        new = [z for z in found if str(z.path) not in by_path]
+        if not new and self.zones:
+            self._probe = self._next_zone_path()
             return
-        for z in found:
-            if z.name not in known or known[z.name].path != z.path:
-                known[z.name] = z
-        self._set_zones(list(known.values()))
+        names = {z.name for z in self.zones}
+        zones = list(self.zones)
+        for z in new:
+            name, n = z.name, 1
+            while name in names:
+                base = z.name.split("#", 1)[0]
+                name, n = f"{base}#{n}", n + 1
+            names.add(name)
+            zones.append(thermal.Zone(name=name, path=z.path, trips=z.trips))
+        self._set_zones(zones)
+        self._probe = self._next_zone_path()
+
+    def _next_zone_path(self) -> str:
+        """Where the kernel puts the next zone (ids are allocated upwards): one stat of it per
+        poll sees a zone that appears at its very next poll, not at the 30 s rediscovery.
+        (A zone reusing a vanished one's id has that one's path: it is read in its place.)"""
+        top = -1
+        for z in self.zones:
+            digits = z.path.name[len("thermal_zone") :]
+            if digits.isdigit():
+                top = max(top, int(digits))
+        return os.path.join(self.paths.thermal, f"thermal_zone{top + 1}")
 
     def _add_zone(self, zone: thermal.Zone) -> None:
         self._set_zones([*self.zones, zone])
@@ -159,8 +201,8 @@ class Guard:
     def step(self, now: float) -> str | None:
         """One poll at monotonic time ``now``; returns "shed", "resume" or None."""
         st = self.status
-        if now - self._last_discover >= (30.0 if self.zones else 1.0):
-            self.discover(now)  # sensors may be probed late or come back; look again, not every poll
+        if now - self._last_discover >= (30.0 if self.zones else 1.0) or os.access(self._probe, os.F_OK):
+            self.discover(now)  # sensors may be probed late or come back
         # While shedding, also check that kept descriptors still name live files (a resume
         # must never rest on a vanished sensor's last value).
         ok, bad = self.reader.read_split(now, verify=st.shedding)
@@ -188,12 +230,23 @@ class Guard:
                 log.info("all sensors readable again")
         self._problems = problems
         self._last_unreadable = unreadable
+        if problems or "fds" in self._io_errors:
+            out = [n for n, p in problems.items() if "Too many open files" in p]
+            if out:
+                self._io_error("fds", f"out of file descriptors: {len(out)} zone(s) unreadable (EMFILE)")
+            else:
+                self._io_ok("fds")
 
         action: str | None = None
+        blind = self._blind(unreadable) if unreadable else ""
         if not ok and not hot:
             why = "no thermal zone found" if not self.zones else "no thermal sensor readable"
             if not st.shedding:
                 action = self._shed(now, f"{why} (fail closed)")
+            self._cool_since = None
+        elif blind and not hot:
+            if not st.shedding:
+                action = self._shed(now, f"{blind} (fail closed)")
             self._cool_since = None
         elif not st.shedding:
             if hot:
@@ -211,10 +264,18 @@ class Guard:
             res = self.pauser.refresh()
             if res is not None:
                 log.warning("paused more work: %s", res.detail)
+        if not st.shedding and self._thaw_retry_at is not None and now >= self._thaw_retry_at:
+            self._retry_thaw(now)
+        if ok and now >= self._stuck_next:  # every 10 s is plenty against a 10 min threshold
+            self._stuck_next = now + 10.0
+            changed = self._track_stuck(now, ok) or changed
         now_wall = self.wall()
         self._collect_errors()
         changed = changed or st.errors != self._last_errors
-        if action or changed or now_wall - self._last_state_write >= self.cfg.state_every_s:
+        # The refresh period runs on the monotonic clock: a wall clock stepped back must not
+        # stop the state file (the readers' proof of life) from being rewritten.
+        if action or changed or now - self._last_state_write >= self.cfg.state_every_s:
+            self._last_state_write = now
             self.write_state(now_wall)
         if self.forensics is not None:
             # A hot jump the rate rule rejected still counts for forensics: it may be real.
@@ -239,7 +300,9 @@ class Guard:
 
     def _collect_errors(self) -> None:
         fx = self.forensics
-        if not (self._io_errors or self.pauser.record_error or (fx is not None and fx.write_error)):
+        if not (
+            self._io_errors or self.status.errors or self.pauser.record_error or (fx is not None and fx.write_error)
+        ):
             return  # the common case: nothing to report, nothing to clear
         self.pauser.retry_record()
         if self.pauser.record_error:
@@ -270,7 +333,60 @@ class Guard:
         reason = (
             f"all zones below resume threshold for {self.cfg.holdoff_s:.0f} s (hottest {hottest[0]} {hottest[1]:.1f} C)"
         )
-        return self._transition(now, "resume", reason, self.pauser.resume().detail)
+        res = self.pauser.resume()
+        self._after_thaw(now, res.detail)
+        return self._transition(now, "resume", reason, res.detail)
+
+    def _after_thaw(self, now: float, detail: str) -> None:
+        """A thaw that failed is an error shown until a retry succeeds (backoff 1 s .. 16 s):
+        work the guard froze must never stay frozen because one write failed."""
+        if self.pauser.thaw_error:
+            self._io_error("thaw", f"{self.pauser.thaw_error}; retrying every {self._thaw_backoff:.0f} s")
+            self._thaw_retry_at = now + self._thaw_backoff
+            self._thaw_backoff = min(16.0, self._thaw_backoff * 2)
+        else:
+            if self._thaw_retry_at is not None:
+                log.info("thawed after retrying: %s", detail)
+            self._thaw_retry_at = None
+            self._thaw_backoff = 1.0
+            self._io_ok("thaw")
+
+    def _retry_thaw(self, now: float) -> None:
+        self._after_thaw(now, self.pauser.resume().detail)
+        self.notifier.status(self._status_text())
+
+    # -- invariant 3: blind is hot -------------------------------------------------------
+    def _blind(self, unreadable: list[str]) -> str:
+        """Why the unreadable zones are too many to trust the rest, or '' (one flaky zone of
+        nine only alerts): a critical zone (tj) unreadable, or at least the configured share."""
+        import fnmatch
+
+        crit = [n for n in unreadable if any(fnmatch.fnmatchcase(n.split("#", 1)[0], p) for p in self.cfg.critical)]
+        if crit:
+            return f"critical zone(s) unreadable: {', '.join(crit[:5])}"
+        if self.zones and len(unreadable) >= self.cfg.unreadable_shed_share * len(self.zones):
+            return f"{len(unreadable)} of {len(self.zones)} zones unreadable"
+        return ""
+
+    def _track_stuck(self, now: float, ok: dict[str, float]) -> bool:
+        """Flag zones whose value has not moved for stuck_after_s (a WARNING, never a pause)."""
+        seen = self._stuck_since
+        limit = self.cfg.stuck_after_s
+        stuck = []
+        for name, t in ok.items():
+            prev = seen.get(name)
+            if prev is None or prev[0] != t:
+                seen[name] = (t, now)
+            elif now - prev[1] >= limit:
+                stuck.append(name)
+        if stuck != self._stuck:
+            new = sorted(set(stuck) - set(self._stuck))
+            if new:
+                log.warning("sensor(s) stuck on one value for %.0f s: %s", limit, ", ".join(new))
+            self._stuck = stuck
+            self.status.stuck = sorted(stuck)
+            return True  # a state write now: readers must see the flag
+        return False
 
     def _transition(self, now: float, kind: str, reason: str, detail: str) -> str:
         st = self.status
@@ -285,15 +401,17 @@ class Guard:
         """The state file; when /run/alma-guard is not writable, the same state (with the
         error in it) goes to /var/lib/alma-guard/state.json, where `alma-guard status` looks
         next, so the guard is never silent about it."""
-        self._last_state_write = now_wall
         self._last_errors = list(self.status.errors)
+        state = self.status.to_state(now_wall, self.boottime())
         try:
-            write_json(self.paths.guard_state, self.status.to_state(now_wall), durable=False)
+            write_json(self.paths.guard_state, state, durable=False)
         except OSError as exc:
             self._io_error("state", f"cannot write {self.paths.guard_state}: {exc.strerror or exc}")
             self.status.errors = sorted(self._io_errors.values())
             with contextlib.suppress(OSError):
-                write_json(self.paths.guard_state_fallback, self.status.to_state(now_wall), durable=False)
+                write_json(
+                    self.paths.guard_state_fallback, self.status.to_state(now_wall, self.boottime()), durable=False
+                )
         else:
             if "state" in self._io_errors:
                 self._io_ok("state")
@@ -320,8 +438,16 @@ class Guard:
         def _on_signal(signum: int, _frame: object) -> None:
             stop.append(signum)
 
+        hups: list[int] = []
+
+        def _on_hup(signum: int, _frame: object) -> None:
+            hups.append(signum)
+
         old_wakeup = signal.set_wakeup_fd(wfd)
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # SIGHUP (a reload request, a closed terminal) never stops the guard: it is logged and
+        # ignored; the configuration is read at start (restart to apply a change).
+        old[signal.SIGHUP] = signal.signal(signal.SIGHUP, _on_hup)
         try:
             now = clock()
             ending = self.start_forensics()
@@ -359,6 +485,9 @@ class Guard:
                         pass
                 if stop:
                     break
+                if hups:
+                    hups.clear()
+                    log.warning("SIGHUP ignored: the configuration is read at start; restart alma-guard to apply it")
                 if clock() < next_at:
                     self.notifier.keepalive()
                     continue

@@ -8,6 +8,7 @@ under /var/lib/alma-health. A check that fails to run reports UNKNOWN with the r
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from almaboard import thermal
 from almaboard.config import load_layers
 from almaboard.errors import BoardError
-from almaboard.files import boot_id, iso, parse_iso, read_int, read_json, read_text, write_json
+from almaboard.files import boot_id, boottime, iso, read_int, read_json, read_text, state_age, write_json
 from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, worst
 from almaboard.paths import Paths
 
@@ -77,8 +78,10 @@ class Context:
     paths: Paths
     cfg: dict[str, dict[str, Any]]
     now: float = field(default_factory=time.time)
+    boottime: float = field(default_factory=boottime)
     save: bool = True
     state: dict[str, Any] = field(default_factory=dict)  # loaded from / saved to health_lib
+    state_resets: dict[str, str] = field(default_factory=dict)  # key -> why it was reset (once)
 
     @property
     def state_file(self) -> Path:
@@ -309,13 +312,15 @@ def check_thermal(ctx: Context) -> Check:
         st = worst([st, UNKNOWN])
         parts.append(f"no guard state at {ctx.paths.guard_state}: is alma-guard running?")
     else:
-        try:
-            age = ctx.now - parse_iso(str(state.get("updated")))
-        except ValueError:
-            age = float("inf")
-        if age < -float(c["stale_s"]):
+        # On CLOCK_BOOTTIME (boot_id + boottime in the file): a wall-clock step either way
+        # neither makes a dead guard look alive nor a live one look dead.
+        age = state_age(state, wall=ctx.now, boot=boot_id(ctx.paths.boot_id_file), now_boottime=ctx.boottime)
+        if age == float("inf"):
             st = worst([st, UNKNOWN])
-            parts.append(f"guard state is {-age:.0f} s in the future: the clock jumped (RTC/NTP?)")
+            parts.append(
+                "guard state cannot be fresh (another boot's, or dated in the future: the clock jumped?):"
+                " the guard may be dead"
+            )
         elif age > float(c["stale_s"]):
             st = worst([st, UNKNOWN])
             parts.append(f"guard state is stale ({age:.0f} s old > {c['stale_s']:.0f} s): the guard may be dead")
@@ -324,9 +329,19 @@ def check_thermal(ctx: Context) -> Check:
             parts.append(f"guard SHEDDING since {state.get('since')}: {state.get('reason')}")
         else:
             parts.append("guard not shedding")
-        if state.get("unreadable") and abs(age) <= float(c["stale_s"]):
+        fresh = age <= float(c["stale_s"])
+        unreadable = [str(x) for x in state.get("unreadable", [])] if isinstance(state.get("unreadable"), list) else []
+        if unreadable and fresh:
             st = worst([st, WARNING])
-            parts.append(f"guard cannot read: {', '.join(state['unreadable'])}")
+            parts.append(f"guard cannot read: {', '.join(unreadable[:20])}")
+        stuck = [str(x) for x in state.get("stuck", [])] if isinstance(state.get("stuck"), list) else []
+        if stuck and fresh:
+            st = worst([st, WARNING])
+            parts.append(f"sensor(s) stuck on one value: {', '.join(stuck[:20])}")
+        errors = [str(x) for x in state.get("errors", [])] if isinstance(state.get("errors"), list) else []
+        if errors and fresh:
+            st = worst([st, WARNING])
+            parts.append(f"guard errors: {'; '.join(errors[:5])}")
     return Check("thermal", st, "; ".join(parts), perf)
 
 
@@ -458,14 +473,70 @@ CHECKS: dict[str, Callable[[Context], Check]] = {
 }
 
 
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _snapshot_ok(s: Any) -> bool:
+    return (
+        isinstance(s, dict)
+        and _num(s.get("t"))
+        and isinstance(s.get("boot_id"), str)
+        and isinstance(s.get("ifaces"), dict)
+        and all(
+            isinstance(k, str) and isinstance(v, dict) and all(isinstance(c, str) and _num(n) for c, n in v.items())
+            for k, v in s["ifaces"].items()
+        )
+    )
+
+
+def load_state(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """alma-health's own state through one typed loader: each key of the wrong shape is reset
+    (and the reset reported once, by the check that owns it) instead of failing the check
+    on every run forever. Returns the state and ``{key: why}`` for what was reset."""
+    loaded = read_json(path, limit=1 << 20)
+    resets: dict[str, str] = {}
+    if loaded is None:
+        if path.exists():
+            resets["snapshots"] = resets["kmsg"] = f"{path} unreadable or not JSON"
+        return {}, resets
+    if not isinstance(loaded, dict):
+        return {}, {"snapshots": f"{path} is not a JSON object", "kmsg": f"{path} is not a JSON object"}
+    state: dict[str, Any] = {}
+    snaps = loaded.get("snapshots", [])
+    if isinstance(snaps, list) and all(_snapshot_ok(x) for x in snaps):
+        state["snapshots"] = snaps
+    else:
+        resets["snapshots"] = "snapshots of the wrong type"
+    cur = loaded.get("kmsg", {})
+    if isinstance(cur, dict) and (
+        not cur
+        or (
+            isinstance(cur.get("boot_id"), str)
+            and (cur.get("seq") is None or (isinstance(cur.get("seq"), int) and not isinstance(cur.get("seq"), bool)))
+        )
+    ):
+        state["kmsg"] = cur
+    else:
+        resets["kmsg"] = "kmsg cursor of the wrong type"
+    return state, resets
+
+
+_RESET_OWNER = {"snapshots": "storm", "kmsg": "gpu"}
+
+
 def run_checks(ctx: Context, only: list[str] | None = None) -> list[Check]:
     """Run the checks; state is loaded first and saved after (when ``ctx.save``)."""
-    loaded = read_json(ctx.state_file)
-    ctx.state = loaded if isinstance(loaded, dict) else {}
+    ctx.state, ctx.state_resets = load_state(ctx.state_file)
     results = []
     for name in only or list(CHECK_NAMES):
         try:
-            results.append(CHECKS[name](ctx))
+            check = CHECKS[name](ctx)
+            for key, why in ctx.state_resets.items():
+                if _RESET_OWNER[key] == name:
+                    check.status = worst([check.status, WARNING])
+                    check.summary += f" (own state reset: {why}; {ctx.state_file} rewritten)"
+            results.append(check)
         except BoardError as exc:
             results.append(Check(name, UNKNOWN, f"{exc.message}" + (f" (try: {exc.hint})" if exc.hint else "")))
         except Exception as exc:

@@ -109,6 +109,7 @@ class Pauser:
         self.method: str | None = None
         self.stopped: set[int] = set()
         self.record_error = ""
+        self.thaw_error = ""  # a thaw that failed: the pause stands until a retry succeeds
         self.recorded_zones: dict[str, str] = {}  # zone name -> path, from a previous guard's record
         self._adopt()
 
@@ -168,6 +169,7 @@ class Pauser:
         except OSError as exc:
             why = errno.errorcode.get(exc.errno or 0, str(exc))
         else:
+            self.thaw_error = ""
             self.method = "freeze"
             self._save()
             return PauseResult("freeze", f"froze {self.cgroup}")
@@ -218,14 +220,22 @@ class Pauser:
                 self._save()
 
     def resume(self) -> PauseResult:
+        """Thaw and continue what we paused. A thaw write that fails (EBUSY, EIO) keeps the
+        pause recorded (``thaw_error``; the guard retries with backoff): forgetting it would
+        strand the work frozen with nobody trying again."""
         method = self.method or "none"
         parts: list[str] = []
+        self.thaw_error = ""
         if method == "freeze" or frozen(self.cgroup):
             try:
                 _write_existing(self.cgroup / "cgroup.freeze", b"0")
                 parts.append(f"thawed {self.cgroup}")
+            except FileNotFoundError:
+                parts.append(f"{self.cgroup} is gone: nothing to thaw")
             except OSError as exc:
-                parts.append(f"could not thaw {self.cgroup}: {exc}")
+                why = errno.errorcode.get(exc.errno or 0, str(exc))
+                self.thaw_error = f"could not thaw {self.cgroup} ({why})"
+                parts.append(self.thaw_error)
         if self.stopped:
             n = 0
             for pid in sorted(self.stopped):
@@ -236,7 +246,7 @@ class Pauser:
                     pass
             parts.append(f"SIGCONT sent to {n} process(es)")
         pids = sorted(self.stopped)
-        self.method = None
+        self.method = "freeze" if self.thaw_error else None
         self.stopped.clear()
         self._save()
         return PauseResult(method, "; ".join(parts) or "nothing was paused", pids)

@@ -23,11 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from almaboard.files import boot_id
+
 from . import power, presence, privacy, thermal
 from .config import Config
-from .errors import CoordinatorUnreachable, GridError
-from .jobs import Backend, Job, Lease, Outcome, pack_checkpoint, unpack_checkpoint
-from .process import JobProcess, proc_start, stop_leftovers
+from .errors import CoordinatorUnreachable, GridError, UserError
+from .jobs import Backend, Job, Lease, Outcome, job_dir, job_id_problem, pack_checkpoint, unpack_checkpoint
+from .process import JobProcess, Limits, Stranger, proc_start, stop_leftovers
 
 FD_CHECK_EVERY = 5  # slow polls between checks of our own open files for capture devices
 STATUS_REFRESH = 5.0  # seconds; `eran-grid status` trusts a status file younger than 5 of these
@@ -110,6 +112,7 @@ class Sensors:
         self.zones = thermal.ZoneWatch(cfg.machine.thermal, cfg.plausibility)
         self._on_ac = True
         self._sessions = presence.Activity(None, "")
+        self._boot = boot_id(cfg.machine.proc / "sys/kernel/random/boot_id")
 
     def read(self, job_pgid: int | None = None) -> Conditions:
         """Owner presence every poll (the 0.2 s promise); power, heat and CPU load, which move
@@ -121,7 +124,7 @@ class Sensors:
             self._slow_next = mono + cfg.slow_poll * 0.999
             heat = thermal.zone_heat(self.zones.read(mono), cfg.max_temp_c, cfg.zone_max_c)
             if not heat.hot:
-                heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
+                heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now, boot=self._boot)
             self._heat = heat
             self._on_ac = power.on_ac(m.power_supply)
             # A login makes a pts (seen every poll); the session files add graphical seats.
@@ -142,6 +145,70 @@ class Sensors:
             default=presence.Activity(None, ""),
         )
         return Conditions(self._on_ac, self._heat, latest, now)
+
+
+def resolve_stranger(job_user: str) -> Stranger | None:
+    """The uid/gid jobs run under, or None (job_user unset). The uid is job_user's; the gid is
+    the agent's own primary group (the unit's UMask=0077 leaves every agent file without
+    group access, so sharing it gives the job nothing, and lets the agent read the job's
+    checkpoint without SupplementaryGroups=). An agent running as root (a developer
+    machine, CI) gives the job the job user's own group instead: root's group is not to
+    share. The agent must be able to switch: root, or CAP_SETUID + CAP_SETGID."""
+    if not job_user:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(job_user) if not job_user.isdigit() else pwd.getpwuid(int(job_user))
+        uid, own_gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        if not job_user.isdigit():
+            raise UserError(
+                f"job_user {job_user!r} does not exist",
+                hint="the image creates eran-job (useradd in eran-grid's recipe); or set job_user to a free uid",
+            ) from None
+        uid = own_gid = int(job_user)
+    if uid == 0 or uid == os.geteuid():
+        raise UserError(f"job_user {job_user!r} is uid {uid}: a job must not run as root or as the agent")
+    if os.geteuid() == 0:
+        return Stranger(uid, own_gid)
+    if not _has_caps(("CAP_SETUID", "CAP_SETGID")):
+        raise UserError(
+            f"cannot run jobs as {job_user!r}: the agent lacks CAP_SETUID/CAP_SETGID",
+            hint="eran-grid.service grants them (AmbientCapabilities=); check the unit",
+        )
+    return Stranger(uid, os.getegid())
+
+
+_CAP_BITS = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
+
+
+def _has_caps(names: tuple[str, ...], status: Path = Path("/proc/self/status")) -> bool:
+    try:
+        line = next(x for x in status.read_text().splitlines() if x.startswith("CapEff:"))
+        eff = int(line.split()[1], 16)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return all(eff >> _CAP_BITS[n] & 1 for n in names)
+
+
+def disk_used(top: Path, stop_above: int) -> int:
+    """Bytes allocated under ``top`` (symlinks not followed); stops counting above ``stop_above``."""
+    total, stack = 0, [str(top)]
+    while stack and total <= stop_above:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total
 
 
 class Agent:
@@ -187,6 +254,8 @@ class Agent:
         self._status_key = ""
         self._status_line = ""
         self._extra_majors = frozenset[int]()
+        self.stranger: Stranger | None = None
+        self._disk_next = float("-inf")
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> int:
@@ -196,7 +265,20 @@ class Agent:
         privacy.assert_empty_sensor_set()
         self._extra_majors = privacy.dynamic_capture_majors(self.cfg.machine.proc / "devices")
         privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
-        (self.cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
+        self.stranger = resolve_stranger(self.cfg.job_user)
+        if self.stranger is None:
+            self.log("WARNING: job_user is not set: jobs run as the agent's own user (development only)")
+        work = self.cfg.state_dir / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        if self.stranger is not None:
+            for parent in self.cfg.state_dir.resolve().parents:
+                if not os.stat(parent).st_mode & 0o001:
+                    raise UserError(
+                        f"job_user cannot reach its HOME: {parent} is not searchable by others",
+                        hint=f"chmod o+x {parent} (StateDirectoryMode=0711 does it for {self.cfg.state_dir})",
+                    )
+        # A stranger may traverse to its own HOME, never list or write what is here.
+        os.chmod(work, 0o711 if self.stranger else 0o700)
         self._recover()
         if self.pending is not None:
             return 0  # the coordinator is down: keep our lease until the result is taken
@@ -223,6 +305,9 @@ class Agent:
         work = self.cfg.state_dir / "work"
         boot = self._boot_id()
         for d in sorted(p for p in work.iterdir() if p.is_dir()):
+            if job_id_problem(d.name):
+                shutil.rmtree(d, ignore_errors=True)  # not a job's directory: nothing to recover
+                continue
             what = stop_leftovers(d, boot)
             if what:
                 self.log(f"job {d.name}: stopped what the previous run left behind ({what})")
@@ -231,7 +316,7 @@ class Agent:
             if not lease.get("token") or done.get("schema") != "alma.eran-grid-exit/1":
                 shutil.rmtree(d, ignore_errors=True)  # unfinished: open() requeues the lease
                 continue
-            job = Job(id=str(lease.get("job")), command=[str(a) for a in lease.get("command", [])])
+            job = Job(id=d.name, command=[str(a) for a in lease.get("command", [])])
             held = Lease(job=job, token=str(lease["token"]))
             rc = done.get("exit_code")
             if rc == 0 and self.pending is None:
@@ -250,6 +335,8 @@ class Agent:
                 self._retry_pending()
             elif isinstance(rc, int) and rc != 0:
                 why = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+                if isinstance(done.get("limit"), str) and done["limit"]:
+                    why = str(done["limit"])
                 try:
                     state = self.backend.fail(held, f"{why} (recorded after an agent restart)", None)
                     self.log(f"job {job.id} failed while the agent was down ({why}): {state}")
@@ -340,25 +427,44 @@ class Agent:
 
     def _start(self, lease: Lease, now: float) -> None:
         job = lease.job
-        workdir = self.cfg.state_dir / "work" / job.id
+        self.lease = lease
+        why = job_id_problem(job.id)  # the backends check it too; no path from unchecked text
+        if why:
+            self.proc = None
+            self._fail(why)
+            return
+        workdir = job_dir(self.cfg.state_dir, job.id)
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
-        ckpt = workdir / "checkpoint"
-        self.lease = lease
+        home = workdir / "home"
+        home.mkdir()
+        if self.stranger is not None:
+            # The agent's records (lease.json, stdout, exit.json) are 0600 in a 0711 directory;
+            # HOME is the job's: the group the two share (resolve_stranger), so what the job
+            # writes (umask 007) stays readable (its checkpoint) and removable by the agent.
+            os.chmod(workdir, 0o711)
+            os.chown(home, -1, self.stranger.gid)
+            os.chmod(home, 0o770)
+        ckpt = home / "checkpoint"
         try:
             restored = unpack_checkpoint(lease.checkpoint, ckpt)
         except GridError as exc:  # a corrupt or hostile checkpoint (unpack_checkpoint says which)
             self.proc = None
             self._fail(f"unusable checkpoint: {exc}")
             return
-        (workdir / "input").write_bytes(job.input)
+        (home / "input").write_bytes(job.input)
+        if self.stranger is not None:
+            for path in (ckpt, *ckpt.iterdir(), home / "input"):
+                os.chown(path, -1, self.stranger.gid)
+                os.chmod(path, 0o770 if path.is_dir() else 0o660 if path.parent == ckpt else 0o640)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")}
         env.update(
             {
                 "ERAN_GRID_JOB_ID": job.id,
-                "ERAN_GRID_INPUT": str(workdir / "input"),
+                "ERAN_GRID_INPUT": str(home / "input"),
                 "ERAN_GRID_ATTEMPT": str(job.attempts),
-                "HOME": str(workdir),
+                "HOME": str(home),
+                "TMPDIR": str(home),
             }
         )
         if job.checkpoint:
@@ -380,7 +486,16 @@ class Agent:
             record["cgroup"] = str(parent / f"eran-grid-job-{workdir.name}")
         try:
             _write_json(workdir / "lease.json", record)  # before the job exists: a crash now leaves a trail
-            self.proc = self.spawn(job.command, workdir, workdir / "input", env, **extra)
+            self.proc = self.spawn(
+                job.command,
+                workdir,
+                home / "input",
+                env,
+                home=home,
+                stranger=self.stranger,
+                limits=Limits(self.cfg.result_max_bytes, self.cfg.stderr_max_bytes, self.cfg.job_disk_max_bytes),
+                **extra,
+            )
         except OSError as exc:
             self.proc = None
             self._fail(f"cannot start {job.command[0]}: {exc.strerror}")
@@ -406,7 +521,7 @@ class Agent:
             return None
         try:
             return pack_checkpoint(
-                self.cfg.state_dir / "work" / self.lease.job.id / "checkpoint", self.cfg.checkpoint_max_bytes
+                job_dir(self.cfg.state_dir, self.lease.job.id) / "home" / "checkpoint", self.cfg.checkpoint_max_bytes
             )
         except (GridError, OSError) as exc:
             self.log(f"job {self.lease.job.id}: checkpoint not saved: {exc}")
@@ -425,6 +540,16 @@ class Agent:
                 return f"yielded job {job_id} ({why}): requeued with its checkpoint"
             self._finished(rc)
             return f"job {job_id} exited {rc}"
+
+        mono = self._monotonic()
+        if mono >= self._disk_next:
+            self._disk_next = mono + FD_CHECK_EVERY * self.cfg.slow_poll * 0.999
+            used = disk_used(job_dir(self.cfg.state_dir, job_id) / "home", self.cfg.job_disk_max_bytes)
+            if used > self.cfg.job_disk_max_bytes:
+                self.proc.kill()
+                self.proc.wait()
+                self._fail(f"disk use over job_disk_max_bytes ({self.cfg.job_disk_max_bytes}): killed")
+                return f"job {job_id} killed: disk use over its cap"
 
         if now - self.last_hb >= self.cfg.lease_ttl / 3:
             self._heartbeat(now)
@@ -510,6 +635,10 @@ class Agent:
             self._cleanup(keep_dir=True)  # exit.json + stdout stay until the result is taken
             self._retry_pending()
             return
+        limit = self.proc.limit_hit()
+        if limit:
+            self._fail(limit)
+            return
         sig = -rc if rc < 0 else 0
         why = f"killed by {signal.Signals(sig).name}" if sig else f"exit code {rc}"
         try:
@@ -529,7 +658,7 @@ class Agent:
         self._coord_up()
         self.pending = None
         if self.lease is None or self.lease.job.id != lease.job.id:
-            shutil.rmtree(self.cfg.state_dir / "work" / lease.job.id, ignore_errors=True)
+            shutil.rmtree(job_dir(self.cfg.state_dir, lease.job.id), ignore_errors=True)
         if not accepted:
             self.log(f"result of job {lease.job.id} not recorded: the lease was lost and the job requeued")
 
@@ -558,8 +687,12 @@ class Agent:
         self._cleanup()
 
     def _cleanup(self, keep_dir: bool = False) -> None:
-        if self.lease is not None and not keep_dir:
-            shutil.rmtree(self.cfg.state_dir / "work" / self.lease.job.id, ignore_errors=True)
+        if self.lease is not None and not job_id_problem(self.lease.job.id):
+            workdir = job_dir(self.cfg.state_dir, self.lease.job.id)
+            if keep_dir:  # the result waits for the coordinator: HOME (the job's) goes now
+                shutil.rmtree(workdir / "home", ignore_errors=True)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
         self.proc = None
         self.lease = None
         self.paused_since = None

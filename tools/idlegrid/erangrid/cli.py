@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (``status``: working or ready to), 1 ``status``: not working (the line
 says why) or ``results``: the job has no result yet, 2 usage or configuration error (including
-"disabled: opt-in required" for ``run``), 3 privacy refusal (a capture device is open),
+"disabled: opt-in required" for ``run``, and a corrupt queue file: see ``queue repair``), 3 privacy
+refusal (a capture device is open),
 4 coordinator unreachable, 130 interrupted.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from almaboard.errors import run_main
+from almaboard.text import terminal
 
 from . import __version__, power, presence, privacy, thermal
 from .agent import STATUS_REFRESH, Agent, Conditions, blocking_reason, iso
@@ -96,6 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- status -----------------------------------------------------------------------------------
+def _boot_id(proc: Path) -> str:
+    from almaboard.files import boot_id
+
+    return boot_id(proc / "sys/kernel/random/boot_id")
+
+
 def live_line(cfg: Config) -> tuple[str, bool]:
     """Evaluate the conditions once, without the agent (it is not running)."""
     m = cfg.machine
@@ -103,7 +111,7 @@ def live_line(cfg: Config) -> tuple[str, bool]:
     readings = thermal.ZoneWatch(m.thermal, cfg.plausibility).read(time.monotonic())
     heat = thermal.zone_heat(readings, cfg.max_temp_c, cfg.zone_max_c)
     if not heat.hot:
-        heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now)
+        heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now, boot=_boot_id(m.proc))
     tty = presence.tty_activity(presence.terminals(m.dev, m.dev_pts, cfg.include_serial_ttys))
     sess = presence.session_activity(m.sessions, now)
     act = max(
@@ -149,7 +157,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
-        print(line)
+        print(terminal(line))
     return 0 if working or line.endswith("ready to work") or line.startswith(("idle", "running")) else 1
 
 
@@ -215,17 +223,22 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """Rows hold job-controlled text (names, commands, stderr tails): a terminal sees them only
+    through the one sanitizer (almaboard.text), JSON only as JSON strings."""
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
         return
     print(f"{'ID':>6}  {'STATE':7} {'YIELDS':>6} {'FAILS':>5}  {'NAME/COMMAND':40}  DETAIL")
     for r in rows:
-        what = r.get("name") or " ".join(r["command"])
-        print(f"{r['id']:>6}  {r['state']:7} {r['yields']:>6} {r['failures']:>5}  {what[:40]:40}  {r['detail'][:60]}")
+        what = terminal(str(r.get("name") or " ".join(r["command"])))
+        job_id, state, detail = terminal(str(r["id"])), terminal(str(r["state"])), terminal(str(r["detail"]))
+        print(f"{job_id[:64]:>6}  {state:7} {r['yields']:>6} {r['failures']:>5}  {what[:40]:40}  {detail[:60]}")
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
     cfg, _ = _config(args)
+    if args.action == "repair":
+        return _repair(cfg)
     backend = open_backend(cfg)
     try:
         if args.action == "list":
@@ -243,6 +256,23 @@ def cmd_queue(args: argparse.Namespace) -> int:
         return 0
     finally:
         backend.close()
+
+
+def _repair(cfg: Config) -> int:
+    """Move a corrupt SQLite queue aside (explicitly: the agent never does it on its own)."""
+    if cfg.queue.backend != "sqlite":
+        raise UserError("queue repair is for the SQLite queue", hint="a NATS queue is repaired on its server")
+    from .sqlite_queue import repair
+
+    path = cfg.queue.path
+    if not path.exists():
+        raise UserError(f"no queue at {path}", hint="nothing to repair; the agent creates it at start")
+    moved = repair(path, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    if moved is None:
+        print(f"{path}: integrity check ok; nothing moved")
+    else:
+        print(f"{path} was corrupt: moved to {moved}; a new, empty queue is created at the next start")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,13 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("job", nargs="?")
     a.set_defaults(func=cmd_results)
 
-    a = add("queue", "administer the queue: list, stats, requeue (dead), remove")
+    a = add("queue", "administer the queue: list, stats, requeue (dead), remove, repair")
     qsub = a.add_subparsers(dest="action", required=True)
     for action, hlp in (
         ("list", "list jobs"),
         ("stats", "count jobs by state"),
         ("requeue", "put a dead-lettered job back in the queue"),
         ("remove", "delete a job that is not running"),
+        ("repair", "move a corrupt SQLite queue aside to queue.db.corrupt-<stamp>"),
     ):
         q = qsub.add_parser(
             action, help=hlp, description=hlp, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter

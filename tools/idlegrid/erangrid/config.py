@@ -93,7 +93,14 @@ class Config:
     state_dir: Path = Path("/var/lib/eran-grid")
     # Each job gets its own cgroup under this cgroup v2 directory (the work slice, which the
     # thermal guard freezes) where it is a writable cgroup; elsewhere its process group only.
-    job_cgroup_path: str = "/sys/fs/cgroup/alma.slice/alma-work.slice"
+    # "auto": the agent's own cgroup (eran-grid.service in alma-work.slice, Delegate=yes, so
+    # the agent may create its jobs' cgroups there); a path: that cgroup; "": none.
+    job_cgroup_path: str = "auto"
+    # Jobs run as this user (name or uid; its primary group is shared with the agent so the
+    # agent reads the job's checkpoint); "" = as the agent itself (development only).
+    job_user: str = ""
+    stderr_max_bytes: int = 1024 * 1024
+    job_disk_max_bytes: int = 256 * 1024 * 1024
     status_path: Path = Path("/run/eran-grid/status.json")
     machine: Machine = field(default_factory=Machine)
     queue: QueueConfig = field(default_factory=QueueConfig)
@@ -105,6 +112,10 @@ class Config:
             return None
         from .process import usable_cgroup_parent
 
+        if self.job_cgroup_path == "auto":
+            from .process import own_cgroup
+
+            return usable_cgroup_parent(own_cgroup(self.machine.proc, Paths(self.machine.root)("/sys/fs/cgroup")))
         return usable_cgroup_parent(Paths(self.machine.root)(self.job_cgroup_path))
 
     def require_opt_in(self, source: str) -> None:
@@ -129,7 +140,7 @@ _FLOATS = (
     "lease_ttl",
     "guard_stale_after",
 )
-_INTS = ("max_failures", "checkpoint_max_bytes", "result_max_bytes")
+_INTS = ("max_failures", "checkpoint_max_bytes", "result_max_bytes", "stderr_max_bytes", "job_disk_max_bytes")
 _BOOLS = ("enabled", "include_serial_ttys", "require_guard")
 
 
@@ -166,6 +177,8 @@ def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None
     for key in ("state_dir", "status_path"):
         if key in data:
             kw[key] = Path(_typed(key, data.pop(key), str, source))
+    if "job_user" in data:
+        kw["job_user"] = _typed("job_user", data.pop("job_user"), str, source)
     if "job_cgroup" in data:
         kw["job_cgroup_path"] = _typed("job_cgroup", data.pop("job_cgroup"), str, source)
     if "poll" in kw and not 0.01 <= kw["poll"] <= 5:

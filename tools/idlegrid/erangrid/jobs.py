@@ -6,11 +6,33 @@ import base64
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import UserError
+
+# The job id grammar (docs/eran-grid.md, "Job identity"): the one check between queue text and
+# any path, subject or key built from it. '.' and '..' match the characters but name directories.
+JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def job_id_problem(job_id: object) -> str:
+    """'' when ``job_id`` is a usable job id, else why not (for the dead-letter detail)."""
+    if not isinstance(job_id, str):
+        return f"job id must be text, not {type(job_id).__name__}"
+    if not JOB_ID.fullmatch(job_id) or job_id in (".", ".."):
+        return f"job id {job_id[:80]!r} does not match [A-Za-z0-9._-]{{1,64}} (and is not '.' or '..')"
+    return ""
+
+
+def job_dir(state_dir: Path, job_id: str) -> Path:
+    """``state_dir/work/<id>``: the only way a job's directory is named (the id checked first)."""
+    why = job_id_problem(job_id)
+    if why:
+        raise UserError(f"refusing to build a path from an unchecked job id: {why}")
+    return state_dir / "work" / job_id
 
 
 @dataclass
@@ -55,7 +77,11 @@ def parse_job(data: bytes, fallback_id: str) -> tuple[Job, str]:
         return Job(id=fallback_id, command=[]), f"not JSON: {data[:60]!r}"
     if not isinstance(obj, dict):
         return Job(id=fallback_id, command=[]), f"not a JSON object: {str(obj)[:60]}"
-    job_id = str(obj.get("id", fallback_id))[:128]
+    raw_id = obj.get("id", fallback_id)
+    why = job_id_problem(raw_id)
+    if why:  # the placeholder carries the queue's own id: the dead letter needs a valid key
+        return Job(id=fallback_id, command=[]), why
+    job_id = str(raw_id)
     command = obj.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
         return Job(id=job_id, command=[]), f"command must be a non-empty list of non-empty strings, not {command!r:.60}"
@@ -125,7 +151,12 @@ def pack_checkpoint(directory: Path, max_bytes: int) -> bytes | None:
     for entry in entries:
         if not _safe_name(entry.name) or entry.name.endswith(".tmp") or not entry.is_file(follow_symlinks=False):
             continue
-        data = Path(entry.path).read_bytes()
+        try:  # O_NOFOLLOW: a job may swap a file for a symlink to the agent's own files
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(max_bytes - total + 1)
         total += len(data)
         if total > max_bytes:
             raise UserError(

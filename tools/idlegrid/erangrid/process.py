@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,20 @@ def usable_cgroup_parent(parent: Path | None) -> Path | None:
     if parent is None or not (parent / "cgroup.procs").is_file() or not (parent / "cgroup.controllers").exists():
         return None
     return parent if os.access(parent, os.W_OK) else None
+
+
+def own_cgroup(proc: Path, cgroup_root: Path) -> Path | None:
+    """This process's cgroup v2 directory (``0::/path`` in /proc/self/cgroup) under the
+    unified hierarchy at ``cgroup_root`` (or its ``unified`` mount on a hybrid system)."""
+    try:
+        lines = (proc / "self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if rel is None or ".." in rel.split("/"):
+        return None
+    root = cgroup_root / "unified" if (cgroup_root / "unified/cgroup.procs").exists() else cgroup_root
+    return root / rel.strip("/") if rel.strip("/") else root
 
 
 def _write(path: Path, data: str) -> None:
@@ -142,6 +157,23 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What the wrapper enforces while the job runs (0 = no limit)."""
+
+    stdout_max: int = 0
+    stderr_max: int = 0
+    file_max: int = 0
+
+
+@dataclass(frozen=True)
+class Stranger:
+    """The uid/gid a job runs under: owns nothing of the agent's (docs/eran-grid.md)."""
+
+    uid: int
+    gid: int
+
+
 class JobProcess:
     def __init__(
         self,
@@ -150,6 +182,9 @@ class JobProcess:
         input_path: Path,
         env: dict[str, str],
         cgroup_parent: Path | None = None,
+        home: Path | None = None,
+        stranger: Stranger | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         self.workdir = workdir
         self.stdout_path = workdir / "stdout"
@@ -164,21 +199,42 @@ class JobProcess:
                 self.cgroup = cg
             except OSError:
                 self.cgroup = None
-        argv = [sys.executable, "-I", "-S", str(WRAPPER), "--dir", str(workdir)]
+        home = home or input_path.parent
+        argv = [sys.executable, "-I", "-S", str(WRAPPER), "--dir", str(workdir), "--home", str(home)]
         if self.cgroup is not None:
             argv += ["--cgroup", str(self.cgroup)]
+        if stranger is not None:
+            argv += ["--uid", str(stranger.uid), "--gid", str(stranger.gid)]
+        for flag, value in (
+            ("--stdout-max", limits.stdout_max),
+            ("--stderr-max", limits.stderr_max),
+            ("--file-max", limits.file_max),
+        ):
+            if value:
+                argv += [flag, str(value)]
         argv += ["--", *command]
         env = {**env, "ERAN_GRID_AGENT_PID": str(os.getpid())}
-        with open(input_path, "rb") as stdin, open(workdir / "wrapper.log", "wb") as log:
-            # Files, not pipes: a stopped agent can never block the job on a full pipe. The
-            # wrapper arms its own death signal (it must finish recording a job that finished).
+        with open(workdir / "wrapper.log", "wb") as log:
+            # The wrapper arms its own death signal (it must finish recording a job that
+            # finished); the job's output comes to it through pipes it caps.
             self.popen = subprocess.Popen(
-                argv, stdin=stdin, stdout=log, stderr=log, cwd=workdir, env=env, start_new_session=True, close_fds=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
             )
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the wrapper leads the job's own group
         self.start_time = proc_start(self.pid)
         self.stopped = False
+
+    def limit_hit(self) -> str:
+        """The live limit the wrapper killed the job for ('' if none)."""
+        return str(_read_json(self.exit_path).get("limit") or "")
 
     def _signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -14,12 +14,51 @@ import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from .errors import CoordinatorUnreachable, UserError
-from .jobs import Job, Lease, Outcome, validate_command
+from .jobs import Job, Lease, Outcome, job_id_problem, validate_command
+
+SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+
+
+class QueueCorrupt(UserError):
+    """The queue file is not a usable SQLite database (exit 2: restarting will not fix it)."""
+
+
+def corrupt(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
+    return type(exc) is sqlite3.DatabaseError
+
+
+def repair(path: Path, stamp: str) -> Path | None:
+    """Move a corrupt queue (and its -wal/-shm) aside to ``<name>.corrupt-<stamp>``; None when
+    the file checks out (nothing is moved). Only `eran-grid queue repair` calls this."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            ok = db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        if not corrupt(exc):
+            raise UserError(
+                f"cannot check {path}: {exc}", hint="stop the agent first: systemctl stop eran-grid"
+            ) from exc
+        ok = False
+    if ok:
+        return None
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        src = path.with_name(path.name + suffix)
+        if src.exists():
+            src.rename(target.with_name(target.name + suffix))
+    return target
+
 
 MIN_SQLITE = (3, 35, 0)
 
@@ -66,6 +105,9 @@ def parse_command(raw: object) -> tuple[list[str] | None, str]:
 
 
 def _job_from_row(row: tuple[Any, ...]) -> tuple[Job | None, str]:
+    why = job_id_problem(str(row[0]))
+    if why:
+        return None, why
     command, why = parse_command(row[2])
     if command is None:
         return None, why
@@ -133,9 +175,27 @@ class SqliteQueue:
                 db.execute("PRAGMA synchronous=FULL")
                 db.executescript(SCHEMA)
             except sqlite3.Error as exc:
-                raise CoordinatorUnreachable(f"cannot open queue {self.path}: {exc}") from exc
+                raise self._error(exc, "cannot open queue ") from exc
             self._db = db
         return self._db
+
+    def _error(self, exc: sqlite3.Error, before: str = "", after: str = "") -> Exception:
+        """A corrupt file is the operator's to fix (exit 2, never a restart loop); anything
+        else (locked, I/O) is the queue being unreachable for now (exit 4, retried)."""
+        if corrupt(exc):
+            return QueueCorrupt(
+                f"queue {self.path} is corrupt: {exc}",
+                hint=f"try: eran-grid queue repair --queue-path {self.path} (moves it aside to"
+                " queue.db.corrupt-<stamp>; a new, empty queue is created at the next start)",
+            )
+        return CoordinatorUnreachable(f"{before or 'queue '}{self.path}{after}: {exc}")
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -144,14 +204,20 @@ class SqliteQueue:
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path} is not writable: {exc}") from exc
+            raise self._error(exc, "", " is not writable") from exc
         try:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
+        except BaseException as exc:
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc) from exc
             raise
         else:
-            db.execute("COMMIT")
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
 
     def close(self) -> None:
         if self._db is not None:
@@ -171,57 +237,60 @@ class SqliteQueue:
         return str(cur.lastrowid)
 
     def jobs(self, states: tuple[str, ...] = ("queued", "leased", "done", "dead")) -> list[dict[str, Any]]:
-        db = self._connect()
-        marks = ",".join("?" * len(states))
-        rows = db.execute(
-            f"SELECT id, name, command, state, priority, submitted, lease_owner, lease_expires, attempts, yields,"
-            f" failures, exit_code, detail, finished, length(checkpoint), length(result) FROM jobs"
-            f" WHERE state IN ({marks}) ORDER BY id",
-            states,
-        ).fetchall()
-        keys = (
-            "id",
-            "name",
-            "command",
-            "state",
-            "priority",
-            "submitted",
-            "lease_owner",
-            "lease_expires",
-            "attempts",
-            "yields",
-            "failures",
-            "exit_code",
-            "detail",
-            "finished",
-            "checkpoint_bytes",
-            "result_bytes",
-        )
-        out = []
-        for row in rows:
-            item = dict(zip(keys, row, strict=True))
-            item["id"] = str(item["id"])
-            command, _why = parse_command(item["command"])
-            # A malformed row is listed as it is (its detail says why it is dead), never a crash.
-            item["command"] = command if command is not None else [repr(item["command"])[:200]]
-            item["name"] = item["name"] if isinstance(item["name"], str) else repr(item["name"])
-            item["detail"] = item["detail"] if isinstance(item["detail"], str) else repr(item["detail"])
-            out.append(item)
-        return out
+        with self._errors():
+            db = self._connect()
+            marks = ",".join("?" * len(states))
+            rows = db.execute(
+                f"SELECT id, name, command, state, priority, submitted, lease_owner, lease_expires, attempts, yields,"
+                f" failures, exit_code, detail, finished, length(checkpoint), length(result) FROM jobs"
+                f" WHERE state IN ({marks}) ORDER BY id",
+                states,
+            ).fetchall()
+            keys = (
+                "id",
+                "name",
+                "command",
+                "state",
+                "priority",
+                "submitted",
+                "lease_owner",
+                "lease_expires",
+                "attempts",
+                "yields",
+                "failures",
+                "exit_code",
+                "detail",
+                "finished",
+                "checkpoint_bytes",
+                "result_bytes",
+            )
+            out = []
+            for row in rows:
+                item = dict(zip(keys, row, strict=True))
+                item["id"] = str(item["id"])
+                command, _why = parse_command(item["command"])
+                # A malformed row is listed as it is (its detail says why it is dead), never a crash.
+                item["command"] = command if command is not None else [repr(item["command"])[:200]]
+                item["name"] = item["name"] if isinstance(item["name"], str) else repr(item["name"])
+                item["detail"] = item["detail"] if isinstance(item["detail"], str) else repr(item["detail"])
+                out.append(item)
+            return out
 
     def result(self, job_id: str) -> tuple[str, bytes | None, int | None, str]:
-        row = (
-            self._connect()
-            .execute("SELECT state, result, exit_code, detail FROM jobs WHERE id=?", (job_id,))
-            .fetchone()
-        )
-        if row is None:
-            raise UserError(f"no job {job_id} in {self.path}", hint="try: eran-grid queue list")
-        return row[0], row[1], row[2], row[3]
+        with self._errors():
+            row = (
+                self._connect()
+                .execute("SELECT state, result, exit_code, detail FROM jobs WHERE id=?", (job_id,))
+                .fetchone()
+            )
+            if row is None:
+                raise UserError(f"no job {job_id} in {self.path}", hint="try: eran-grid queue list")
+            return row[0], row[1], row[2], row[3]
 
     def counts(self) -> dict[str, int]:
-        rows = self._connect().execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
-        return {"queued": 0, "leased": 0, "done": 0, "dead": 0} | {s: n for s, n in rows}
+        with self._errors():
+            rows = self._connect().execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
+            return {"queued": 0, "leased": 0, "done": 0, "dead": 0} | {s: n for s, n in rows}
 
     def requeue(self, job_id: str) -> None:
         """Put a dead job back (failures reset): the operator fixed the cause."""
@@ -258,7 +327,7 @@ class SqliteQueue:
         try:
             self._connect().execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+            raise self._error(exc) from exc
 
     def _reap(self, db: sqlite3.Connection) -> None:
         self._fail_leases(db, "lease_expires < ?", (self.clock(),), "lease expired (agent crashed or lost the queue)")
@@ -319,7 +388,7 @@ class SqliteQueue:
                 self._next_due = float(due) if due is not None else float("inf")
                 return None
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+            raise self._error(exc) from exc
         assert job is not None
         checkpoint = row[8] if isinstance(row[8], bytes) or row[8] is None else None
         return Lease(job=job, token=token, checkpoint=checkpoint)
@@ -340,7 +409,7 @@ class SqliteQueue:
                     )
                 return self._owned(db, "UPDATE jobs SET lease_expires=?", (self.clock() + self.lease_ttl,), lease)
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+            raise self._error(exc) from exc
 
     def complete(self, lease: Lease, outcome: Outcome) -> bool:
         """Record the result once: only the lease holder can, so a job whose lease expired and
@@ -355,7 +424,7 @@ class SqliteQueue:
                     lease,
                 )
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+            raise self._error(exc) from exc
 
     def yield_(self, lease: Lease, checkpoint: bytes | None) -> None:
         try:
@@ -368,7 +437,7 @@ class SqliteQueue:
                     lease,
                 )
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+            raise self._error(exc) from exc
 
     def fail(self, lease: Lease, error: str, checkpoint: bytes | None) -> str:
         backoff = min(300.0, self.backoff * 2**lease.job.failures)
@@ -384,5 +453,5 @@ class SqliteQueue:
                 )
                 row = db.execute("SELECT state FROM jobs WHERE id=?", (lease.job.id,)).fetchone()
         except sqlite3.Error as exc:
-            raise CoordinatorUnreachable(f"queue {self.path}: {exc}") from exc
+            raise self._error(exc) from exc
         return str(row[0]) if row else "queued"

@@ -8,13 +8,12 @@ A zone seen once and gone later counts as hot too (a vanished sensor is not a co
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from almaboard import thermal as board_thermal
+from almaboard.files import boottime, read_json, read_text, state_age
 from almaboard.thermal import Plausibility, Reading
 
 
@@ -69,28 +68,35 @@ def zone_heat(readings: dict[str, Reading], default_max: float, per_zone: dict[s
     return Heat(False, "")
 
 
-def _parse_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def guard_heat(path: Path | None, stale_after: float, required: bool, now: float | None = None) -> Heat:
+def guard_heat(
+    path: Path | None,
+    stale_after: float,
+    required: bool,
+    now: float | None = None,
+    *,
+    boot: str | None = None,
+    now_boottime: float | None = None,
+) -> Heat:
+    """The guard's verdict from its state file. Freshness is measured on CLOCK_BOOTTIME
+    (``boot_id`` + ``boottime`` in the file): a wall clock stepped back cannot make a dead
+    guard's last "not shedding" look fresh, nor a step forward a live guard look dead."""
     if path is None:
         return Heat(False, "")
     now = time.time() if now is None else now
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        return Heat(True, "thermal guard state missing") if required else Heat(False, "")
-    except (OSError, ValueError):
+    state = read_json(path, limit=1 << 16)
+    if state is None:
+        if not path.exists():
+            return Heat(True, "thermal guard state missing") if required else Heat(False, "")
         return Heat(True, "thermal guard state unreadable")
-    try:
-        if state.get("schema") != "alma.guard-state/1":
-            return Heat(True, f"thermal guard state has unknown schema {state.get('schema')!r}")
-        age = now - _parse_time(str(state["updated"]))
-    except (KeyError, ValueError, AttributeError, TypeError):
+    if not isinstance(state, dict):
         return Heat(True, "thermal guard state unreadable")
+    if state.get("schema") != "alma.guard-state/1":
+        return Heat(True, f"thermal guard state has unknown schema {str(state.get('schema'))[:40]!r}")
+    if boot is None:
+        boot = read_text(Path("/proc/sys/kernel/random/boot_id")) or "unknown"
+    age = state_age(state, wall=now, boot=boot, now_boottime=boottime() if now_boottime is None else now_boottime)
     if age > stale_after:
-        return Heat(True, f"thermal guard state stale ({age:.0f} s old)")
+        return Heat(True, "thermal guard state stale" + (f" ({age:.0f} s old)" if age != float("inf") else ""))
     if state.get("shedding") is not False:
         return Heat(True, f"guard shedding: {state.get('reason') or 'no reason given'}")
     return Heat(False, "")

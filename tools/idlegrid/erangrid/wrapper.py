@@ -1,13 +1,25 @@
-"""The job's wrapper: runs the job, then writes its exit status atomically into the job's
-directory, whatever became of the agent meanwhile (effectively once).
+"""The job's wrapper: runs the job as a stranger, carries its output back with live caps, then
+writes its exit status atomically into the job's directory, whatever became of the agent
+meanwhile (effectively once).
 
-Started by the agent as ``python3 -I -S wrapper.py --dir WORKDIR [--cgroup DIR] -- CMD...``
-at the head of a new session, so the wrapper, the job and everything the job starts share
-one process group (and, where cgroup v2 is writable, one cgroup under the work slice, which
-the wrapper joins before it starts the job). The agent may die (kill -9) at any moment: the
-wrapper is not tied to it, so a job that finishes is still recorded in ``exit.json``, and a
-restarted agent records that instead of running the job again. SIGTERM/SIGINT/SIGHUP are
-the job's to handle (checkpoint and exit): the wrapper only keeps waiting.
+Started by the agent as ``python3 -I -S wrapper.py --dir WORKDIR --home HOME [--cgroup DIR]
+[--uid N --gid N] [--stdout-max N] [--stderr-max N] [--file-max N] -- CMD...`` at the head of
+a new session, so the wrapper, the job and everything the job starts share one process group
+(and, where cgroup v2 is writable, one cgroup under the work slice, which the wrapper joins
+before it starts the job). The agent may die (kill -9) at any moment: the wrapper is not tied
+to it, so a job that finishes is still recorded in ``exit.json``, and a restarted agent
+records that instead of running the job again. SIGTERM/SIGINT/SIGHUP are the job's to handle
+(checkpoint and exit): the wrapper only keeps waiting.
+
+A stranger (``--uid``/``--gid``): the job runs under a uid that owns nothing of the agent's,
+no supplementary groups and no capabilities (the wrapper clears its ambient set first, so the
+exec gets none). It can write only HOME (``work/<id>/home``, group shared with the
+agent, so the agent can read its checkpoint). Its stdout and stderr are pipes to this wrapper, which
+writes them to agent-owned files and enforces ``--stdout-max``/``--stderr-max`` while the job
+runs: one byte over and the job is killed and the limit recorded in ``exit.json``
+(``"limit"``). ``--file-max`` is the job's RLIMIT_FSIZE (no single file larger). When the job
+has ended, everything left in its cgroup/group is killed and HOME is made removable by the
+agent (a forked child as the job's uid; the job may have made directories only it can open).
 
 If the agent dies while the job still runs (kill -9, OOM), the kernel tells the wrapper
 (PR_SET_PDEATHSIG) and the wrapper kills the job's whole group and cgroup, grandchildren
@@ -16,15 +28,18 @@ job has already finished, the wrapper records it regardless. Stdlib only, no imp
 its package: it runs as a plain file.
 
 ``exit.json``: ``{"schema": "alma.eran-grid-exit/1", "exit_code": N, "stdout_bytes": N,
-"stdout_sha256": HEX, "finished": T}`` (negative ``exit_code``: killed by that signal),
-written to a temp file, fsync'd, renamed, directory fsync'd: present means complete.
+"stdout_sha256": HEX, "finished": T[, "limit": TEXT]}`` (negative ``exit_code``: killed by
+that signal), written to a temp file, fsync'd, renamed, directory fsync'd: present means
+complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -32,11 +47,15 @@ import time
 from typing import Any
 
 SCHEMA = "alma.eran-grid-exit/1"
+_PR_SET_PDEATHSIG = 1
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_state: dict[str, Any] = {"job": None, "cgroup": None}
 
 
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -50,16 +69,6 @@ def _write_atomic(path: str, data: bytes) -> None:
         os.close(dfd)
 
 
-def _digest(path: str) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 16):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
 def _join_cgroup(cgroup: str) -> None:
     try:
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
@@ -68,8 +77,21 @@ def _join_cgroup(cgroup: str) -> None:
         print(f"eran-grid wrapper: cannot join {cgroup}: {exc}", file=sys.stderr)
 
 
-_PR_SET_PDEATHSIG = 1
-_state: dict[str, Any] = {"job": None, "cgroup": None}
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _kill_everything() -> None:
+    """The job's whole cgroup (cgroup.kill) and process group, this wrapper included."""
+    if _state["cgroup"]:
+        try:
+            with open(os.path.join(_state["cgroup"], "cgroup.kill"), "w") as fh:
+                fh.write("1")
+        except OSError:
+            pass
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _kill_job(_signum: int, _frame: object) -> None:
@@ -77,60 +99,216 @@ def _kill_job(_signum: int, _frame: object) -> None:
     job = _state["job"]
     if job is None or job.poll() is not None:
         return
-    if _state["cgroup"]:
-        try:
-            with open(os.path.join(_state["cgroup"], "cgroup.kill"), "w") as fh:
-                fh.write("1")
-        except OSError:
-            pass
-    os.killpg(os.getpgrp(), signal.SIGKILL)  # the wrapper included: there is nothing to record
+    _kill_everything()  # the wrapper included: there is nothing to record
 
 
 def _die_with(parent: int) -> None:
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGUSR2)
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGUSR2)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the agent died before the death signal was armed
         os.kill(os.getpid(), signal.SIGUSR2)
 
 
+def _others() -> list[int]:
+    """Live processes of this job besides the wrapper: its cgroup's, else its process group's."""
+    me, pids = os.getpid(), []
+    if _state["cgroup"]:
+        with contextlib.suppress(OSError), open(os.path.join(_state["cgroup"], "cgroup.procs")) as fh:
+            pids = [int(p) for p in fh.read().split()]
+    else:
+        pgrp = str(os.getpgrp())
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError, IndexError):
+                    with open(f"/proc/{name}/stat") as fh:
+                        rest = fh.read().rsplit(")", 1)[1].split()
+                    if rest[2] == pgrp and rest[0] not in ("Z", "X"):
+                        pids.append(int(name))
+    return [p for p in pids if p != me]
+
+
+def _kill_leftovers(timeout: float = 5.0) -> None:
+    """What the job left running (a setsid daemon in our cgroup): killed before HOME is fixed."""
+    deadline = time.monotonic() + timeout
+    while (pids := _others()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _become(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def _make_removable(home: str, uid: int, gid: int) -> None:
+    """As the job's uid (the owner of what it made): every directory rwx and every file rw for
+    the agent's shared group, so the agent can pack and remove HOME. Symlinks are not followed."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        code = 0
+        try:
+            _become(uid, gid)
+            for dirpath, dirs, files in os.walk(home):
+                for name in dirs + files:
+                    with contextlib.suppress(OSError):
+                        path = os.path.join(dirpath, name)
+                        if not os.path.islink(path):
+                            os.chmod(path, 0o770 if name in dirs else 0o660)
+        except OSError:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+
+
+class _Sink:
+    """One of the job's output pipes into an agent-owned file, at most ``cap`` bytes."""
+
+    def __init__(self, path: str, cap: int, what: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.cap, self.what, self.size = cap, what, 0
+        self.sha = hashlib.sha256()
+
+    def take(self, data: bytes) -> str:
+        """Write ``data``; returns the limit exceeded ('' while within it)."""
+        room = self.cap - self.size
+        if len(data) > room:
+            data = data[: max(0, room)]
+            over = f"{self.what} over {self.cap} bytes: killed"
+        else:
+            over = ""
+        if data:
+            os.write(self.fd, data)
+            self.sha.update(data)
+            self.size += len(data)
+        return over
+
+
+def _pump(job: subprocess.Popen[bytes], out: _Sink, err: _Sink) -> str:
+    """Copy the job's pipes until the job has exited and they are drained (a daemon it left
+    holding them open does not keep the wrapper waiting); returns the limit it broke, or ''."""
+    sel = selectors.DefaultSelector()
+    assert job.stdout is not None and job.stderr is not None
+    sinks = {job.stdout.fileno(): out, job.stderr.fileno(): err}
+    for fd in sinks:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    exited = False
+    while sinks:
+        events = sel.select(timeout=0 if exited else 0.2)
+        if not events:
+            if exited:
+                break
+            exited = job.poll() is not None
+            continue
+        for key, _ev in events:
+            fd = int(key.fd)
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not data:
+                sel.unregister(fd)
+                del sinks[fd]
+                continue
+            over = sinks[fd].take(data)
+            if over:
+                return over
+    return ""
+
+
+def _opt(opts: list[str], name: str) -> str | None:
+    return opts[opts.index(name) + 1] if name in opts and opts.index(name) + 1 < len(opts) else None
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv[:1] != ["--dir"]:
-        print("usage: wrapper.py --dir WORKDIR [--cgroup DIR] -- COMMAND [ARG...]", file=sys.stderr)
+        print(
+            "usage: wrapper.py --dir WORKDIR [--home DIR] [--cgroup DIR] [--uid N --gid N] -- CMD...", file=sys.stderr
+        )
         return 2
     sep = argv.index("--")
     opts, command = argv[:sep], argv[sep + 1 :]
     workdir = opts[1]
-    cgroup = opts[opts.index("--cgroup") + 1] if "--cgroup" in opts else None
+    home = _opt(opts, "--home") or workdir
+    cgroup = _opt(opts, "--cgroup")
+    uid = int(_opt(opts, "--uid") or -1)
+    gid = int(_opt(opts, "--gid") or -1)
+    stdout_max = int(_opt(opts, "--stdout-max") or 1 << 62)
+    stderr_max = int(_opt(opts, "--stderr-max") or 1 << 62)
+    file_max = int(_opt(opts, "--file-max") or -1)
     if cgroup:
         _join_cgroup(cgroup)
     _state["cgroup"] = cgroup
+    if uid >= 0:
+        # The job must start with no capability: the agent's ambient set (CAP_SETUID, ...) is
+        # cleared here, so the exec of the job (a non-root uid, no file caps) gets none.
+        with contextlib.suppress(OSError, AttributeError):
+            _libc().prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # a handler, not SIG_IGN: the job gets defaults on exec
     signal.signal(signal.SIGUSR2, _kill_job)
     me = json.dumps({"pid": os.getpid(), "pgid": os.getpgrp()}).encode()
     _write_atomic(os.path.join(workdir, "wrapper.json"), me)
-    with (
-        open(os.path.join(workdir, "input"), "rb") as stdin,
-        open(os.path.join(workdir, "stdout"), "wb") as out,
-        open(os.path.join(workdir, "stderr"), "wb") as err,
-    ):
+    out = _Sink(os.path.join(workdir, "stdout"), stdout_max, "stdout")
+    err = _Sink(os.path.join(workdir, "stderr"), stderr_max, "stderr")
+    limit = ""
+    stranger: dict[str, Any] = {"user": uid, "group": gid, "extra_groups": [], "umask": 0o007} if uid >= 0 else {}
+
+    import resource  # here, not in the child: as the stranger it may not read the interpreter's files
+
+    def _limits() -> None:  # in the child, after fork: the wrapper's own writes are not limited
+        if file_max >= 0:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_max, file_max))
+
+    with open(os.path.join(home, "input"), "rb") as stdin:
         try:
-            job = subprocess.Popen(command, stdin=stdin, stdout=out, stderr=err, cwd=workdir, close_fds=True)
+            job = subprocess.Popen(
+                command,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=home,
+                close_fds=True,
+                preexec_fn=_limits if file_max >= 0 else None,
+                **stranger,
+            )
             _state["job"] = job
             _die_with(int(os.environ.get("ERAN_GRID_AGENT_PID", "0")) or os.getppid())
-        except OSError as exc:
-            err.write(f"cannot start {command[0]}: {exc.strerror}\n".encode())
-            err.flush()
+        except (OSError, subprocess.SubprocessError) as exc:
+            err.take(f"cannot start {command[0]}: {getattr(exc, 'strerror', None) or exc}\n".encode())
             rc = 127
             job = None
     if job is not None:
+        limit = _pump(job, out, err)
+        if limit:
+            with contextlib.suppress(OSError):
+                err.take(f"\neran-grid: {limit}\n".encode())
+            record = {
+                "schema": SCHEMA,
+                "exit_code": -signal.SIGKILL,
+                "stdout_bytes": out.size,
+                "stdout_sha256": out.sha.hexdigest(),
+                "finished": time.time(),
+                "limit": limit,
+            }
+            _write_atomic(os.path.join(workdir, "exit.json"), json.dumps(record).encode())
+            _kill_everything()  # the record is written: the job, its children and this wrapper go
         rc = job.wait()
-    size, sha = _digest(os.path.join(workdir, "stdout"))
-    record = {"schema": SCHEMA, "exit_code": rc, "stdout_bytes": size, "stdout_sha256": sha, "finished": time.time()}
+    _kill_leftovers()
+    if uid >= 0:
+        _make_removable(home, uid, gid)
+    record = {
+        "schema": SCHEMA,
+        "exit_code": rc,
+        "stdout_bytes": out.size,
+        "stdout_sha256": out.sha.hexdigest(),
+        "finished": time.time(),
+    }
     _write_atomic(os.path.join(workdir, "exit.json"), json.dumps(record).encode())
     if rc < 0:  # mirror the job's death to the agent's wait(): the same signal
         signal.signal(-rc, signal.SIG_DFL)

@@ -28,6 +28,8 @@ do_install:append() {
     install -m 0644 ${S}/conf/guard.toml ${D}${sysconfdir}/alma/guard.toml
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${S}/systemd/alma-guard.service ${D}${systemd_system_unitdir}/
+    # The slice the guard freezes; eran-grid.service and its jobs run in it.
+    install -m 0644 ${S}/systemd/alma-work.slice ${D}${systemd_system_unitdir}/
 }
 
 # The package is shared with alma-health and alma-fabric-network; their commands ride in
@@ -36,7 +38,7 @@ PACKAGES =+ "${PN}-lib ${PN}-health ${PN}-fabric"
 FILES:${PN}-lib += "${PYTHON_SITEPACKAGES_DIR}/almaguard ${PYTHON_SITEPACKAGES_DIR}/almaguard-*.dist-info"
 FILES:${PN}-health += "${bindir}/alma-health"
 FILES:${PN}-fabric += "${bindir}/alma-fabric"
-FILES:${PN} += "${bindir}/alma-guard"
+FILES:${PN} += "${bindir}/alma-guard ${systemd_system_unitdir}/alma-work.slice"
 CONFFILES:${PN} = "${sysconfdir}/alma/guard.toml"
 # Stdlib pieces OE splits out of python3-core: calendar (datetime), socket (io), json,
 # logging, tomllib; the board library.

@@ -19,7 +19,12 @@ S = "${WORKDIR}/idlegrid"
 
 # tools/idlegrid/pyproject.toml: a PEP 517 build (setuptools) of the erangrid package and
 # its eran-grid console_script, installed as a wheel.
-inherit python_setuptools_build_meta systemd
+inherit python_setuptools_build_meta systemd useradd
+
+# Jobs run as eran-job: a uid that owns nothing of the agent's (docs/eran-grid.md, "Jobs run
+# as a stranger"); nothing else of the image runs as it.
+USERADD_PACKAGES = "${PN}"
+USERADD_PARAM:${PN} = "--system --no-create-home --home-dir /nonexistent --shell /sbin/nologin --user-group eran-job"
 
 # Opt-in: the unit is installed but never enabled (a 98- preset disables it); no timer,
 # socket or path unit exists that could start it.
