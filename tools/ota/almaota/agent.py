@@ -34,8 +34,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,7 @@ class Board:
         self.cfg = cfg
         self.state = root / str(cfg.get("state_dir", "data/alma-ota")).lstrip("/")
         self.state.mkdir(parents=True, exist_ok=True)
+        self._tmp: Path | None = None
 
     # ---- tools ----------------------------------------------------------------------------
 
@@ -104,9 +107,10 @@ class Board:
         return r
 
     def tmpdir(self) -> Path:
-        d = self.state / "tmp"
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+        """SWUpdate's TMPDIR (its sockets live there: a short path, < 108 bytes; private, 0700)."""
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="alma-ota-"))
+        return self._tmp
 
     def nvbootctrl(self, target: str, *args: str) -> str:
         return self.tool(str(self.cfg.get("nvbootctrl", "nvbootctrl")), "-t", target, *args).stdout
@@ -426,7 +430,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         try:
-            out = handlers[args.cmd](Board(args.root), args)
+            board = Board(args.root)
+            try:
+                out = handlers[args.cmd](board, args)
+            finally:
+                if board._tmp is not None:
+                    shutil.rmtree(board._tmp, ignore_errors=True)
         except BoardError as exc:
             print(json.dumps({"error": str(exc), "code": exc.exit_code}))
             raise
