@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support_update import AGENT, MACHINE, SimBoard, kill_tree, load_state, require_swupdate, rootfs_image
 
 from alma.update.swu import build_swu
-from support_update import AGENT, MACHINE, SimBoard, kill_tree, load_state, require_swupdate, rootfs_image
 
 RUN = "run1"
 

@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support_update import MACHINE, make_cert, require_swupdate, rootfs_image
 
 from alma.update.swu import SwuError, build_swu, read_swu
-from support_update import MACHINE, make_cert, require_swupdate, rootfs_image
 
 
 def _swu(tmp: Path, signer: tuple[bytes, bytes], machine: str = MACHINE) -> tuple[Path, Path]:
