@@ -225,29 +225,28 @@ class BoardUpdate:
             st = self.step("check", self._status)
         except _StepError as exc:
             if self.rec.to_slot and exc.unreachable:  # resumed mid-reboot: it may still come back
-                st = None
+                st = self.step("wait", self._wait_boot)
             else:
                 raise _Stop(R.FAILED, f"not updated: {exc.reason}") from None
-        if st is not None:
-            pend = st.get("pending") or {}
-            lock = st.get("lock") or {}
-            if lock and lock.get("run") != run:
-                raise _Stop(
-                    R.FAILED,
-                    f"board busy: update run {lock.get('run')} from {lock.get('host') or '?'} "
-                    f"since {lock.get('since')} holds it; nothing done",
-                )
-            if pend.get("run") == run:
-                return self._resume(st, pend)
-            self._refuse_if_wrong(st)
-            if st.get("version") == info.version:
-                if lock.get("run") == run:
-                    self.call(f"release --run {run}")
-                raise _Stop(R.CURRENT, f"already running {info.version} on slot {st.get('current_slot')}")
-            self.rec.from_slot = st.get("current_slot")
-            self.rec.from_version = st.get("version")
-            self.rec.boot_id = st.get("boot_id")
-            self.rec.baseline_warnings = self._baseline()
+        pend = st.get("pending") or {}
+        lock = st.get("lock") or {}
+        if lock and lock.get("run") != run:
+            raise _Stop(
+                R.FAILED,
+                f"board busy: update run {lock.get('run')} from {lock.get('host') or '?'} "
+                f"since {lock.get('since')} holds it; nothing done",
+            )
+        if pend.get("run") == run:
+            return self._resume(st, pend)
+        self._refuse_if_wrong(st)
+        if st.get("version") == info.version:
+            if lock.get("run") == run:
+                self.call(f"release --run {run}")
+            raise _Stop(R.CURRENT, f"already running {info.version} on slot {st.get('current_slot')}")
+        self.rec.from_slot = st.get("current_slot")
+        self.rec.from_version = st.get("version")
+        self.rec.boot_id = st.get("boot_id")
+        self.rec.baseline_warnings = self._baseline()
         self.step("lock", lambda: self.call(f"begin --run {run} --host {socket.gethostname()[:60] or 'desktop'}"))
         self.step("push", self._push)
         out = self.step("install", lambda: self.call(f"install --run {run}", timeout=self.ctx.opts.push_timeout))
