@@ -103,6 +103,13 @@ def test_canary_failure_stops_the_later_waves(
     lab = lab_factory(["c1", "c2"])
     lab.boards["c1"].set(sick=True)
     swu = make_swu(tmp_path, signer)
+    plan = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--dry-run", "--json")
+    assert plan.returncode == 0, plan.stderr
+    rows = json.loads(plan.stdout)["plan"]
+    assert [(r["wave"], r["node"], r["action"], r["current_slot"], r["target_slot"]) for r in rows] == [
+        (1, "c1", "update", "a", "b"), (2, "c2", "update", "a", "b")]  # fmt: skip
+    assert rows[0]["capsule"] == "none in the .swu" and rows[0]["running"] == "1.0.0"
+    assert not (tmp_path / "state/alma/update").exists()  # a dry run writes nothing
     r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
     assert r.returncode == 1, r.stderr
     by = {b["node"]: b for b in json.loads(r.stdout)["boards"]}

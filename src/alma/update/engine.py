@@ -120,12 +120,14 @@ class _StepError(Exception):
 class BoardUpdate:
     def __init__(self, ctx: Context, node: Node, rec: R.UpdateRecord) -> None:
         self.ctx, self.node, self.rec = ctx, node, rec
-        self.log_path = R.campaign_dir(ctx.root, ctx.info.sha256) / f"{node.name}.log"
+        self.log_path: Path | None = R.campaign_dir(ctx.root, ctx.info.sha256) / f"{node.name}.log"
         rec.log = self.log_path.name
 
     # ---- plumbing ---------------------------------------------------------------------------
 
     def _log(self, res: RemoteResult) -> None:
+        if self.log_path is None:  # --dry-run: nothing written
+            return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a", encoding="utf-8") as f:
             f.write(f"$ {res.command}  [exit {res.returncode}, {res.duration_s:.2f} s, {res.error or 'ran'}]\n")
@@ -512,8 +514,10 @@ def dry_run(ctx: Context, nodes: list[Node]) -> list[dict[str, Any]]:
     for i, wave in enumerate(plan_waves(nodes, ctx.opts.canary, ctx.opts.batch), start=1):
         for n in wave:
             row: dict[str, Any] = {"wave": i, "node": n.name}
+            probe = BoardUpdate(ctx, n, _start_record(ctx, n, i))
+            probe.log_path = None
             try:
-                st = BoardUpdate(ctx, n, _start_record(ctx, n, i)).call("status")
+                st = probe.call("status")
             except _StepError as exc:
                 row.update(action="unknown", why=exc.reason)
                 rows.append(row)
