@@ -347,7 +347,13 @@ class SimBoard:
         if self.dead:
             return
         if self.boot():
-            self.sshd.proc = launch_sshd(self.sshd.dir, self.sshd.port)
+            for attempt in range(3):  # a loaded CI host can be slow to bring sshd up
+                try:
+                    self.sshd.proc = launch_sshd(self.sshd.dir, self.sshd.port)
+                    return
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
 
     def reboot(self) -> None:
         self.power_off()
@@ -400,6 +406,7 @@ class Lab:
         for b in self.boards.values():
             b.start(base / "ssh")
         self._stop = threading.Event()
+        self.errors: list[str] = []
         self._thread = threading.Thread(target=self._supervise, daemon=True)
         self._thread.start()
         self.fleet = self._fleet_file()
@@ -407,8 +414,10 @@ class Lab:
     def _supervise(self) -> None:
         while not self._stop.is_set():
             for b in self.boards.values():
-                with contextlib.suppress(OSError, ValueError):
+                try:
                     b.poll()
+                except Exception as exc:  # the supervisor must outlive one board's failure
+                    self.errors.append(f"{b.name}: {exc!r}")
             time.sleep(0.05)
 
     def _fleet_file(self) -> Path:

@@ -21,7 +21,7 @@ from alma.update import records as R
 from alma.update.swu import build_swu, read_swu
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = ["--poll", "0.1", "--boot-timeout", "20", "--health-timeout", "3"]
+FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "3"]
 
 
 def make_swu(
