@@ -360,6 +360,16 @@ class SimBoard:
         time.sleep(self.down_s)
         self.power_on()
 
+    def refresh_guard(self) -> None:
+        """What a running alma-guard does: keep its state file fresh (alma-health: stale after 30 s)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        state = {"schema": "alma.guard-state/1", "updated": stamp, "shedding": False, "since": stamp,
+                 "reason": "normal", "zones": {"tj-thermal": 50.0}, "unreadable": []}  # fmt: skip
+        path = self.root / "run/alma-guard/state.json"
+        tmp = path.with_name(f".state.{threading.get_ident()}")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)  # atomic: alma-health never reads half a file
+
     def set(self, **kw: Any) -> None:
         st = load_state(self.root)
         st.update(kw)
@@ -412,7 +422,14 @@ class Lab:
         self.fleet = self._fleet_file()
 
     def _supervise(self) -> None:
+        last_guard = 0.0
         while not self._stop.is_set():
+            if time.monotonic() - last_guard > 1.0:
+                last_guard = time.monotonic()
+                for b in self.boards.values():
+                    if b.sshd is not None and b.sshd.proc.poll() is None:
+                        with contextlib.suppress(OSError):
+                            b.refresh_guard()
             for b in self.boards.values():
                 try:
                     b.poll()
