@@ -27,7 +27,7 @@ def board(tmp_path: Path, signer: tuple[bytes, bytes]) -> SimBoard:
 def agent(b: SimBoard, *args: str, stdin: bytes | None = None) -> tuple[int, dict[str, object]]:
     env = {**os.environ, "ALMA_OTA_ROOT": str(b.root), "PATH": f"{b.root / 'bin'}:{os.environ['PATH']}"}
     r = subprocess.run(
-        [sys.executable, str(AGENT), *args], input=stdin or b"", capture_output=True, env=env, timeout=120
+        [sys.executable, str(AGENT), *args], input=stdin or b"", capture_output=True, env=env, timeout=600
     )
     return r.returncode, json.loads(r.stdout.decode().strip().splitlines()[-1])
 

@@ -29,7 +29,7 @@ def _install(tmp: Path, swu: Path, cert: bytes, machine: str = MACHINE) -> tuple
     (tmp / "swtmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp / "swtmp")}  # SWUpdate extracts there (and cleans up)
     r = subprocess.run(["swupdate", "-k", str(tmp / "cert.pem"), "-H", f"{machine}:1.0", "-e", "alma,slot-b", "-i",
-                        str(swu)], cwd=board, capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+                        str(swu)], cwd=board, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     return r.returncode, r.stdout + r.stderr, slot
 
 

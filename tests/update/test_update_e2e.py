@@ -33,7 +33,8 @@ def make_swu(
     return out
 
 
-def alma(tmp: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def alma(tmp: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    # the timeout is a hang guard only: a loaded CI host makes one board's update take minutes
     env = {**os.environ, "HOME": str(tmp / "home"), "XDG_STATE_HOME": str(tmp / "state")}
     return subprocess.run(
         [sys.executable, "-m", "alma", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO
