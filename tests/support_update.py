@@ -344,7 +344,8 @@ class SimBoard:
     def power_on(self) -> None:
         from support_fleet import launch_sshd
 
-        if self.dead:
+        if self.dead:  # stays off: nothing will reboot it until someone powers it on
+            self.set(reboot_requested=False, power_cut=False)
             return
         if self.boot():
             for attempt in range(3):  # a loaded CI host can be slow to bring sshd up
