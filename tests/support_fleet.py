@@ -46,8 +46,8 @@ class Sshd:
         return p.read_text(errors="replace") if p.exists() else ""
 
 
-def start_sshd(base: Path) -> Sshd:
-    sshd_bin = shutil.which("sshd") or "/usr/sbin/sshd"
+def start_sshd(base: Path, extra: str = "") -> Sshd:
+    """``extra``: more sshd_config lines (tests/update: SetEnv for a simulated board)."""
     keygen = shutil.which("ssh-keygen") or "ssh-keygen"
     base.mkdir(parents=True, exist_ok=True)
     for name in ("host_ed25519", "id_ed25519"):
@@ -73,7 +73,7 @@ MaxStartups {MAX_STARTUPS}
 MaxSessions 64
 LoginGraceTime 20
 LogLevel ERROR
-"""
+{extra}"""
     )
     hostkey = (base / "host_ed25519.pub").read_text().split()
     known = base / "known_hosts"
@@ -94,8 +94,15 @@ Host *
     GlobalKnownHostsFile /dev/null
 """
     )
-    log = open(base / "sshd.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    return Sshd(port, base, client, known, dead, launch_sshd(base, port))
+
+
+def launch_sshd(base: Path, port: int) -> subprocess.Popen[bytes]:
+    """(Re)start the sshd configured in ``base`` and wait for its banner (a board "booting")."""
+    sshd_bin = shutil.which("sshd") or "/usr/sbin/sshd"
+    log = open(base / "sshd.log", "ab")  # noqa: SIM115 - closed with the process
+    argv = [sshd_bin, "-D", "-e", "-f", str(base / "sshd_config")]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -110,7 +117,7 @@ Host *
     else:
         proc.kill()
         raise RuntimeError("sshd did not start listening within 10 s")
-    return Sshd(port, base, client, known, dead, proc)
+    return proc
 
 
 def stop_sshd(s: Sshd) -> None:

@@ -246,6 +246,9 @@ def verify(
                     f"'Linux version {kf.release}' (stale kernel image or manifest from another build)"
                 )
 
+    # --- OTA update artefact (feature ota): what the .swu claims, docs/ota.md ---
+    _swu_facts(m, deploy, machine, problems)
+
     # --- build time fallback: buildhistory ---
     if not stamp_set(m):
         bh = dp.buildhistory_dir(deploy, image, machine)
@@ -265,6 +268,35 @@ def verify(
             m.set(name, None, f"{deploy}: not found on host {host}")
     derive_status(m, root / "facts")
     return m
+
+
+def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> None:
+    """Facts from ``*-<machine>.swu`` (the link name, not the stamped files), when there is one."""
+    from alma.update.swu import SwuError, read_swu
+
+    links = sorted(p for p in deploy.glob(f"*-{machine}.swu") if p.is_file())
+    if not links:
+        return
+    if len(links) > 1:
+        problems.append(f"several update artefacts: {', '.join(p.name for p in links)}")
+        return
+    path = links[0]
+    try:
+        info = read_swu(path)
+    except SwuError as exc:
+        problems.append(exc.message)
+        return
+    src = f"{path}: sw-description (payload hashes recomputed)"
+    m.set("swu_path", str(path), str(path))
+    m.set("swu_sha256", info.sha256, f"{path}: sha256")
+    m.set("swu_version", info.version, src)
+    m.set("swu_signed", info.signed, f"{path}: sw-description.sig present")
+    m.set("swu_signers", [s["subject"] for s in info.signers], f"{path}: certificates in sw-description.sig")
+    m.set("swu_signer_sha256", [s["sha256"] for s in info.signers], f"{path}: certificates in sw-description.sig")
+    m.set("swu_payloads", {p.filename: p.sha256 for p in info.payloads}, src)
+    m.set("swu_capsule_version", info.capsule.version if info.capsule else None, src)
+    if info.machine != machine:
+        problems.append(f"wrong machine: {path.name} is for {info.machine!r}, this deploy dir is {machine!r}")
 
 
 def stamp_set(m: Manifest) -> bool:

@@ -87,6 +87,15 @@ EXIT_CODES = (
     is_flag=True,
     help="Build a sealed appliance: no admin user, no login (a release image otherwise needs a key).",
 )
+@click.option(
+    "--ota-key",
+    "ota_cert",
+    metavar="CERT",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Feature ota: the PEM certificate whose signature the boards require on every .swu "
+    "(default: [ota] signing_cert in alma.toml; a release with ota needs one).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
 def build(
     machine: str | None,
@@ -100,6 +109,7 @@ def build(
     build_dir: Path | None,
     admin_keys: tuple[Path, ...],
     no_admin_access: bool,
+    ota_cert: Path | None,
     as_json: bool,
 ) -> None:
     """Build an ALMA-OS image with kas + bitbake: preflight, live progress, a summary.
@@ -128,6 +138,7 @@ def build(
         build_dir=build_dir,
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
+        ota_cert=ota_cert,
     )
     plan = make_plan(req, Project(repo_root()), probes)
 

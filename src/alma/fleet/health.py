@@ -362,7 +362,19 @@ def run_fleet_health(
         if n.role == "desktop":
             add_desktop_rule(r, jobs[(n.name, "gpu")].result(), jobs[(n.name, "ps")].result())
         results.append(r)
+    _mark_updating(results)
     return FleetReport(time=utc_iso(now), nodes=results, stale_after=fleet.stale_after)
+
+
+def _mark_updating(results: list[NodeResult]) -> None:
+    """issue 23: a board `alma update` is rebooting or judging is WARNING "mid-update", not CRITICAL."""
+    from alma.update.records import updating
+
+    busy = updating()
+    for r in results:
+        if r.name in busy and r.status in (Severity.CRITICAL, Severity.UNKNOWN):
+            r.status = Severity.WARNING
+            r.summary = f"mid-update: {busy[r.name]}; {r.summary}"
 
 
 # ---- Nagios output -----------------------------------------------------------------------

@@ -44,6 +44,7 @@ class BuildRequest:
     # issue 14: admin access (alma.imagebuild.access)
     admin_keys: tuple[Path, ...] = ()
     no_admin_access: bool = False
+    ota_cert: Path | None = None  # issue 23: feature ota's signing certificate (alma.imagebuild.ota)
 
 
 @dataclass
@@ -159,6 +160,23 @@ def _with_admin_access(req: BuildRequest, project: Project, kas: KasConfig, conf
     return conf_text + ("\n".join(lines) + "\n" if lines else ""), acc.note()
 
 
+def _with_ota(req: BuildRequest, project: Project, kas: KasConfig, machine_dir: Path) -> str:
+    from alma.ground import write_atomic
+    from alma.imagebuild import access, ota
+    from alma.settings import config
+
+    settings = ota.resolve(features=req.features, release=access.is_release(kas.data.get("local_conf_header")),
+                           cli_cert=req.ota_cert, root=project.root, config=config(project.root))  # fmt: skip
+    if settings is None:
+        return ""
+    cfg = None
+    if settings.hawkbit_url:
+        cfg = machine_dir / ota.CFG_NAME
+        machine_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(cfg, ota.suricatta_config(settings))
+    return "\n".join(settings.conf_lines(cfg)) + "\n"
+
+
 def choose_jobs(req: BuildRequest, probes: Probes | None) -> tuple[int | None, int | None, list[str]]:
     """(BB_NUMBER_THREADS, PARALLEL_MAKE -j, notes) for this host.
 
@@ -209,6 +227,7 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     # issue 14: admin keys for the image, decided offline (a release without one is refused here)
     conf_text, access_note = _with_admin_access(req, project, kas, conf_text)
     notes.append(access_note)
+    conf_text += _with_ota(req, project, kas, machine_dir)  # issue 23: refused here without a cert
     bb = f"bitbake -R {shlex.quote(str(conf_path))}"
     image = shlex.quote(req.image)
     command = f"{bb} -p && {bb} -g {image}" if req.check else f"{bb} {image}"

@@ -26,3 +26,7 @@ IMAGE_INSTALL += "${@oe.utils.conditional('ALMA_ERANCLOUD', '1', 'eran-cloud', '
 # Release rootfs guard (classes/alma-release-check.bbclass): keys-only ssh, an admin key
 # unless the image is sealed, no password-less root, no host keys or machine-id baked in.
 inherit alma-release-check
+
+# Feature ota (ALMA_OTA = "1"; without it the class does nothing): the A/B layout check,
+# the update agent and slot tools (classes/alma-ota.bbclass, docs/ota.md).
+inherit alma-ota

@@ -1,0 +1,541 @@
+"""``alma update``: push a signed ``.swu`` to boards in waves, commit only what proves healthy.
+
+Per board (each step one ``alma-ota`` call over the fleet's pinned ssh, docs/ota.md)::
+
+    check -> lock -> push -> install -> reboot -> wait -> health -> commit
+                                                    \\-> rollback (health failed / wrong slot)
+
+Invariants (tested in tests/update):
+
+- Nothing is committed that did not answer, on the new slot and after a fresh boot (a new
+  boot id), with the pinned host key, a running guard and a health report that is OK or
+  whose WARNINGs were all there before the update. The deadline for all of it is
+  ``boot_timeout + health_timeout``; past it the board is rolled back (or, when it does not
+  answer at all, recorded LOST: its bootloader falls back by itself after its retries).
+- Every phase is written to the board's record before the next starts; a second run of the
+  same ``.swu`` resumes from the record and the board's own state (``alma-ota status``).
+- Ctrl-C stops every ssh call in flight (one shared deadline), records INTERRUPTED and
+  leaves each board where it is: nothing committed by an interrupted run.
+- Waves: ``canary`` boards first, then batches of ``batch``; after a wave with more than
+  ``max_failures`` failed boards in total, the rest are SKIPPED.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alma import runner
+from alma.errors import Interrupted, UserError
+from alma.fleet.health import node_from_remote
+from alma.fleet.inventory import Fleet, Node
+from alma.fleet.severity import Severity
+from alma.fleet.ssh import RemoteResult, run_remote
+from alma.ground import utc_now
+from alma.update import records as R
+from alma.update.swu import SwuInfo, version_tuple
+
+AGENT = "alma-ota"
+EXIT_OK = 0
+EXIT_SOME_FAILED = 1  # some board rolled back, refused, failed or skipped; every board known-good
+EXIT_LOST = 4  # some board did not come back: its state is unknown
+
+
+@dataclass
+class Options:
+    canary: int = 1
+    batch: int = 1
+    max_failures: int = 0
+    boot_timeout: float = 300.0
+    health_timeout: float = 120.0
+    step_timeout: float = 120.0
+    push_timeout: float = 1800.0
+    poll_s: float = 2.0
+    agent: str = AGENT
+
+
+@dataclass
+class Context:
+    fleet: Fleet
+    swu: Path
+    info: SwuInfo
+    opts: Options
+    root: Path
+    run: str
+    cancel: runner.Deadline = field(default_factory=lambda: runner.Deadline(None, phase="alma update"))
+    remote: Callable[..., RemoteResult] = run_remote
+    on_event: Callable[[str, str], None] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def event(self, node: str, text: str) -> None:
+        if self.on_event is not None:
+            with self.lock:
+                self.on_event(node, text)
+
+
+def run_id(info: SwuInfo) -> str:
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "desktop"
+    return f"{info.sha256[:12]}-{host}"
+
+
+def plan_waves(nodes: list[Node], canary: int, batch: int) -> list[list[Node]]:
+    if canary < 0 or batch < 1:
+        raise UserError("--canary must be >= 0 and --batch >= 1")
+    waves = [nodes[:canary]] if canary else []
+    rest = nodes[canary:]
+    waves += [rest[i : i + batch] for i in range(0, len(rest), batch)]
+    return [w for w in waves if w]
+
+
+class _Stop(Exception):
+    """End this board's run with a result (raised inside the flow)."""
+
+    def __init__(self, result: str, reason: str) -> None:
+        super().__init__(reason)
+        self.result = result
+        self.reason = reason
+
+
+class _StepError(Exception):
+    def __init__(self, reason: str, res: RemoteResult | None = None, code: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.res = res
+        self.code = code
+
+    @property
+    def unreachable(self) -> bool:
+        return self.res is not None and self.res.error is not None
+
+
+class BoardUpdate:
+    def __init__(self, ctx: Context, node: Node, rec: R.UpdateRecord) -> None:
+        self.ctx, self.node, self.rec = ctx, node, rec
+        self.log_path: Path | None = R.campaign_dir(ctx.root, ctx.info.sha256) / f"{node.name}.log"
+        rec.log = self.log_path.name
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    def _log(self, res: RemoteResult) -> None:
+        if self.log_path is None:  # --dry-run: nothing written
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a", encoding="utf-8") as f:
+            f.write(f"$ {res.command}  [exit {res.returncode}, {res.duration_s:.2f} s, {res.error or 'ran'}]\n")
+            for ln in res.lines[-200:]:
+                f.write(f"  {ln}\n")
+            for ln in res.stderr[-50:]:
+                f.write(f"  stderr: {ln}\n")
+
+    def _check_cancel(self) -> None:
+        if self.ctx.cancel.expired():
+            raise _Stop(R.INTERRUPTED, "interrupted (Ctrl-C): run the same command again to resume")
+
+    def call(self, sub: str, *, timeout: float | None = None, stdin: int | None = None) -> dict[str, Any]:
+        self._check_cancel()
+        cmd = f"{self.ctx.opts.agent} {sub}"
+        kw: dict[str, Any] = {}
+        if stdin is not None:
+            kw["run"] = functools.partial(runner.run, stdin=stdin)
+        res = self.ctx.remote(
+            self.node,
+            cmd,
+            self.ctx.fleet.ssh,
+            timeout=timeout or self.ctx.opts.step_timeout,
+            cancel=self.ctx.cancel,
+            max_output=1 << 20,
+            **kw,
+        )
+        self._log(res)
+        self._check_cancel()
+        doc: Any = None
+        for ln in reversed(res.lines):
+            if ln.startswith("{"):
+                try:
+                    doc = json.loads(ln)
+                except ValueError:
+                    doc = None
+                break
+        if res.error is not None:
+            raise _StepError(res.why(), res)
+        if not isinstance(doc, dict):
+            raise _StepError(f"{sub.split()[0]}: no JSON answer ({res.why()})", res, res.returncode)
+        if res.returncode != 0 or "error" in doc:
+            raise _StepError(str(doc.get("error", res.why())), res, res.returncode)
+        return doc
+
+    def phase(self, name: str) -> R.Phase:
+        p = R.Phase(name, R.now())
+        self.rec.phases.append(p)
+        self.save()
+        self.ctx.event(self.node.name, name)
+        p._t0 = time.monotonic()
+        return p
+
+    def done(self, p: R.Phase, result: str = "ok", detail: str | None = None) -> None:
+        p.finished = R.now()
+        p.duration_s = round(time.monotonic() - getattr(p, "_t0", time.monotonic()), 3)
+        p.result, p.detail = result, detail
+        self.save()
+
+    def save(self) -> None:
+        with self.ctx.lock:
+            R.save(self.ctx.root, self.rec)
+
+    def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        p = self.phase(name)
+        try:
+            out = fn()
+        except _Stop as exc:
+            self.done(p, "interrupted" if exc.result == R.INTERRUPTED else "failed", exc.reason)
+            raise
+        except _StepError as exc:
+            self.done(p, "failed", exc.reason)
+            raise
+        self.done(p, "ok", out if isinstance(out, str) else None)
+        return out
+
+    # ---- the flow ---------------------------------------------------------------------------
+
+    def run(self) -> R.UpdateRecord:
+        try:
+            self._flow()
+        except _Stop as exc:
+            self.rec.result, self.rec.reason = exc.result, exc.reason
+        except _StepError as exc:
+            self.rec.result, self.rec.reason = R.FAILED, exc.reason
+        self.rec.finished = R.now()
+        self.save()
+        self.ctx.event(self.node.name, self.rec.result)
+        return self.rec
+
+    def _status(self) -> dict[str, Any]:
+        return self.call("status")
+
+    def _flow(self) -> None:
+        info, run = self.ctx.info, self.ctx.run
+        try:
+            st = self.step("check", self._status)
+        except _StepError as exc:
+            if self.rec.to_slot and exc.unreachable:  # resumed mid-reboot: it may still come back
+                st = self.step("wait", self._wait_boot)
+            else:
+                raise _Stop(R.FAILED, f"not updated: {exc.reason}") from None
+        pend = st.get("pending") or {}
+        lock = st.get("lock") or {}
+        if lock and lock.get("run") != run:
+            raise _Stop(
+                R.FAILED,
+                f"board busy: update run {lock.get('run')} from {lock.get('host') or '?'} "
+                f"since {lock.get('since')} holds it; nothing done",
+            )
+        if pend.get("run") == run:
+            return self._resume(st, pend)
+        self._refuse_if_wrong(st)
+        if st.get("version") == info.version:
+            if lock.get("run") == run:
+                self.call(f"release --run {run}")
+            raise _Stop(R.CURRENT, f"already running {info.version} on slot {st.get('current_slot')}")
+        self.rec.from_slot = st.get("current_slot")
+        self.rec.from_version = st.get("version")
+        self.rec.boot_id = st.get("boot_id")
+        self.rec.baseline_warnings = self._baseline()
+        self.step("lock", lambda: self.call(f"begin --run {run} --host {socket.gethostname()[:60] or 'desktop'}"))
+        self.step("push", self._push)
+        out = self.step("install", lambda: self.call(f"install --run {run}", timeout=self.ctx.opts.push_timeout))
+        self.rec.to_slot, self.rec.capsule = out.get("slot"), out.get("capsule")
+        self.save()
+        self._reboot_and_judge()
+
+    def _refuse_if_wrong(self, st: dict[str, Any]) -> None:
+        info = self.ctx.info
+        if st.get("machine") != info.machine:
+            raise _Stop(R.FAILED, f"refused: this .swu is for {info.machine}, the board is {st.get('machine')}")
+        running = st.get("version")
+        if isinstance(running, str):
+            try:
+                older = version_tuple(info.version) < version_tuple(running)
+            except UserError:
+                older = False
+            if older:
+                raise _Stop(R.FAILED, f"refused: {info.version} is older than the running {running} (no downgrades)")
+
+    def _resume(self, st: dict[str, Any], pend: dict[str, Any]) -> None:
+        """The board holds an installed, uncommitted update of this run: continue from its state."""
+        self.rec.to_slot = pend.get("slot")
+        self.rec.from_slot = self.rec.from_slot or pend.get("from")
+        if pend.get("rolling_back"):
+            if st.get("current_slot") == pend.get("slot"):
+                self._reboot_step()
+                st = self.step("wait", self._wait_boot)
+            return self._finish_rollback(st, "resumed an interrupted rollback")
+        if st.get("current_slot") == pend.get("slot") and st.get("boot_id") != self.rec.boot_id:
+            return self._judge(st)
+        if st.get("current_slot") != pend.get("slot") and self.rec.last_ok() in ("reboot", "wait"):
+            return self._fell_back(st)
+        self.rec.boot_id = st.get("boot_id")
+        return self._reboot_and_judge()
+
+    def _baseline(self) -> list[str]:
+        r = self._health()
+        return sorted(c.name for c in r.checks if c.status is Severity.WARNING)
+
+    def _push(self) -> str:
+        size = self.ctx.swu.stat().st_size
+        with self.ctx.swu.open("rb") as f:
+            self.call(
+                f"receive --run {self.ctx.run} --sha256 {self.ctx.info.sha256} --size {size}",
+                timeout=self.ctx.opts.push_timeout,
+                stdin=f.fileno(),
+            )
+        return f"{size} bytes"
+
+    def _reboot_and_judge(self) -> None:
+        self._reboot_step()
+        st = self.step("wait", self._wait_boot)
+        if st.get("current_slot") != self.rec.to_slot:
+            return self._fell_back(st)
+        return self._judge(st)
+
+    def _wait_boot(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.ctx.opts.boot_timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            self._check_cancel()
+            try:
+                st = self.call("status", timeout=min(30.0, self.ctx.opts.step_timeout))
+            except _StepError as exc:
+                last = exc.reason
+            else:
+                if st.get("boot_id") and st.get("boot_id") != self.rec.boot_id:
+                    return st
+                last = "still the old boot (same boot id)"
+            self._sleep(self.ctx.opts.poll_s)
+        raise _Stop(
+            R.LOST,
+            f"did not come back within {self.ctx.opts.boot_timeout:.0f} s ({last}); its bootloader "
+            "falls back to the old slot after its retries: power-cycle it, then run the same "
+            "command again",
+        )
+
+    def _sleep(self, s: float) -> None:
+        end = time.monotonic() + s
+        while time.monotonic() < end and not self.ctx.cancel.expired():
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+    def _fell_back(self, st: dict[str, Any]) -> None:
+        cur = st.get("current_slot")
+        self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        raise _Stop(
+            R.ROLLED_BACK,
+            f"the new slot {self.rec.to_slot} did not boot: the bootloader fell back to "
+            f"slot {cur} (capsule status {st.get('slots', {}).get('capsule_status')})",
+        )
+
+    def _health(self) -> Any:
+        res = self.ctx.remote(
+            self.node,
+            self.node.health_command,
+            self.ctx.fleet.ssh,
+            timeout=self.ctx.opts.step_timeout,
+            cancel=self.ctx.cancel,
+            max_output=self.ctx.fleet.max_output,
+        )
+        self._log(res)
+        return node_from_remote(res, self.node, now=utc_now(), stale_after=self.ctx.fleet.stale_after)
+
+    def _verdict(self, st: dict[str, Any]) -> str | None:
+        """None when healthy, else why not."""
+        if st.get("guard") != "active":
+            return f"the guard is not running ({st.get('guard')})"
+        h = self._health()
+        self.rec.health = {"status": h.status.name, "summary": h.summary}
+        if h.status is Severity.OK:
+            return None
+        if h.status is Severity.WARNING:
+            new = sorted(
+                c.name for c in h.checks if c.status is Severity.WARNING and c.name not in self.rec.baseline_warnings
+            )
+            if not new and not any(c.status is Severity.CRITICAL for c in h.checks):
+                return None
+            return f"health WARNING, new since the update: {', '.join(new)} ({h.summary})"
+        return f"health {h.status.name}: {h.summary}"
+
+    def _judge(self, st: dict[str, Any]) -> None:
+        deadline = time.monotonic() + self.ctx.opts.health_timeout
+        p = self.phase("health")
+        why = "no verdict"
+        while True:
+            try:
+                why = self._verdict(st) or ""
+            except _StepError as exc:
+                why = exc.reason
+            if not why:
+                self.done(p, "ok", self.rec.health.get("summary") if self.rec.health else None)
+                break
+            if time.monotonic() >= deadline or self.ctx.cancel.expired():
+                self._check_cancel_in(p)
+                self.done(p, "failed", why)
+                return self._rollback(why)
+            self._sleep(self.ctx.opts.poll_s)
+            try:
+                st = self.call("status")
+            except _StepError as exc:
+                why = exc.reason
+        out = self.step("commit", lambda: self.call(f"commit --run {self.ctx.run}"))
+        raise _Stop(R.COMMITTED, f"running {self.ctx.info.version} on slot {out.get('committed')}, healthy, committed")
+
+    def _check_cancel_in(self, p: R.Phase) -> None:
+        if self.ctx.cancel.expired():
+            self.done(p, "interrupted", "interrupted before a verdict: nothing committed")
+            raise _Stop(R.INTERRUPTED, "interrupted before the health verdict: nothing committed; run again to resume")
+
+    def _rollback(self, why: str) -> None:
+        out = self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        if not out.get("reboot_needed"):
+            raise _Stop(R.ROLLED_BACK, f"{why}; rolled back to slot {out.get('rolled_back_to')}")
+        self._reboot_step()
+        st = self.step("wait", self._wait_boot)
+        self._finish_rollback(st, why)
+
+    def _reboot_step(self) -> None:
+        p = self.phase("reboot")
+        try:
+            st = self.call("status")
+            self.rec.boot_id = st.get("boot_id")
+            self.call(f"reboot --run {self.ctx.run}", timeout=30)
+        except _StepError as exc:
+            if not exc.unreachable:  # the connection dropping is what a reboot does
+                self.done(p, "failed", exc.reason)
+                raise
+        self.done(p)
+
+    def _finish_rollback(self, st: dict[str, Any], why: str) -> None:
+        out = self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        raise _Stop(
+            R.ROLLED_BACK, f"{why}; rolled back: running slot {out.get('rolled_back_to')} ({st.get('version')}) again"
+        )
+
+
+@dataclass
+class RunReport:
+    run: str
+    waves: list[list[str]]
+    records: list[R.UpdateRecord]
+
+    @property
+    def exit_code(self) -> int:
+        results = {r.result for r in self.records}
+        if results & {R.LOST}:
+            return EXIT_LOST
+        if results & {R.INTERRUPTED, R.IN_PROGRESS}:
+            return 130
+        return EXIT_OK if results <= set(R.GOOD) else EXIT_SOME_FAILED
+
+
+def _failed(rec: R.UpdateRecord) -> bool:
+    return rec.result not in R.GOOD and rec.result != R.SKIPPED
+
+
+def run_update(ctx: Context, nodes: list[Node]) -> RunReport:
+    """Update ``nodes`` in waves; records are written as it goes (see the module docstring)."""
+    waves = plan_waves(nodes, ctx.opts.canary, ctx.opts.batch)
+    out: dict[str, R.UpdateRecord] = {}
+    failures = 0
+    with ThreadPoolExecutor(max_workers=max(1, max((len(w) for w in waves), default=1))) as pool:
+        for i, wave in enumerate(waves, start=1):
+            stop = failures > ctx.opts.max_failures or ctx.cancel.expired()
+            futures = {}
+            for n in wave:
+                rec = _start_record(ctx, n, i)
+                if rec.final:
+                    out[n.name] = rec
+                    continue
+                if stop:
+                    rec.result = R.SKIPPED if not ctx.cancel.expired() else R.INTERRUPTED
+                    rec.reason = (
+                        f"not attempted: {failures} board(s) failed before (max failures {ctx.opts.max_failures})"
+                        if rec.result == R.SKIPPED
+                        else "interrupted before this board's wave"
+                    )
+                    R.save(ctx.root, rec)
+                    out[n.name] = rec
+                    continue
+                futures[n.name] = pool.submit(BoardUpdate(ctx, n, rec).run)
+            try:
+                pending = set(futures.values())
+                while pending:
+                    _, pending = wait_futures(pending, timeout=0.2)
+            except KeyboardInterrupt:
+                ctx.cancel.reset(0, "interrupted")
+                wait_futures(list(futures.values()))
+            for name, fut in futures.items():
+                out[name] = fut.result()
+                failures += _failed(out[name])
+    report = RunReport(ctx.run, [[n.name for n in w] for w in waves], [out[n.name] for n in nodes])
+    if ctx.cancel.expired():
+        raise Interrupted(
+            "alma update interrupted: every board's record says where it stopped; run the same command again to resume"
+        )
+    return report
+
+
+def _start_record(ctx: Context, node: Node, wave: int) -> R.UpdateRecord:
+    old = R.load_existing(ctx.root, ctx.info.sha256, node.name)
+    if old is not None and (old.final and old.result != R.SKIPPED):
+        return old
+    if old is not None and old.result != R.SKIPPED:
+        old.result, old.reason, old.finished, old.wave = R.IN_PROGRESS, None, None, wave
+        return old
+    return R.UpdateRecord(
+        node=node.name,
+        run=ctx.run,
+        swu_sha256=ctx.info.sha256,
+        swu_version=ctx.info.version,
+        machine=ctx.info.machine,
+        started=R.now(),
+        wave=wave,
+    )
+
+
+def dry_run(ctx: Context, nodes: list[Node]) -> list[dict[str, Any]]:
+    """The plan: per wave, per board, which slot it runs, which it would write, the capsule."""
+    rows: list[dict[str, Any]] = []
+    cap = ctx.info.capsule
+    for i, wave in enumerate(plan_waves(nodes, ctx.opts.canary, ctx.opts.batch), start=1):
+        for n in wave:
+            row: dict[str, Any] = {"wave": i, "node": n.name}
+            probe = BoardUpdate(ctx, n, _start_record(ctx, n, i))
+            probe.log_path = None
+            try:
+                st = probe.call("status")
+            except _StepError as exc:
+                row.update(action="unknown", why=exc.reason)
+                rows.append(row)
+                continue
+            cur = st.get("current_slot")
+            row.update(current_slot=cur, target_slot="b" if cur == "a" else "a", running=st.get("version"))
+            bl = (st.get("slots") or {}).get("bootloader_version")
+            if cap is None:
+                row["capsule"] = "none in the .swu"
+            elif cap.version == bl:
+                row["capsule"] = f"skip (bootloader already {bl})"
+            else:
+                row["capsule"] = f"{bl} -> {cap.version}"
+            if st.get("machine") != ctx.info.machine:
+                row.update(action="refuse", why=f"board is {st.get('machine')}")
+            elif st.get("version") == ctx.info.version:
+                row.update(action="none", why="already running this version")
+            else:
+                row["action"] = "update"
+            rows.append(row)
+    return rows

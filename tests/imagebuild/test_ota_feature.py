@@ -1,0 +1,117 @@
+"""Feature ota on the build side (issue 23): the signing certificate decided offline (a release
+without one is refused like a missing admin key), never a private key, and the hawkBit
+client config the image gets, read by the REAL SWUpdate."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from support_build import mark_checked_out, read_record
+from support_update import make_cert
+
+from alma.imagebuild import ota
+
+
+@pytest.fixture(autouse=True)
+def _ready(project: Path, fakes: Path, probes) -> None:  # type: ignore[no-untyped-def]
+    mark_checked_out(project)
+    (project / "kas/features/ota.yml").write_text(
+        'header:\n  version: 14\nlocal_conf_header:\n  alma-55-ota: |\n    ALMA_OTA = "1"\n'
+    )
+
+
+def _conf(out: str) -> str:
+    return "\n".join(ln.split("| ", 1)[1] for ln in out.splitlines() if ln.startswith("  | "))
+
+
+@pytest.fixture
+def cert(tmp_path: Path) -> Path:
+    pem, key = make_cert(tmp_path / "ota")
+    (tmp_path / "ota-cert.pem").write_bytes(pem)
+    (tmp_path / "ota-signer.pem").write_bytes(pem + key)
+    return tmp_path / "ota-cert.pem"
+
+
+def test_release_with_ota_and_no_cert_is_refused_before_anything_runs(project, fakes, alma):  # type: ignore[no-untyped-def]
+    for argv in (("build", "--feature", "ota"), ("build", "--dry-run", "--feature", "ota")):
+        code, _, err = alma(*argv)
+        assert code == 2, argv
+        assert "needs the OTA signing certificate" in err and "--ota-key" in err
+    assert read_record(fakes) == []
+
+
+def test_the_cert_reaches_bitbake_and_a_private_key_never_does(project, alma, cert: Path):  # type: ignore[no-untyped-def]
+    code, out, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(cert))
+    assert code == 0, err
+    assert f'ALMA_OTA_CERT = "{cert.resolve()}"' in _conf(out)
+    code, out, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(cert.with_name("ota-signer.pem")))
+    assert code == 2 and "contains a private key" in err and "PRIVATE" not in out
+
+
+def test_ota_key_without_the_feature_is_a_usage_error(project, alma, cert: Path):  # type: ignore[no-untyped-def]
+    code, _, err = alma("build", "--dry-run", "--ota-key", str(cert))
+    assert code == 2 and "--ota-key needs the ota feature" in err
+
+
+@pytest.mark.parametrize("url", ['http://x";\nglobals', "file:///etc/passwd", "http://h:1/a b", "ftp://h"])
+def test_hawkbit_url_must_match_its_grammar(project, alma, cert: Path, url: str):  # type: ignore[no-untyped-def]
+    (project / "alma.toml").write_text(f"[ota]\nhawkbit_url = {json.dumps(url)}\n")  # a TOML basic string
+    code, _, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(cert))
+    assert code == 2 and "is not an http(s)://host[:port] URL" in err, err
+
+
+class _Hawkbit(http.server.BaseHTTPRequestHandler):
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_generated_suricatta_config_makes_real_swupdate_poll_that_hawkbit(tmp_path: Path, cert: Path) -> None:
+    exe = shutil.which("swupdate")
+    if exe is None:
+        pytest.skip("swupdate not installed (.ci/run installs it)")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hawkbit)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = tmp_path / ota.CFG_NAME
+    cfg.write_text(ota.suricatta_config(ota.OtaSettings(cert=cert, hawkbit_url=url, tenant="lab_7", poll_s=10)))
+    (tmp_path / "swtmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()} | {"TMPDIR": str(tmp_path / "swtmp")}
+    p = subprocess.Popen([exe, "-f", str(cfg), "-k", str(cert), "-u", "-i orin-07"], env=env, cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        for _ in range(200):
+            if _Hawkbit.paths:
+                break
+            if p.poll() is not None:
+                pytest.fail(f"swupdate exited {p.returncode} reading the generated config")
+            threading.Event().wait(0.05)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        server.shutdown()
+    assert _Hawkbit.paths and _Hawkbit.paths[0].startswith("/lab_7/controller/v1/orin-07")
+
+
+def test_hawkbit_url_bakes_the_suricatta_config_in(project, alma, cert: Path):  # type: ignore[no-untyped-def]
+    (project / "alma.toml").write_text('[ota]\nhawkbit_url = "https://hawkbit.lab:8443"\nhawkbit_tenant = "lab"\n')
+    code, out, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(cert))
+    assert code == 0, err
+    line = next(ln for ln in _conf(out).splitlines() if ln.startswith("ALMA_OTA_SWUPDATE_CFG"))
+    cfg = Path(line.split('"')[1])
+    text = cfg.read_text()
+    assert 'url = "https://hawkbit.lab:8443";' in text and 'tenant = "lab";' in text

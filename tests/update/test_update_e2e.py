@@ -1,0 +1,183 @@
+"""`alma update` end to end: real sshd per simulated board, real SWUpdate, real alma-health.
+
+The 4-board run of docs/ota.md's "Must show": canary 1, then a wave of 3 where one board
+fails health on the new slot: it is rolled back, the others are committed, exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from support_update import MACHINE, Lab, load_state, rootfs_image
+
+from alma.update import records as R
+from alma.update.swu import build_swu, read_swu
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "3"]
+
+
+def make_swu(
+    tmp: Path, signer: tuple[bytes, bytes], version: str = "1.1.0", machine: str = MACHINE, **img: object
+) -> Path:
+    rootfs = rootfs_image(tmp / f"rootfs-{version}.ext4", version, **img)  # type: ignore[arg-type]
+    out = tmp / f"alma-{machine}-{version}.swu"
+    build_swu(out, machine=machine, version=version, rootfs=rootfs, cert_pem=signer[0], key_pem=signer[1], root="")
+    return out
+
+
+def alma(tmp: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    # the timeout is a hang guard only: a loaded CI host makes one board's update take minutes
+    env = {**os.environ, "HOME": str(tmp / "home"), "XDG_STATE_HOME": str(tmp / "state")}
+    return subprocess.run(
+        [sys.executable, "-m", "alma", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO
+    )
+
+
+def records(tmp: Path, swu: Path) -> dict[str, R.UpdateRecord]:
+    d = R.campaign_dir(tmp / "state" / "alma" / "update", read_swu(swu).sha256)
+    return {p.stem: R.load(p) for p in d.glob("*.json")}
+
+
+def test_four_boards_in_waves_one_fails_health_and_is_rolled_back(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["b1", "b2", "b3", "b4"])
+    lab.boards["b3"].set(sick=True)
+    swu = make_swu(tmp_path, signer)
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--canary", "1", "--batch", "3", "--json", *FAST)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["waves"] == [["b1"], ["b2", "b3", "b4"]]
+    by = {b["node"]: b for b in out["boards"]}
+    assert {n: b["result"] for n, b in by.items()} == {
+        "b1": "COMMITTED",
+        "b2": "COMMITTED",
+        "b3": "ROLLED_BACK",
+        "b4": "COMMITTED",
+    }
+    assert "health CRITICAL" in by["b3"]["reason"] and "thermal" in by["b3"]["reason"]
+    for n in ("b1", "b2", "b4"):
+        st = load_state(lab.boards[n].root)["rootfs"]
+        assert st["current"] == 1 and st["successful"][1] is True  # committed on B
+        assert (lab.boards[n].root / "etc/alma-release").read_text().count("1.1.0") == 1
+    st = load_state(lab.boards["b3"].root)["rootfs"]
+    assert st["current"] == 0 and st["active"] == 0 and st["slots"][1]["status"] == "unbootable"
+    # records on disk say the same, with phases and the remote log
+    recs = records(tmp_path, swu)
+    assert recs["b3"].result == R.ROLLED_BACK and [p.name for p in recs["b3"].phases][-4:] == [
+        "rollback",
+        "reboot",
+        "wait",
+        "rollback",
+    ]
+    assert [p.name for p in recs["b1"].phases] == [
+        "check",
+        "lock",
+        "push",
+        "install",
+        "reboot",
+        "wait",
+        "health",
+        "commit",
+    ]
+    assert all(p.duration_s is not None for p in recs["b1"].phases)
+    assert (
+        (R.campaign_dir(tmp_path / "state/alma/update", read_swu(swu).sha256) / "b1.log").read_text().count("alma-ota")
+    )
+    # the board locks are released: a second run finds nothing to do but b3 (final: kept)
+    r2 = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert json.loads(r2.stdout)["boards"][2]["result"] == "ROLLED_BACK"
+    assert {b["result"] for b in json.loads(r2.stdout)["boards"]} == {"COMMITTED", "ROLLED_BACK"}
+
+
+def test_canary_failure_stops_the_later_waves(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["c1", "c2"])
+    lab.boards["c1"].set(sick=True)
+    swu = make_swu(tmp_path, signer)
+    plan = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--dry-run", "--json")
+    assert plan.returncode == 0, plan.stderr
+    rows = json.loads(plan.stdout)["plan"]
+    assert [(r["wave"], r["node"], r["action"], r["current_slot"], r["target_slot"]) for r in rows] == [
+        (1, "c1", "update", "a", "b"), (2, "c2", "update", "a", "b")]  # fmt: skip
+    assert rows[0]["capsule"] == "none in the .swu" and rows[0]["running"] == "1.0.0"
+    assert not (tmp_path / "state/alma/update").exists()  # a dry run writes nothing
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 1, r.stderr
+    by = {b["node"]: b for b in json.loads(r.stdout)["boards"]}
+    assert by["c1"]["result"] == "ROLLED_BACK" and by["c2"]["result"] == "SKIPPED"
+    assert load_state(lab.boards["c2"].root)["rootfs"]["current"] == 0  # untouched
+
+
+def test_new_slot_that_never_boots_falls_back_by_the_bootloader(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["h1"], hang_s=0.2)
+    swu = make_swu(tmp_path, signer, boots=False)
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 1, r.stdout + r.stderr
+    [b] = json.loads(r.stdout)["boards"]
+    assert b["result"] == "ROLLED_BACK" and "bootloader fell back to slot a" in b["reason"]
+    st = load_state(lab.boards["h1"].root)
+    assert st["rootfs"]["current"] == 0 and st["rootfs"]["slots"][1]["status"] == "unbootable"
+
+
+def test_board_that_never_comes_back_is_lost_then_resumed(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["d1"])
+    board = lab.boards["d1"]
+    board.dead = True
+    swu = make_swu(tmp_path, signer)
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", "--poll", "0.1", "--boot-timeout", "2")
+    assert r.returncode == 4, r.stdout + r.stderr
+    [b] = json.loads(r.stdout)["boards"]
+    assert b["result"] == "LOST" and "did not come back within 2 s" in b["reason"]
+    # fleet health shows it as mid-update, not CRITICAL
+    h = alma(tmp_path, "fleet", "health", "--fleet", str(lab.fleet), "--json", "--no-save", "--timeout", "3")
+    node = json.loads(h.stdout)["nodes"][0]
+    assert node["status"] == "WARNING" and "mid-update" in node["summary"]
+    # the operator power-cycles it; the same command resumes and commits
+    board.dead = False
+    board.power_on()
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
+
+
+def test_sigint_mid_update_then_resume_commits(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["s1"], down_s=1.5)
+    swu = make_swu(tmp_path, signer)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "alma", "update", str(swu), "--fleet", str(lab.fleet), *FAST],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not load_state(lab.boards["s1"].root).get("reboot_requested"):
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130, err
+    rec = records(tmp_path, swu)["s1"]
+    assert rec.result == R.INTERRUPTED
+    assert load_state(lab.boards["s1"].root)["rootfs"]["successful"][1] is False  # nothing committed
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
+    assert load_state(lab.boards["s1"].root)["rootfs"]["successful"][1] is True

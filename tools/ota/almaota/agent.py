@@ -1,0 +1,449 @@
+"""alma-ota: the board's side of an A/B update (docs/ota.md). Stdlib only.
+
+The host (``alma update``) calls one subcommand per step over ssh; each prints one JSON
+object on stdout and exits 0, or prints ``{"error": ...}`` and exits with a documented code:
+2 usage/refused input, 3 busy (another run holds the board), 4 the step failed.
+
+Invariants (each tested in tests/update):
+
+- The running slot is never written: the target is always the other slot, asked from
+  ``nvbootctrl -t rootfs get-current-slot`` at the moment of the install.
+- The boot slot is switched only after SWUpdate reported success AND the slot reads back
+  with the signed sha256 (SWUpdate 2022.12's own exit code races with its child process:
+  seen exit 1 after "SWUPDATE successful"). A power loss before the switch boots the old
+  slot, unchanged.
+- A new slot is never marked successful by this agent except on ``commit``, which the host
+  sends only after health passed; an uncommitted slot is retried by the bootloader at most
+  its retry count, then the bootloader falls back (meta-tegra's redundant boot).
+- The capsule is armed only when its version differs from the running bootloader's and is
+  not below the lowest supported version (a blocked downgrade would leave a broken update).
+- One run at a time: ``begin`` creates the lock file with O_EXCL in the persistent state
+  dir; every later step names its run and is refused for another run.
+
+Paths come from ``--root`` (or ``$ALMA_OTA_ROOT``): ``<root>/etc/alma/ota.json`` (written at
+image time: machine, hw revision, cert, state dir, lowest bootloader), ``<root>/etc/alma-release``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from almaboard.errors import BoardError, UserError, run_main
+from almaboard.files import boot_id, read_json, write_json
+
+PROG = "alma-ota"
+VERSION = "0.1.0"
+SLOT_NAMES = ("a", "b")
+PARTLABEL = {"a": "APP", "b": "APP_b"}
+CAPSULE_STAGING = "var/lib/alma-ota/capsule/TEGRA_BL.Cap"
+ESP_CAPSULE = "boot/efi/EFI/UpdateCapsule/TEGRA_BL.Cap"
+_RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}$")
+_SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:\s*(\w+)", re.MULTILINE)
+TOOL_TIMEOUT_S = 600
+MAX_SWU = 16 << 30
+
+
+class Busy(BoardError):
+    exit_code = 3
+
+
+class StepFailed(BoardError):
+    exit_code = 4
+
+
+def vtuple(v: str) -> tuple[int, ...]:
+    if not _VERSION.fullmatch(v):
+        raise UserError(f"bad version {v!r}")
+    return tuple(int(x) for x in v.split("."))
+
+
+class Board:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        cfg = read_json(root / "etc/alma/ota.json")
+        if not isinstance(cfg, dict):
+            raise UserError(f"{root / 'etc/alma/ota.json'} is missing or not JSON: this image has no ota feature")
+        self.cfg = cfg
+        self.state = root / str(cfg.get("state_dir", "data/alma-ota")).lstrip("/")
+        self.state.mkdir(parents=True, exist_ok=True)
+        self._tmp: Path | None = None
+
+    # ---- tools ----------------------------------------------------------------------------
+
+    def tool(self, *argv: str, check: bool = True, stdin: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+        try:
+            r = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=TOOL_TIMEOUT_S,
+                stdin=stdin,
+                cwd=self.root,
+                env={**os.environ, "TMPDIR": str(self.tmpdir())},
+            )
+        except FileNotFoundError:
+            raise StepFailed(f"{argv[0]} is not installed on this board (the ota feature ships it)") from None
+        except subprocess.TimeoutExpired:
+            raise StepFailed(f"{argv[0]} did not finish within {TOOL_TIMEOUT_S} s") from None
+        if check and r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [""]
+            raise StepFailed(f"{' '.join(argv[:3])} exited {r.returncode}: {tail[0]}")
+        return r
+
+    def tmpdir(self) -> Path:
+        """SWUpdate's TMPDIR (its sockets live there: a short path, < 108 bytes; private, 0700)."""
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="alma-ota-"))
+        return self._tmp
+
+    def nvbootctrl(self, target: str, *args: str) -> str:
+        return self.tool(str(self.cfg.get("nvbootctrl", "nvbootctrl")), "-t", target, *args).stdout
+
+    def current_slot(self) -> str:
+        out = self.nvbootctrl("rootfs", "get-current-slot").strip()
+        if out not in ("0", "1"):
+            raise StepFailed(f"could not identify the current boot slot (nvbootctrl said {out[:40]!r})")
+        return SLOT_NAMES[int(out)]
+
+    def slots(self) -> dict[str, Any]:
+        text = self.nvbootctrl("rootfs", "dump-slots-info")
+        active = re.search(r"^Active rootfs slot:\s*([AB])", text, re.MULTILINE)
+        info: dict[str, Any] = {"active": active.group(1).lower() if active else None}
+        for m in _SLOT_LINE.finditer(text):
+            n = int(m.group(1))
+            if n < 2:
+                info[SLOT_NAMES[n]] = {"retry_count": int(m.group(2)) if m.group(2) else None, "status": m.group(3)}
+        bl = self.nvbootctrl("bootloader", "dump-slots-info")
+        ver = re.search(r"^Current version:\s*([0-9.]+)", bl, re.MULTILINE)
+        cap = re.search(r"^Capsule update status:\s*(\d+)", bl, re.MULTILINE)
+        info["bootloader_version"] = ver.group(1) if ver else None
+        info["capsule_status"] = int(cap.group(1)) if cap else None
+        return info
+
+    # ---- lock -------------------------------------------------------------------------------
+
+    @property
+    def lock_path(self) -> Path:
+        return self.state / "lock.json"
+
+    def lock(self) -> dict[str, Any] | None:
+        got = read_json(self.lock_path)
+        return got if isinstance(got, dict) else None
+
+    def require(self, run: str) -> dict[str, Any]:
+        held = self.lock()
+        if held is None:
+            raise UserError(f"no update run holds this board (expected {run})")
+        if held.get("run") != run:
+            raise Busy(f"board busy: update run {held.get('run')} since {held.get('since')}")
+        return held
+
+    def release(self, run: str) -> None:
+        held = self.lock()
+        if held is not None and held.get("run") == run:
+            self.lock_path.unlink()
+
+    def pending(self) -> dict[str, Any] | None:
+        got = read_json(self.state / "pending.json")
+        return got if isinstance(got, dict) else None
+
+
+def _run_id(text: str) -> str:
+    if not _RUN.fullmatch(text):
+        raise UserError(f"bad run id {text[:70]!r}")
+    return text
+
+
+def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    cur = b.current_slot()
+    rel = {}
+    with contextlib.suppress(OSError):
+        for ln in (b.root / "etc/alma-release").read_text().splitlines():
+            k, _sep, v = ln.partition("=")
+            rel[k.strip()] = v.strip().strip('"')
+    guard = b.tool(str(b.cfg.get("systemctl", "systemctl")), "is-active", "alma-guard.service", check=False)
+    return {
+        "machine": b.cfg.get("machine"),
+        "version": rel.get("VERSION_ID"),
+        "current_slot": cur,
+        "slots": b.slots(),
+        "boot_id": boot_id(b.root / "proc/sys/kernel/random/boot_id"),
+        "lock": b.lock(),
+        "pending": b.pending(),
+        "guard": guard.stdout.strip() or "unknown",
+    }
+
+
+def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    run = _run_id(a.run)
+    rec = {"run": run, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": a.host}
+    try:
+        fd = os.open(b.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        held = b.lock()
+        if held is not None and held.get("run") == run:
+            return {"lock": held, "resumed": True}
+        if held is None:  # a torn lock file from a power loss while writing it: ours to take
+            b.lock_path.unlink(missing_ok=True)
+            return cmd_begin(b, a)
+        raise Busy(
+            f"board busy: update run {held.get('run')} from {held.get('host')} since {held.get('since')}"
+        ) from None
+    with os.fdopen(fd, "w") as fh:
+        json.dump(rec, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"lock": rec, "resumed": False}
+
+
+def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    b.require(_run_id(a.run))
+    if not _HEX64.fullmatch(a.sha256) or not 0 < a.size <= MAX_SWU:
+        raise UserError("receive needs --sha256 (64 hex) and --size (bytes)")
+    part = b.state / "incoming.swu.part"
+    h = hashlib.sha256()
+    n = 0
+    with part.open("wb") as out:
+        while n < a.size:
+            chunk = sys.stdin.buffer.read(min(1 << 20, a.size - n))
+            if not chunk:
+                break
+            h.update(chunk)
+            out.write(chunk)
+            n += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if n != a.size:
+        raise StepFailed(f"push cut short: {n} of {a.size} bytes arrived")
+    if h.hexdigest() != a.sha256:
+        raise StepFailed("the pushed file does not match its sha256")
+    part.replace(b.state / "incoming.swu")
+    return {"received": n, "sha256": a.sha256}
+
+
+def _readback(device: Path, size: int) -> str:
+    h = hashlib.sha256()
+    left = size
+    with device.open("rb") as f:
+        while left:
+            c = f.read(min(1 << 20, left))
+            if not c:
+                break
+            h.update(c)
+            left -= len(c)
+    return h.hexdigest()
+
+
+def _description(swu: Path) -> dict[str, Any]:
+    """sw-description from the received file (only after SWUpdate verified its signature)."""
+    with swu.open("rb") as f:
+        head = f.read(110)
+        size, namesize = int(head[54:62], 16), int(head[94:102], 16)
+        f.seek(110 + namesize + (-(110 + namesize) % 4))
+        doc = json.loads(f.read(size))
+    sw = doc["software"]
+    return sw if isinstance(sw, dict) else {}
+
+
+def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    run = _run_id(a.run)
+    b.require(run)
+    swu = b.state / "incoming.swu"
+    if not swu.is_file():
+        raise UserError("nothing received: push the .swu first")
+    cur = b.current_slot()
+    target = "b" if cur == "a" else "a"
+    machine, hwrev = str(b.cfg["machine"]), str(b.cfg.get("hw_revision", "1.0"))
+    argv = [
+        str(b.cfg.get("swupdate", "swupdate")),
+        "-k",
+        str(b.root / str(b.cfg["cert"]).lstrip("/")),
+        "-H",
+        f"{machine}:{hwrev}",
+        "-e",
+        f"alma,slot-{target}",
+        "-i",
+        str(swu),
+    ]
+    running = cmd_status(b, a).get("version")
+    if running:
+        argv += ["-N", running]  # SWUpdate refuses a version <= the running one by itself
+    lock_file = b.cfg.get("install_lock")
+    with contextlib.ExitStack() as stack:
+        if lock_file:  # a simulated host runs several boards' SWUpdate: its sockets are host-wide
+            fh = stack.enter_context(open(str(lock_file), "w"))
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        r = b.tool(*argv, check=False)
+    log = (r.stdout + r.stderr)[-20000:]
+    (b.state / f"swupdate-{run}.log").write_text(log)
+    failed = "SWUpdate *failed*" in log or "successful" not in log
+    if failed:
+        errors = [ln.split("ERROR :", 1)[-1].strip() for ln in log.splitlines() if "ERROR" in ln and "ERROR :" in ln]
+        raise StepFailed("SWUpdate refused the update: " + ("; ".join(errors[:3]) or f"exit {r.returncode}"))
+    sw = _description(swu)
+    images = sw[machine]["alma"][f"slot-{target}"]["images"]
+    out: dict[str, Any] = {"slot": target, "from": cur, "version": sw.get("version"), "capsule": None}
+    for im in images:
+        if im["type"] == "raw":
+            dev = b.root / str(im["device"]).lstrip("/")
+            size = _member_size(swu, im["filename"])
+            if _readback(dev, size) != im["sha256"]:
+                raise StepFailed(f"slot {target} does not read back as the signed image: not switching")
+        elif im["type"] == "rawfile":
+            out["capsule"] = _arm_capsule(b, im, sw)
+    b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(target)))
+    write_json(b.state / "pending.json", {"run": run, "slot": target, "from": cur, "version": sw.get("version")})
+    swu.unlink()
+    return out
+
+
+def _member_size(swu: Path, name: str) -> int:
+    with swu.open("rb") as f:
+        pos = 0
+        while True:
+            f.seek(pos)
+            head = f.read(110)
+            size, namesize = int(head[54:62], 16), int(head[94:102], 16)
+            got = f.read(namesize)[:-1].decode()
+            data = pos + 110 + namesize
+            data += -data % 4
+            if got == name:
+                return size
+            if got == "TRAILER!!!":
+                raise StepFailed(f"{name} is not in the update")
+            pos = data + size + (-(data + size) % 4)
+
+
+def _arm_capsule(b: Board, im: dict[str, Any], sw: dict[str, Any]) -> dict[str, Any]:
+    staged = b.root / CAPSULE_STAGING
+    new = str(im.get("version", ""))
+    running = b.slots().get("bootloader_version") or "0"
+    lowest = str(b.cfg.get("lowest_bootloader") or sw.get("alma", {}).get("lowest-bootloader") or "0")
+    if vtuple(new) == vtuple(running):
+        staged.unlink(missing_ok=True)
+        return {"version": new, "armed": False, "why": f"bootloader already {running}"}
+    if vtuple(new) < vtuple(lowest):
+        staged.unlink(missing_ok=True)
+        return {"version": new, "armed": False, "why": f"below the lowest supported version {lowest}: refused"}
+    esp = b.root / ESP_CAPSULE
+    esp.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staged, esp)
+    b.tool(str(b.cfg.get("set_osindications", "oe4t-set-uefi-OSIndications")))
+    return {"version": new, "armed": True, "why": f"{running} -> {new}"}
+
+
+def cmd_reboot(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    b.require(_run_id(a.run))
+    b.tool(str(b.cfg.get("reboot", "reboot")))
+    return {"rebooting": True}
+
+
+def cmd_commit(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    run = _run_id(a.run)
+    b.require(run)
+    pend = b.pending()
+    cur = b.current_slot()
+    if pend is None or pend.get("slot") != cur:
+        raise StepFailed(f"nothing to commit: running slot {cur}, pending {pend}")
+    b.nvbootctrl("rootfs", "mark-boot-successful")
+    b.nvbootctrl("bootloader", "verify")
+    (b.state / "pending.json").unlink()
+    b.release(run)
+    return {"committed": cur, "version": pend.get("version")}
+
+
+def cmd_rollback(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    run = _run_id(a.run)
+    b.require(run)
+    pend = b.pending()
+    cur = b.current_slot()
+    if pend is not None and pend.get("slot") == cur:
+        old = str(pend["from"])
+        b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
+        b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(old)))
+        write_json(b.state / "pending.json", {**pend, "rolling_back": True})
+        return {"rolled_back_to": old, "reboot_needed": True}  # the host reboots it, then calls us again
+    # Already on the old slot (the bootloader fell back, or never switched): forget the try.
+    if pend is not None and pend.get("slot") != cur:
+        with contextlib.suppress(OSError):
+            b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(cur)))
+    (b.state / "pending.json").unlink(missing_ok=True)
+    b.release(run)
+    return {"rolled_back_to": cur, "reboot_needed": False}
+
+
+def cmd_release(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    run = _run_id(a.run)
+    pend = b.pending()
+    if pend is not None and pend.get("run") == run and not pend.get("rolling_back"):
+        raise UserError("an installed update is pending: commit or roll back first")
+    (b.state / "pending.json").unlink(missing_ok=True)
+    b.release(run)
+    return {"released": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Board side of ALMA-OS A/B updates (docs/ota.md).",
+        epilog="exit codes: 0 done, 2 refused input, 3 busy (another run), 4 step failed",
+    )
+    p.add_argument("--version", action="version", version=VERSION)
+    p.add_argument("--root", type=Path, default=Path(os.environ.get("ALMA_OTA_ROOT") or "/"))
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("status")
+    for name in ("begin", "receive", "install", "reboot", "commit", "rollback", "release"):
+        sp = sub.add_parser(name)
+        sp.add_argument("--run", required=True)
+        if name == "begin":
+            sp.add_argument("--host", default="")
+        if name == "receive":
+            sp.add_argument("--sha256", required=True)
+            sp.add_argument("--size", type=int, required=True)
+    args = p.parse_args(argv)
+    handlers = {
+        "status": cmd_status,
+        "begin": cmd_begin,
+        "receive": cmd_receive,
+        "install": cmd_install,
+        "reboot": cmd_reboot,
+        "commit": cmd_commit,
+        "rollback": cmd_rollback,
+        "release": cmd_release,
+    }
+
+    def body() -> int:
+        try:
+            board = Board(args.root)
+            try:
+                out = handlers[args.cmd](board, args)
+            finally:
+                if board._tmp is not None:
+                    shutil.rmtree(board._tmp, ignore_errors=True)
+        except BoardError as exc:
+            print(json.dumps({"error": str(exc), "code": exc.exit_code}))
+            raise
+        except OSError as exc:
+            err = StepFailed(f"{exc.filename or ''}: {os.strerror(exc.errno or errno.EIO)}")
+            print(json.dumps({"error": str(err), "code": err.exit_code}))
+            raise err from None
+        print(json.dumps(out, sort_keys=True))
+        return 0
+
+    return run_main(PROG, body)
