@@ -162,7 +162,7 @@ class Lab:
         self.ok("-p", name, "add-match", f"{exporter}/bench-1/NetworkAlmaRecoveryBoard")
         return name
 
-    def env_file(self, place: str, bundle: Path, **flasher: Any) -> Path:
+    def env_file(self, place: str, bundle: Path, strategy: dict[str, Any] | None = None, **flasher: Any) -> Path:
         """A labgrid env for the place: power by command, recovery line in a file, our drivers."""
         power_log = self.base / "power.log"
         line = self.base / "recovery-line"
@@ -180,7 +180,7 @@ class Lab:
                         {"FileDigitalOutputDriver": {"filepath": str(line)}},
                         {"AlmaRecoveryDriver": {"off_s": 0.0, "hold_s": 0.0}},
                         {"AlmaFlashDriver": flasher},
-                        {"AlmaStrategy": {}},
+                        {"AlmaStrategy": strategy or {}},
                     ],
                 }
             },

@@ -50,7 +50,7 @@ class AlmaRecoveryBoardExport(lg_exporter.ResourceExport):
     def _start_service(self) -> None:
         assert self.child is None
         usb_path = self.local.usb_path
-        cmd = [sys.executable, "-m", "alma.labgrid.service", "--board", usb_path]
+        cmd = [sys.executable, "-m", "alma.labgrid", "--board", usb_path]  # the flash service
         if self.local.console:
             cmd += ["--console", self.local.console]
         self.child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -266,7 +266,7 @@ class Service:
         threads = [threading.Thread(target=f, daemon=True) for f in (watch_peer, watch_stop)]
         for t in threads:
             t.start()
-        print("flash-start", flush=True)
+        _tell_exporter("flash-start")
         error: UserError | None = None
         try:
             FlashSession(opts, on_event=on_event, cancel=cancel, urgent=urgent).run()
@@ -277,7 +277,7 @@ class Service:
             cancel.set()  # ends watch_peer
             for t in threads:
                 t.join(2)
-            print("flash-end", flush=True)
+            _tell_exporter("flash-end")
         conn.settimeout(30)
         run = runs[-1] if runs else None
         if run is None:  # refused before a record could be written (e.g. the records dir)
@@ -305,6 +305,12 @@ class Service:
                 self.handle(conn)
 
 
+def _tell_exporter(line: str) -> None:
+    """Busy/idle for the exporter's published state; a dead exporter (closed pipe) is no error here."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
+
+
 def _watch_stdin(stop: Interruption) -> None:
     """The exporter holds our stdin open; EOF means it is gone (killed or exited)."""
     with contextlib.suppress(OSError, ValueError):
@@ -314,7 +320,7 @@ def _watch_stdin(stop: Interruption) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m alma.labgrid.service", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m alma.labgrid", description=__doc__.splitlines()[0])
     p.add_argument("--board", required=True, help="USB path of the board (alma boards), e.g. 1-8.4")
     p.add_argument("--listen", default="0.0.0.0", help="address to listen on (port: a free one, printed)")
     p.add_argument("--console", default=None, help="the board's serial console (a port, or auto)")
