@@ -152,7 +152,7 @@ class AlmaFlashDriver(Driver):
         if res.port is None:
             raise UserError(
                 f"the exporter on {res.host} runs no flash service for USB {res.usb_path}",
-                hint="acquire the place first (labgrid-client -p PLACE acquire); run the exporter as alma-labgrid-exporter",
+                hint="acquire the place first (labgrid-client -p PLACE acquire); exporter: alma-labgrid-exporter",
             )
         host, port = proxymanager.get_host_and_port(res)
         where = f"{res.host}:{res.port}"
