@@ -147,15 +147,12 @@ class Lab:
     # -- what the coordinator says ------------------------------------------------------
     def resource(self, exporter: str, *, avail: bool) -> bool:
         """Does the coordinator list ``exporter``'s board as (un)available?"""
-        r = self.client_cmd("-v", "resources")
+        r = self.client_cmd("-vv", "resources")  # -vv: unavailable ones too
         name = f"{exporter}/bench-1/NetworkAlmaRecoveryBoard"
         if r.returncode != 0 or name not in r.stdout:
             return False
         block = r.stdout.split(name, 1)[1].split("Exporter '", 1)[0]
         return ("'avail': True" in block) is avail
-
-    def resource_params(self, exporter: str = "station-1") -> str:
-        return self.client_cmd("-v", "resources").stdout
 
     def place(self, name: str = "jetson-1", exporter: str = "station-1") -> str:
         self.ok("-p", name, "create")

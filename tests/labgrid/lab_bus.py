@@ -58,8 +58,7 @@ def main() -> int:
                 tb.remove_device(syspath)
                 say({"removed": syspath})
             elif cmd[0] == "add":
-                assert tb.add_from_string(board + "\n")
-                tb.uevent(syspath, "add")
+                assert tb.add_from_string(board + "\n")  # emits the "add" event itself
                 say({"added": syspath})
             elif cmd[0] == "kill":
                 exporter.send_signal(getattr(signal, f"SIG{cmd[1]}"))

@@ -89,6 +89,23 @@ def test_two_clients_race_for_one_place(lab: Lab) -> None:
     assert _holder(lab) is None
 
 
+def test_board_leaving_the_bus_makes_the_resource_unavailable_not_a_hang(lab: Lab) -> None:
+    lab.bus_command("remove")
+    wait_for("the coordinator to list the board unavailable", lambda: lab.resource("station-1", avail=False))
+    bundle = _bundle(lab, "gone")
+    env = lab.env_file(PLACE, bundle, strategy={"recovery_timeout": 3})
+    lab.ok("-p", PLACE, "acquire")
+    before = len(lab.station.records_list())
+    # not a hang: client_cmd's own timeout would fail the test; the strategy gave up after 3 s
+    r = lab.client_cmd("-c", str(env), "-p", PLACE, "-s", "flashed", "io", "get")
+    assert r.returncode != 0
+    assert "did not appear in recovery mode at USB 1-3 within 3 s" in r.stderr, r.stderr[-2000:]
+    assert len(lab.station.records_list()) == before  # nothing was attempted
+    lab.ok("-p", PLACE, "release")
+    lab.bus_command("add")
+    wait_for("the board to be listed available again", lambda: lab.resource("station-1", avail=True))
+
+
 def test_exporter_killed_mid_flash(lab: Lab) -> None:
     """The client gets a clear error, the record on the exporter is INTERRUPTED, the place is released."""
     waiting = lab.base / "sim-waiting"
@@ -113,5 +130,5 @@ def test_exporter_killed_mid_flash(lab: Lab) -> None:
     # the holder releases the place; the coordinator forgot the dead exporter's board
     lab.ok("-p", PLACE, "release")
     assert _holder(lab) is None
-    gone = lambda: "station-1/bench-1" not in lab.client_cmd("resources").stdout  # noqa: E731
+    gone = lambda: "station-1/bench-1" not in lab.client_cmd("-vv", "resources").stdout  # noqa: E731
     wait_for("the board to leave the coordinator", gone)
