@@ -34,7 +34,7 @@ def main() -> int:
             lab.client.manifest(bundle)
             lab.station.manifest(bundle)  # the direct run verifies against the same facts
             env = lab.env_file(place, bundle)
-            direct, via = [], []
+            direct, via, client = [], [], []
             for _ in range(rounds):
                 t0 = time.monotonic()
                 r = lab.station.alma("flash", str(bundle), "--board", "1-3", "--yes", timeout=120)
@@ -44,10 +44,16 @@ def main() -> int:
                 r2 = lab.client_cmd("-c", str(env), "-p", place, "-s", "flashed", "io", "get", timeout=120)
                 via.append(time.monotonic() - t0)
                 assert r2.returncode == 0, r2.stderr[-2000:]
+                t0 = time.monotonic()
+                lab.ok("-p", place, "show")  # labgrid-client's own cost: start, connect, sync
+                client.append(time.monotonic() - t0)
             d, v = statistics.median(direct), statistics.median(via)
             print(f"alma flash directly       : {d:6.2f} s (median of {rounds})")
             print(f"labgrid-client -s flashed : {v:6.2f} s (median of {rounds})")
+            c = statistics.median(client)
+            print(f"labgrid-client show       : {c:6.2f} s (its start + coordinator sync, no flash)")
             print(f"ratio labgrid / direct    : {v / d:6.2f}x (target <= 1.1x)")
+            print(f"fixed cost of the pool    : {v - d:6.2f} s per flash (a real Orin flash takes minutes)")
         finally:
             lab.close()
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -53,6 +54,7 @@ class Lab:
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.bus: subprocess.Popen[str] | None = None
         self.exporter_pid: int | None = None
+        self.power_fifo = base / "power.fifo"
         # the exporter's station (records are written here) and the client's checkout (facts)
         self.station = Station(base / "station")
         self.client = Station(base / "client")
@@ -101,8 +103,10 @@ class Lab:
         env = self.station.env(**station_env)
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
         wrapper = require_tool("umockdev-wrapper")
-        argv = [wrapper, sys.executable, str(BUS), device, "--", str(BIN / "alma-labgrid-exporter"),
-                "--coordinator", self.address, "--name", name, "--hostname", "127.0.0.1", str(cfg)]  # fmt: skip
+        self.power_fifo = self.base / f"{name}.power"
+        argv = [wrapper, sys.executable, str(BUS), device, str(self.power_fifo), "--",
+                str(BIN / "alma-labgrid-exporter"), "--coordinator", self.address, "--name", name,
+                "--hostname", "127.0.0.1", str(cfg)]  # fmt: skip
         self.bus = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log(name), text=True,
             env=env, cwd=self.base, start_new_session=True,
@@ -159,11 +163,20 @@ class Lab:
         self.ok("-p", name, "add-match", f"{exporter}/bench-1/NetworkAlmaRecoveryBoard")
         return name
 
-    def env_file(self, place: str, bundle: Path, strategy: dict[str, Any] | None = None, **flasher: Any) -> Path:
-        """A labgrid env for the place: power by command, recovery line in a file, our drivers."""
+    def env_file(
+        self, place: str, bundle: Path, strategy: dict[str, Any] | None = None, *, cabled: bool = True, **flasher: Any
+    ) -> Path:
+        """A labgrid env for the place: power by command, recovery line in a file, our drivers.
+
+        With ``cabled``, power reaches the simulated board: off unplugs it from the bus, on with
+        the recovery line held plugs it in (in recovery mode), on without it leaves it off the bus
+        (a board booting its OS is no recovery-mode device)."""
         power_log = self.base / "power.log"
         line = self.base / "recovery-line"
         line.write_text("0\n")
+        fifo = self.power_fifo if cabled else Path(os.devnull)
+        on = f"echo on >> {power_log}; if [ \"$(cat {line})\" = 1 ]; then echo add > {fifo}; fi"
+        off = f"echo off >> {power_log}; echo remove > {fifo}"
         env = {
             "imports": ["alma.labgrid"],
             "images": {"bundle": str(bundle)},
@@ -172,8 +185,8 @@ class Lab:
                 place: {
                     "resources": {"RemotePlace": {"name": place}},
                     "drivers": [
-                        {"ExternalPowerDriver": {"cmd_on": f"sh -c 'echo on >> {power_log}'",
-                                                 "cmd_off": f"sh -c 'echo off >> {power_log}'"}},  # fmt: skip
+                        {"ExternalPowerDriver": {"cmd_on": shlex.join(["sh", "-c", on]),
+                                                 "cmd_off": shlex.join(["sh", "-c", off])}},  # fmt: skip
                         {"FileDigitalOutputDriver": {"filepath": str(line)}},
                         {"AlmaRecoveryDriver": {"off_s": 0.0, "hold_s": 0.0}},
                         {"AlmaFlashDriver": flasher},

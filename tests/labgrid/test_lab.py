@@ -89,11 +89,26 @@ def test_two_clients_race_for_one_place(lab: Lab) -> None:
     assert _holder(lab) is None
 
 
+def test_recovery_mode_is_reached_by_power_and_the_recovery_line(lab: Lab) -> None:
+    """The board is off the bus (powered off); -s recovery: off, line held, on: it shows up in recovery."""
+    lab.bus_command("remove")
+    wait_for("the board to be off the bus", lambda: lab.resource("station-1", avail=False))
+    env = lab.env_file(PLACE, _bundle(lab, "rec"))
+    (lab.base / "power.log").unlink(missing_ok=True)
+    lab.ok("-p", PLACE, "acquire")
+    try:
+        lab.ok("-c", str(env), "-p", PLACE, "-s", "recovery", "io", "get")
+    finally:
+        lab.ok("-p", PLACE, "release")
+    assert (lab.base / "power.log").read_text().split() == ["off", "on"]
+    assert lab.resource("station-1", avail=True)
+
+
 def test_board_leaving_the_bus_makes_the_resource_unavailable_not_a_hang(lab: Lab) -> None:
     lab.bus_command("remove")
     wait_for("the coordinator to list the board unavailable", lambda: lab.resource("station-1", avail=False))
     bundle = _bundle(lab, "gone")
-    env = lab.env_file(PLACE, bundle, strategy={"recovery_timeout": 3})
+    env = lab.env_file(PLACE, bundle, strategy={"recovery_timeout": 3}, cabled=False)  # unplugged: power won't help
     lab.ok("-p", PLACE, "acquire")
     before = len(lab.station.records_list())
     # not a hang: client_cmd's own timeout would fail the test; the strategy gave up after 3 s
