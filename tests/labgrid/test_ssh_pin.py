@@ -28,10 +28,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         stop_sshd(s)
 
 
-def _driver(sshd: Sshd, host_key: str | None, name: str) -> tuple[Target, Any]:
+def _driver(sshd: Sshd, host_key: str | None, name: str, timeout: float = 60.0) -> tuple[Target, Any]:
+    """``timeout``: labgrid retries the connection until it runs out (generous: a loaded host)."""
     t = Target(name)
     NetworkService(t, name=None, address="127.0.0.1", port=sshd.port, username=getpass.getuser())
-    drv = AlmaSSHDriver(t, name=None, keyfile=str(sshd.dir / "id_ed25519"), host_key=host_key, connection_timeout=3.0)
+    drv = AlmaSSHDriver(
+        t, name=None, keyfile=str(sshd.dir / "id_ed25519"), host_key=host_key, connection_timeout=timeout
+    )
     return t, drv
 
 
@@ -68,7 +71,8 @@ def test_another_fingerprint_is_refused_before_any_login(sshd: Sshd) -> None:
 
 def test_another_full_key_makes_ssh_refuse(sshd: Sshd, tmp_path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
-    t, drv = _driver(sshd, " ".join((tmp_path / "k.pub").read_text().split()[:2]), "wrong-key")
+    # every attempt fails at once on the host key; labgrid retries for `timeout` and reports the last
+    t, drv = _driver(sshd, " ".join((tmp_path / "k.pub").read_text().split()[:2]), "wrong-key", timeout=15.0)
     with pytest.raises(Exception, match="Timeout while waiting for ssh connection") as info:
         t.activate(drv)
     t.cleanup()
