@@ -46,7 +46,7 @@ def test_the_pinned_fingerprint_connects(sshd: Sshd) -> None:
     t, drv = _driver(sshd, parse_public_key(_host_key(sshd)).fingerprint, "pinned-fp")
     try:
         t.activate(drv)
-        out, _, code = drv.run("echo pinned")
+        out, _, code = drv.run("echo pinned", timeout=120)  # a loaded host is slow to start a session
         assert (code, out) == (0, ["pinned"])
     finally:
         t.cleanup()
@@ -56,7 +56,7 @@ def test_the_pinned_full_key_connects(sshd: Sshd) -> None:
     t, drv = _driver(sshd, " ".join(_host_key(sshd).split()[:2]), "pinned-key")
     try:
         t.activate(drv)
-        assert drv.run_check("echo ok") == ["ok"]
+        assert drv.run_check("echo ok", timeout=120) == ["ok"]
     finally:
         t.cleanup()
 
