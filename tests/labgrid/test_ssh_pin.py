@@ -28,14 +28,25 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         stop_sshd(s)
 
 
-def _driver(sshd: Sshd, host_key: str | None, name: str, timeout: float = 60.0) -> tuple[Target, Any]:
-    """``timeout``: labgrid retries the connection until it runs out (generous: a loaded host)."""
+def _driver(sshd: Sshd, host_key: str | None, name: str, timeout: float = 10.0) -> tuple[Target, Any]:
+    """``timeout``: labgrid retries the connection until it runs out. Not larger: labgrid 26's
+    activation here took about that long even when the master was up at once (open question)."""
     t = Target(name)
     NetworkService(t, name=None, address="127.0.0.1", port=sshd.port, username=getpass.getuser())
     drv = AlmaSSHDriver(
         t, name=None, keyfile=str(sshd.dir / "id_ed25519"), host_key=host_key, connection_timeout=timeout
     )
     return t, drv
+
+
+def _cleanup(t: Target, drv: Any) -> None:
+    """labgrid's deactivation waits up to 60 s for its keepalive (``ssh ... cat`` through the
+    master) to end after closing its stdin; here it never ended sooner. End it first: a test
+    that spends a minute in labgrid's teardown is budget spent on nothing."""
+    keepalive = getattr(drv, "_keepalive", None)
+    if keepalive is not None:
+        keepalive.terminate()
+    t.cleanup()
 
 
 def _host_key(sshd: Sshd) -> str:
@@ -49,7 +60,7 @@ def test_the_pinned_fingerprint_connects(sshd: Sshd) -> None:
         out, _, code = drv.run("echo pinned", timeout=120)  # a loaded host is slow to start a session
         assert (code, out) == (0, ["pinned"])
     finally:
-        t.cleanup()
+        _cleanup(t, drv)
 
 
 def test_the_pinned_full_key_connects(sshd: Sshd) -> None:
@@ -58,7 +69,7 @@ def test_the_pinned_full_key_connects(sshd: Sshd) -> None:
         t.activate(drv)
         assert drv.run_check("echo ok", timeout=120) == ["ok"]
     finally:
-        t.cleanup()
+        _cleanup(t, drv)
 
 
 def test_another_fingerprint_is_refused_before_any_login(sshd: Sshd) -> None:
