@@ -1,0 +1,328 @@
+"""labgrid drivers: flash with ``alma flash``'s code, put a board into recovery mode, ssh in pinned.
+
+- ``AlmaFlashDriver`` flashes a bundle onto the bound ``AlmaRecoveryBoard`` (in this process,
+  through ``FlashSession``) or ``NetworkAlmaRecoveryBoard`` (through the exporter's flash
+  service, which runs the same ``FlashSession`` on the exporter's host). Either way the
+  expected sha256 comes from *this* side's facts manifest (or ``sha256:``), exactly as
+  ``alma flash`` resolves it; the record is returned; any result but SUCCESS raises
+  ``FlashFailed`` carrying the record and its reason.
+- ``AlmaRecoveryDriver`` powers the board (on/off/cycle boot normally) and puts it into
+  recovery mode: recovery line (any ``DigitalOutputProtocol``: GPIO, relay,
+  FTDI bit) held while the power (any ``PowerProtocol``) is cycled, the way the Orin Nano
+  devkit's FC_REC pin or the AGX Orin's Force Recovery button work.
+- ``AlmaSSHDriver`` is labgrid's ``SSHDriver`` with the board's host key pinned (the
+  fingerprint from the console identity line, or a full key): labgrid's own driver turns
+  host key checking off.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attr
+from almaboard.text import terminal
+from labgrid.driver.common import Driver
+from labgrid.driver.sshdriver import SSHDriver
+from labgrid.factory import target_factory
+from labgrid.protocol import DigitalOutputProtocol, PowerProtocol
+from labgrid.step import step
+from labgrid.util.proxy import proxymanager
+
+from alma import runner, settings
+from alma.errors import ToolError, UserError
+from alma.flash.flasher import FlashArgs
+from alma.flash.records import FlashRecord
+from alma.flash.session import FlashOptions, FlashSession, resolve_bundle
+from alma.labgrid import service
+from alma.labgrid.resource import NetworkAlmaRecoveryBoard
+from alma.sshkeys import FINGERPRINT, BadKey, parse_host_key, parse_public_key
+
+KEYSCAN_TIMEOUT_S = 10
+
+
+class FlashFailed(ToolError):
+    """The flash did not succeed; ``record`` is its flash record (written where it ran)."""
+
+    def __init__(self, message: str, record: FlashRecord | None, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.record = record
+
+
+def _seconds(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+@target_factory.reg_driver
+@attr.s(eq=False)
+class AlmaFlashDriver(Driver):
+    bindings = {"board": {"AlmaRecoveryBoard", "NetworkAlmaRecoveryBoard"}}
+
+    image = attr.ib(default="bundle", validator=attr.validators.instance_of(str))  # key under images:
+    manifest = attr.ib(default=None, validator=attr.validators.optional(attr.validators.instance_of(str)))
+    sha256 = attr.ib(default=None, validator=attr.validators.optional(attr.validators.instance_of(str)))
+    timeouts = attr.ib(factory=dict, validator=attr.validators.instance_of(dict))  # phase -> seconds
+    boot_timeout: float | None = attr.ib(default=None, converter=_seconds)
+    erase_nvme = attr.ib(default=False, validator=attr.validators.instance_of(bool))
+    skip_bootloader = attr.ib(default=False, validator=attr.validators.instance_of(bool))
+    connect_timeout = attr.ib(default=30.0, converter=float)
+    always_upload = attr.ib(default=False, validator=attr.validators.instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.last_record: FlashRecord | None = None
+
+    def on_activate(self) -> None:
+        pass
+
+    def on_deactivate(self) -> None:
+        pass
+
+    def _bundle_path(self, bundle: str | os.PathLike[str] | None) -> Path:
+        if bundle is not None:
+            return Path(bundle)
+        if self.target.env is None:
+            raise UserError("no bundle given and no labgrid environment to take images: from",
+                            hint="flash(bundle=PATH), or images: {bundle: PATH} in the env file")  # fmt: skip
+        return Path(self.target.env.config.get_image_path(self.image))
+
+    def _options(self, path: Path) -> FlashOptions:
+        manifest = None
+        if self.manifest is not None:
+            manifest = Path(self.manifest)
+            if self.target.env is not None:
+                manifest = Path(self.target.env.config.resolve_path(self.manifest))
+        return FlashOptions(
+            bundle=path,
+            manifest=manifest,
+            sha256=self.sha256.lower() if self.sha256 else None,
+            timeouts={k: float(v) for k, v in self.timeouts.items()},
+            flash_args=FlashArgs(erase_nvme=self.erase_nvme, skip_bootloader=self.skip_bootloader),
+        )
+
+    @Driver.check_active
+    @step(args=["bundle"], result=True)
+    def flash(self, bundle: str | os.PathLike[str] | None = None) -> FlashRecord:
+        """Flash ``bundle`` (default: the env's ``images: {bundle: ...}``); return its record."""
+        opts = self._options(self._bundle_path(bundle))
+        choice = resolve_bundle(opts)  # the expected hash, from this side's facts (alma flash's rule)
+        opts.sha256 = choice.expected_sha256
+        if isinstance(self.board, NetworkAlmaRecoveryBoard):
+            rec, where = self._flash_remote(choice.path, opts)
+        else:
+            rec, where = self._flash_local(opts)
+        self.last_record = rec
+        if rec.result != "SUCCESS":
+            raise FlashFailed(
+                f"flash of {choice.path.name} onto USB {rec.board.get('usb_instance', '?')} {rec.result}: "
+                f"{terminal(rec.reason or 'no reason recorded')}",
+                rec,
+                hint=f"the flash record is {where}",
+            )
+        self.logger.info("flashed USB %s: record %s", rec.board.get("usb_instance"), where)
+        return rec
+
+    def _flash_local(self, opts: FlashOptions) -> tuple[FlashRecord, str]:
+        opts.board = self.board.usb_path or self.board.path
+        opts.console = self.board.console
+        if self.boot_timeout is not None:
+            opts.boot_timeout = self.boot_timeout
+        runs: list[Any] = []
+
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "record":
+                runs.append(data["run"])
+            elif kind == "line":
+                self.logger.debug("%s", terminal(data["event"].line))
+
+        try:
+            FlashSession(opts, on_event=on_event).run()
+        except UserError as exc:
+            if not runs:
+                raise
+            return runs[-1].record, f"{runs[-1].path} ({exc.message})"
+        return runs[-1].record, str(runs[-1].path)
+
+    def _flash_remote(self, path: Path, opts: FlashOptions) -> tuple[FlashRecord, str]:
+        res = self.board
+        if res.port is None:
+            raise UserError(
+                f"the exporter on {res.host} runs no flash service for USB {res.usb_path}",
+                hint="acquire the place first (labgrid-client -p PLACE acquire); exporter: alma-labgrid-exporter",
+            )
+        host, port = proxymanager.get_host_and_port(res)
+        where = f"{res.host}:{res.port}"
+        size = path.stat().st_size
+        request: dict[str, Any] = {
+            "proto": service.PROTO,
+            "op": "flash",
+            "name": path.name,
+            "size": size,
+            "sha256": opts.sha256,
+            "options": {
+                "erase_nvme": self.erase_nvme,
+                "skip_bootloader": self.skip_bootloader,
+                "timeouts": opts.timeouts,
+                **({"boot_timeout": self.boot_timeout} if self.boot_timeout is not None else {}),
+            },
+        }
+        if not self.always_upload:
+            request["path"] = str(path.resolve())
+        try:
+            sock = socket.create_connection((host, port), timeout=self.connect_timeout)
+        except OSError as exc:
+            raise UserError(
+                f"cannot reach the flash service of USB {res.usb_path} on {where}: {exc.strerror or exc}",
+                hint="is the exporter running and the place still acquired? labgrid-client -p PLACE show",
+            ) from None
+        with sock:
+            try:
+                return self._talk(sock, request, path, where)
+            except (OSError, service.ProtocolError) as exc:
+                raise FlashFailed(
+                    f"lost the flash service on {where} mid-flash ({getattr(exc, 'message', None) or exc}): "
+                    "the exporter stopped or its host went away; its record there says what was done",
+                    None,
+                    hint=f"look at the flash records on {res.host}; release the place: labgrid-client release",
+                ) from None
+
+    def _talk(self, sock: socket.socket, request: dict[str, Any], path: Path, where: str) -> tuple[FlashRecord, str]:
+        service.send(sock, request)
+        reader = service.LineReader(sock)
+        sock.settimeout(self.connect_timeout)
+        answer = reader.read()
+        if answer is None:
+            raise service.ProtocolError("the service closed the connection")
+        if "error" in answer:
+            raise UserError(f"{where}: {terminal(answer['error'])}", hint=answer.get("hint"))
+        if answer.get("upload"):
+            with open(path, "rb") as fh:
+                while chunk := fh.read(service.CHUNK):
+                    sock.sendall(chunk)
+        sock.settimeout(None)  # the flash has its own phase limits on the exporter
+        while True:
+            msg = reader.read()
+            if msg is None:
+                raise service.ProtocolError("the connection closed before the flash record came")
+            if msg.get("event") == "line":
+                self.logger.debug("%s", terminal(msg.get("text", "")))
+                continue
+            if "result" in msg:
+                rec = FlashRecord.from_dict(msg["result"])
+                return rec, f"{msg.get('record_path')} on {where.rsplit(':', 1)[0]}"
+            if "error" in msg:
+                raise UserError(f"{where}: {terminal(msg['error'])}", hint=msg.get("hint"))
+            raise service.ProtocolError("unexpected message from the flash service")
+
+
+@target_factory.reg_driver
+@attr.s(eq=False)
+class AlmaRecoveryDriver(Driver):
+    """Power through any PowerProtocol driver, plus recovery mode through a digital output.
+
+    Not a PowerProtocol itself: `labgrid-client power` keeps finding the one power driver."""
+
+    bindings = {"power": PowerProtocol, "recovery": DigitalOutputProtocol}
+    off_s = attr.ib(default=2.0, converter=float)  # Orin modules need ~1 s off to reset cleanly
+    hold_s = attr.ib(default=2.0, converter=float)  # recovery line held this long after power on
+    invert = attr.ib(default=False, validator=attr.validators.instance_of(bool))  # line active-low
+
+    def on_activate(self) -> None:
+        self.recovery.set(self.invert)  # released: a normal boot unless asked otherwise
+
+    def on_deactivate(self) -> None:
+        pass
+
+    def _line(self, asserted: bool) -> None:
+        self.recovery.set(asserted != self.invert)
+
+    @Driver.check_active
+    @step()
+    def on(self) -> None:
+        self._line(False)
+        self.power.on()
+
+    @Driver.check_active
+    @step()
+    def off(self) -> None:
+        self.power.off()
+
+    @Driver.check_active
+    @step()
+    def cycle(self) -> None:
+        self.power.off()
+        time.sleep(self.off_s)
+        self.on()
+
+    @Driver.check_active
+    @step()
+    def enter_recovery(self) -> None:
+        """Power off, hold the recovery line, power on, release it: the BootROM waits for RCM."""
+        self.power.off()
+        self._line(True)
+        try:
+            time.sleep(self.off_s)
+            self.power.on()
+            time.sleep(self.hold_s)
+        finally:
+            self._line(False)
+
+
+def _host_key_line(alias: str, pin: str, address: str, port: int) -> str:
+    """``alias <type> <base64>`` for the pinned key; a fingerprint is resolved by one bounded scan
+    for the board's ed25519 key (the identity line's fingerprint is that key's, docs/formats.md;
+    asking for types the server lacks made ssh-keyscan wait out its timeout)."""
+    pinned = parse_host_key(pin, "host_key")
+    if not FINGERPRINT.fullmatch(pinned):
+        return f"{alias} {pinned}\n"
+    res = runner.capture(
+        [settings.tool("ssh-keyscan"), "-T", str(KEYSCAN_TIMEOUT_S), "-p", str(port), "-t", "ed25519",
+         "--", address],
+        timeout=KEYSCAN_TIMEOUT_S * 3 + 5, check=False, stderr="separate",
+    )  # fmt: skip
+    for ln in res.lines:
+        parts = ln.split()
+        if len(parts) < 3 or ln.startswith("#"):
+            continue
+        try:
+            key = parse_public_key(" ".join(parts[1:3]))
+        except BadKey:
+            continue
+        if key.fingerprint == pinned:
+            return f"{alias} {key.type} {key.blob_b64}\n"
+    raise UserError(
+        f"{address}:{port} offers no host key with the pinned fingerprint {pinned}: not the board that was flashed",
+        hint="check the board's console identity line (alma-board: ... hostkey=); never connect unpinned",
+    )
+
+
+@target_factory.reg_driver
+@attr.s(eq=False)
+class AlmaSSHDriver(SSHDriver):
+    """SSHDriver that verifies the board's host key (``host_key``: a SHA256 fingerprint or a key)."""
+
+    host_key = attr.ib(default=None, validator=attr.validators.optional(attr.validators.instance_of(str)))
+
+    def _start_own_master_once(self, timeout: int) -> Any:
+        if not self.host_key:
+            raise UserError(
+                "AlmaSSHDriver: no pinned host key for the board",
+                hint="set host_key (the fingerprint from the console line alma-board: ... hostkey=SHA256:...)",
+            )
+        ns = self.networkservice
+        alias = f"alma-board-{ns.address}"
+        pin_dir = Path(tempfile.mkdtemp(prefix="alma-lg-pin-"))
+        known = pin_dir / "known_hosts"
+        known.write_text(_host_key_line(alias, self.host_key, ns.address, ns.port))
+        # ssh takes the first value of each option: these come before labgrid's own
+        # UserKnownHostsFile=/dev/null and StrictHostKeyChecking=no, so they win.
+        pins = ["-o", f'UserKnownHostsFile="{known}"', "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"HostKeyAlias={alias}"]  # fmt: skip
+        prefix: list[str] = list(getattr(self, "ssh_prefix", []))
+        if pins[1] not in prefix:
+            self.ssh_prefix = pins + prefix
+        return super()._start_own_master_once(timeout)

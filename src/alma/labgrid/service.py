@@ -1,0 +1,341 @@
+"""The flash service on an exporter: ``alma flash`` for one board, reachable by the place holder.
+
+``alma-labgrid-exporter`` starts one per exported ``AlmaRecoveryBoard`` when a place acquires
+it and stops it on release (the way labgrid's exporter runs ser2net for a serial port). The
+client's ``AlmaFlashDriver`` connects, names the bundle (file name, size, the sha256 its own
+facts manifest expects) and, unless the exporter already has that file (shared storage, same
+host), streams it. The flash itself is ``FlashSession``: the same verification, limits, lock,
+records and reasons as ``alma flash --board USB_PATH``; the record is written on the exporter
+and sent back.
+
+Protocol ``alma-flash/1`` (one TCP connection per flash; JSON lines, each at most 64 KiB):
+
+    client: {"proto": "alma-flash/1", "op": "flash", "name", "size", "sha256", "path"?, "options"?}
+    server: {"upload": true|false}           then, if true, exactly ``size`` raw bytes from the client
+    server: {"event": "line", "phase", "text"} ...   (progress; text is the flash tool's output)
+    server: {"result": <flash record>, "record_path", "exit_code"}   or   {"error", "hint", "record"?}
+
+Threat model (docs/labgrid.md#threat-model): whoever reaches the port can ask for a flash of
+*a bundle whose hash they name*; they cannot choose the board (fixed at start), a path on the
+exporter (uploads go to a fresh private directory under a name that matched the bundle-name
+grammar), options beyond initrd-flash's recorded ones, or bypass the verification (the
+session hashes every byte against the sha256 before anything touches the board). Messages
+are bounded; a malformed one ends the connection with an error and nothing written. The
+service stops (and an interrupted flash gets its INTERRUPTED record) when the exporter goes
+away (its stdin pipe closes), on SIGTERM/SIGINT, and when the client's connection drops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from alma.errors import AlmaError, UserError
+from alma.flash.flasher import FlashArgs
+from alma.flash.interrupt import Interruption
+from alma.flash.protocol import PHASES
+from alma.flash.session import FlashOptions, FlashSession
+from alma.labgrid.resource import USB_PATH
+from alma.tegraflash.names import parse_name
+
+PROTO = "alma-flash/1"
+MAX_MESSAGE = 64 * 1024
+MAX_BUNDLE = 64 << 30  # a real bundle is ~1.6 GB; anything past this is not one
+UPLOAD_MARGIN = 256 << 20  # keep this much free after an upload
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1 << 20
+
+
+class ProtocolError(UserError):
+    """The peer broke the protocol: the connection ends with this message."""
+
+
+def send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    data = json.dumps(msg, sort_keys=True).encode() + b"\n"
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE}")
+    sock.sendall(data)
+
+
+class LineReader:
+    """Bounded JSON lines from a socket (a line longer than MAX_MESSAGE is an error)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def read(self) -> dict[str, Any] | None:
+        while b"\n" not in self.buf:
+            if len(self.buf) > MAX_MESSAGE:
+                raise ProtocolError(f"message longer than {MAX_MESSAGE} bytes")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                if self.buf:
+                    raise ProtocolError("connection closed in the middle of a message")
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        if len(line) > MAX_MESSAGE:
+            raise ProtocolError(f"message longer than {MAX_MESSAGE} bytes")
+        try:
+            msg = json.loads(line)
+        except ValueError as exc:
+            raise ProtocolError(f"not a JSON message: {exc}") from None
+        if not isinstance(msg, dict):
+            raise ProtocolError("a message must be a JSON object")
+        return msg
+
+    def take_raw(self, n: int) -> bytes:
+        """Up to n bytes already buffered (the start of an upload)."""
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
+def _float(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (0 < float(v) <= 86400):
+        raise ProtocolError(f"{where}: a number of seconds in (0, 86400] expected")
+    return float(v)
+
+
+def parse_request(msg: dict[str, Any]) -> dict[str, Any]:
+    """Check a flash request against its grammar; return the checked fields."""
+    if msg.get("proto") != PROTO or msg.get("op") != "flash":
+        raise ProtocolError(f"expected a {PROTO} flash request")
+    unknown = set(msg) - {"proto", "op", "name", "size", "sha256", "path", "options"}
+    if unknown:
+        raise ProtocolError(f"unknown request fields: {', '.join(sorted(unknown))}")
+    name, size, sha = msg.get("name"), msg.get("size"), msg.get("sha256")
+    if not isinstance(name, str) or "/" in name or len(name) > 255 or parse_name(name) is None:
+        raise ProtocolError("name: not a bundle file name (<image>-<machine>.rootfs[-STAMP].tegraflash.tar.gz|zip)")
+    if isinstance(size, bool) or not isinstance(size, int) or not (0 < size <= MAX_BUNDLE):
+        raise ProtocolError(f"size: a byte count in (0, {MAX_BUNDLE}] expected")
+    if not isinstance(sha, str) or not SHA256.fullmatch(sha):
+        raise ProtocolError("sha256: 64 lowercase hex digits expected")
+    path = msg.get("path")
+    if path is not None and (not isinstance(path, str) or not path.startswith("/") or "\0" in path or len(path) > 4096):
+        raise ProtocolError("path: an absolute path expected")
+    opts = msg.get("options") or {}
+    if not isinstance(opts, dict) or set(opts) - {"erase_nvme", "skip_bootloader", "timeouts", "boot_timeout"}:
+        raise ProtocolError("options: only erase_nvme, skip_bootloader, timeouts, boot_timeout")
+    for flag in ("erase_nvme", "skip_bootloader"):
+        if not isinstance(opts.get(flag, False), bool):
+            raise ProtocolError(f"options.{flag}: true or false")
+    timeouts = opts.get("timeouts") or {}
+    if not isinstance(timeouts, dict) or set(timeouts) - set(PHASES):
+        raise ProtocolError(f"options.timeouts: phase names are {', '.join(PHASES)}")
+    return {
+        "name": name,
+        "size": size,
+        "sha256": sha,
+        "path": path,
+        "erase_nvme": opts.get("erase_nvme", False),
+        "skip_bootloader": opts.get("skip_bootloader", False),
+        "timeouts": {k: _float(v, f"options.timeouts.{k}") for k, v in timeouts.items()},
+        "boot_timeout": _float(opts["boot_timeout"], "options.boot_timeout") if "boot_timeout" in opts else None,
+    }
+
+
+class Service:
+    def __init__(self, board: str, sock: socket.socket, stop: Interruption, console: str | None = None) -> None:
+        self.board = board
+        self.sock = sock
+        self.stop = stop
+        self.console = console
+        self.flash_cancel: threading.Event | None = None
+
+    def _upload_dir(self) -> Path:
+        base = Path(
+            os.environ.get("ALMA_FLASH_WORKDIR")
+            or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alma" / "flash"
+        )
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return Path(tempfile.mkdtemp(prefix="upload-", dir=base))
+
+    def _receive(self, conn: socket.socket, reader: LineReader, req: dict[str, Any]) -> Path:
+        """The bundle, streamed into a fresh private directory under its checked name."""
+        updir = self._upload_dir()
+        free = shutil.disk_usage(updir).free
+        if free < req["size"] + UPLOAD_MARGIN:
+            shutil.rmtree(updir, ignore_errors=True)
+            raise UserError(
+                f"no room for the {req['size']} byte bundle on the exporter ({free} bytes free in {updir.parent})",
+                hint="free space on the exporter, or share the bundle's directory with it (same path, NFS)",
+            )
+        path = updir / req["name"]
+        left = req["size"]
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                first = reader.take_raw(left)
+                fh.write(first)
+                left -= len(first)
+                while left > 0:
+                    if self.stop.interrupted:
+                        raise UserError("the exporter stopped during the upload; nothing was flashed")
+                    chunk = conn.recv(min(CHUNK, left))
+                    if not chunk:
+                        raise ProtocolError(f"upload ended {left} bytes short; nothing was flashed")
+                    fh.write(chunk)
+                    left -= len(chunk)
+        except BaseException:
+            shutil.rmtree(updir, ignore_errors=True)
+            raise
+        return path
+
+    def handle(self, conn: socket.socket) -> None:
+        reader = LineReader(conn)
+        upload: Path | None = None
+        try:
+            msg = reader.read()
+            if msg is None:
+                return
+            req = parse_request(msg)
+            shared = req["path"]
+            if shared is not None and os.path.isfile(shared) and os.path.getsize(shared) == req["size"]:
+                bundle = Path(shared)  # the same file (same host or shared storage): hashed by the session anyway
+                send(conn, {"upload": False})
+            else:
+                send(conn, {"upload": True})
+                upload = bundle = self._receive(conn, reader, req)
+            self._flash(conn, req, bundle)
+        except (AlmaError, OSError) as exc:
+            with contextlib.suppress(OSError, ProtocolError):
+                send(conn, {"error": getattr(exc, "message", None) or str(exc), "hint": getattr(exc, "hint", None)})
+        finally:
+            if upload is not None:
+                shutil.rmtree(upload.parent, ignore_errors=True)
+
+    def _flash(self, conn: socket.socket, req: dict[str, Any], bundle: Path) -> None:
+        cancel = self.flash_cancel = threading.Event()
+        urgent = threading.Event()
+        runs: list[Any] = []
+        peer_lost = threading.Event()
+
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "record":
+                runs.append(data["run"])
+            elif kind == "line" and not peer_lost.is_set():
+                ev = data["event"]
+                try:
+                    send(conn, {"event": "line", "phase": ev.phase, "text": ev.line[:4096]})
+                except OSError:
+                    peer_lost.set()  # the client went away: stop the flash, keep its record
+                    cancel.set()
+
+        def watch_peer() -> None:
+            # The client sends nothing more; EOF (or a reset) means it is gone.
+            with contextlib.suppress(OSError):
+                while not cancel.is_set():
+                    conn.settimeout(0.2)
+                    try:
+                        if conn.recv(1) == b"":
+                            peer_lost.set()
+                            cancel.set()
+                            return
+                    except TimeoutError:
+                        continue
+
+        def watch_stop() -> None:
+            while not done.wait(0.1):
+                if self.stop.interrupted:
+                    cancel.set()
+                if self.stop.urgent.is_set():
+                    urgent.set()
+
+        opts = FlashOptions(
+            bundle=bundle,
+            sha256=req["sha256"],
+            board=self.board,
+            console=self.console,
+            timeouts=req["timeouts"],
+            flash_args=FlashArgs(erase_nvme=req["erase_nvme"], skip_bootloader=req["skip_bootloader"]),
+        )
+        if req["boot_timeout"] is not None:
+            opts.boot_timeout = req["boot_timeout"]
+        done = threading.Event()
+        threads = [threading.Thread(target=f, daemon=True) for f in (watch_peer, watch_stop)]
+        for t in threads:
+            t.start()
+        _tell_exporter("flash-start")
+        error: UserError | None = None
+        try:
+            FlashSession(opts, on_event=on_event, cancel=cancel, urgent=urgent).run()
+        except UserError as exc:
+            error = exc
+        finally:
+            done.set()
+            cancel.set()  # ends watch_peer
+            for t in threads:
+                t.join(2)
+            _tell_exporter("flash-end")
+        conn.settimeout(30)
+        run = runs[-1] if runs else None
+        if run is None:  # refused before a record could be written (e.g. the records dir)
+            assert error is not None
+            send(conn, {"error": error.message, "hint": error.hint})
+            return
+        reply: dict[str, Any] = {
+            "result": run.record.to_dict(),
+            "record_path": str(run.path) if run.path else None,
+            "exit_code": run.exit_code,
+        }
+        if error is not None:
+            reply.update(error=error.message, hint=error.hint)
+        send(conn, reply)
+
+    def serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.interrupted:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(60)  # a client that stalls mid-request is dropped
+                self.handle(conn)
+
+
+def _tell_exporter(line: str) -> None:
+    """Busy/idle for the exporter's published state; a dead exporter (closed pipe) is no error here."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
+
+
+def _watch_stdin(stop: Interruption) -> None:
+    """The exporter holds our stdin open; EOF means it is gone (killed or exited)."""
+    with contextlib.suppress(OSError, ValueError):
+        while os.read(sys.stdin.fileno(), 4096):
+            pass
+    stop.cancel.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m alma.labgrid", description=__doc__.splitlines()[0])
+    p.add_argument("--board", required=True, help="USB path of the board (alma boards), e.g. 1-8.4")
+    p.add_argument("--listen", default="0.0.0.0", help="address to listen on (port: a free one, printed)")
+    p.add_argument("--console", default=None, help="the board's serial console (a port, or auto)")
+    p.add_argument("--no-stdin-watch", action="store_true", help="do not stop when stdin closes")
+    args = p.parse_args(argv)
+    if not USB_PATH.fullmatch(args.board):
+        p.error(f"--board {args.board!r}: not a USB path like 1-8.4")
+    stop = Interruption()
+    with stop.installed(), socket.create_server((args.listen, 0)) as sock:
+        if not args.no_stdin_watch:
+            threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
+        print(f"listening {sock.getsockname()[1]}", flush=True)
+        Service(args.board, sock, stop, console=args.console).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
