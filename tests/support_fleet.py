@@ -56,6 +56,18 @@ def start_sshd(base: Path, extra: str = "") -> Sshd:
     port, dead = free_port(), free_port()
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    # Root's shell on a pyenv host runs `pyenv rehash` at every login; a lock left by a killed
+    # login makes each later one wait PYENV_REHASH_TIMEOUT (60 s). sshd takes the first SetEnv
+    # it reads, so the variable joins the caller's SetEnv line when there is one.
+    setenv = "SetEnv PYENV_REHASH_TIMEOUT=1"
+    lines = extra.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("SetEnv "):
+            lines[i] = setenv + line[len("SetEnv") :]
+            break
+    else:
+        lines.append(setenv + "\n")
+    extra = "".join(lines)
     cfg = base / "sshd_config"
     cfg.write_text(
         f"""Port {port}
