@@ -246,6 +246,17 @@ def verify(
                     f"'Linux version {kf.release}' (stale kernel image or manifest from another build)"
                 )
 
+    # --- supply chain: SPDX SBOM and cve-check (issue 22; alma.artefacts.sbom) ---
+    from alma.artefacts.sbom import read_supply_chain
+
+    try:
+        chain = read_supply_chain(deploy, dp.link_name(image, machine), (tree or build_tree(root)).downloads)
+    except UserError as exc:
+        problems.append(exc.message)
+    else:
+        for name, (value, source) in chain.facts().items():
+            m.set(name, value, source)
+
     # --- build time fallback: buildhistory ---
     if not stamp_set(m):
         bh = dp.buildhistory_dir(deploy, image, machine)

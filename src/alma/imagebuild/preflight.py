@@ -398,7 +398,9 @@ NETWORK_CHECKS: list[Check] = [check_network]
 
 
 def problems(plan: BuildPlan, probes: Probes, network: bool = True) -> list[Problem]:
-    return [p for check in (*CHECKS, *(NETWORK_CHECKS if network else ())) for p in check(plan, probes)]
+    """The plan's own problems (a release without an admin key), then every host check's."""
+    found = list(plan.problems)
+    return found + [p for check in (*CHECKS, *(NETWORK_CHECKS if network else ())) for p in check(plan, probes)]
 
 
 def default_probes() -> Probes:
