@@ -5,7 +5,8 @@ report (issue 22 targets: < 2 s, < 200 MB peak RSS, CLI start-up included).
 Anchor, in the same run: the same verify of the same deploy dir without the SBOM and CVE
 files (what the supply-chain facts add is the difference), and `python -c "import json;
 json.load(...)"` of the SPDX file (the least a reader must do). Peak RSS is the child's
-ru_maxrss (the largest child so far: an upper bound per line). Run: .venv/bin/python bench/bench_sbom.py [--packages 1500] [--cve-packages 200]
+ru_maxrss (the largest child so far: an upper bound per line).
+Run: .venv/bin/python bench/bench_sbom.py [--packages 1500] [--cve-packages 200]
 """
 
 from __future__ import annotations
