@@ -51,6 +51,16 @@ def test_cve_check_and_spdx3_become_facts(project: Path, alma) -> None:
     assert f["nvd_data_date"] == utc_iso(1_795_000_000)
 
 
+def test_without_the_image_report_the_build_summary_is_read(project: Path, alma) -> None:
+    d = build_deploy(project)
+    summary = d.dir.parent.parent.parent / "log" / "cve" / "cve-summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps(sf.default_cve(), indent=2))
+    assert alma("verify", d.dir, "--root", project).code == 0
+    m = load_manifest(manifest_path(project, "alma-image", MACHINE))
+    assert m.value("cve_unpatched_high") == 2 and "cve-summary.json" in m.fact("cve_counts").source
+
+
 def test_spdx22_tarball_is_read_through_its_index(project: Path, alma) -> None:
     d = build_deploy(project)
     sf.write_spdx22(d.dir, LINK)

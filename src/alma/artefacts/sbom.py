@@ -391,10 +391,12 @@ def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None) -> S
     spdx3 = _first(deploy / f"{link_name}.spdx.json")
     spdx2 = _first(deploy / f"{link_name}.spdx.tar.zst")
     sbom = read_spdx3(spdx3) if spdx3 else (read_spdx22(spdx2) if spdx2 else None)
-    cve_path = _first(deploy / f"{link_name}.json")
+    tmp = deploy.parent.parent.parent  # <tmp>/deploy/images/<machine>
+    # the image's own report; else the build's summary (every recipe cve-check saw, same shape:
+    # cve-check.bbclass:114-135 generate_json_report, CVE_CHECK_SUMMARY_DIR = ${LOG_DIR}/cve)
+    cve_path = _first(deploy / f"{link_name}.json", tmp / "log" / "cve" / "cve-summary.json")
     cve = read_cve(cve_path) if cve_path else None
     nvd_date, nvd_source = None, "no NVD database found"
-    tmp = deploy.parent.parent.parent  # <tmp>/deploy/images/<machine>
     for db in ([downloads / NVD_DB] if downloads else []) + [tmp / "sysroots" / NVD_DB]:
         if db.is_file():
             nvd_date = datetime.fromtimestamp(os.stat(db).st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
