@@ -41,4 +41,11 @@ def dump(machine: str | None, features: tuple[str, ...], kas_files: tuple[str, .
     if as_json:
         emit_json(data)
     else:
-        click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
+        class _Dumper(yaml.SafeDumper):  # local_conf_header blocks read as kas files write them: "|"
+            pass
+
+        def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+            return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+        _Dumper.add_representer(str, _text)
+        click.echo(yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False), nl=False)
