@@ -23,7 +23,12 @@ EXIT_CODES = (
 @click.option("--kas-file", "kas_files", multiple=True, metavar="FILE[:FILE]", help="More kas files (as alma build).")
 @click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="As alma build.")
 @click.option(
-    "--admin-key", "admin_keys", multiple=True, metavar="FILE", type=click.Path(dir_okay=False, path_type=Path)
+    "--admin-key",
+    "admin_keys",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="As alma build (repeatable).",
 )
 @click.option("--no-admin-access", is_flag=True, help="As alma build.")
 @click.option("-c", "--command", "command", metavar="CMD", help="Run CMD in the shell instead of an interactive one.")
