@@ -34,7 +34,10 @@ def dump(machine: str | None, features: tuple[str, ...], kas_files: tuple[str, .
     project.require_layout()
     files = project.kas_files(machine or DEFAULT_MACHINE, features) + project.extra_kas_files(kas_files)
     kas = load_kas(project, files)
-    data = kas.data
+    data = dict(kas.data)
+    header = data.get("header")
+    if isinstance(header, dict):  # the includes are merged in: kas dump drops them too
+        data["header"] = {k: v for k, v in header.items() if k != "includes"}
     if lock:
         pins = {r.repo_id: {"commit": r.commit} for r in kas.repos(Path(project.root)) if r.url and r.commit}
         data = {"header": {"version": data.get("header", {}).get("version", 14)}, "overrides": {"repos": pins}}
