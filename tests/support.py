@@ -12,14 +12,38 @@ REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+# The Debian package of each system part a test drives (README: "System packages").
+PACKAGE_OF = {
+    "umockdev-run": "umockdev",
+    "umockdev-wrapper": "umockdev",
+    "UMockdev typelib": "gir1.2-umockdev-1.0",
+    "sshd": "openssh-server",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "nats-server": "nats-server",
+    "chromium": "chromium",
+    "systemd-analyze": "systemd",
+    "zstd": "zstd",
+}
+
+
+def require_part(name: str, found: bool) -> None:
+    """Skip (locally) or fail (in CI, where .ci/run must have installed it) when a system part
+    is missing; the skip reason is the command that installs it."""
+    if found:
+        return
+    install = f"sudo apt-get install {PACKAGE_OF.get(name, name)}"
+    if IN_CI:
+        pytest.fail(f"{name} is not installed: .ci/run must install it ({install})")
+    pytest.skip(f"{name} not installed: {install}")
+
+
 def require_tool(name: str) -> str:
     """Path of a real tool the test needs. Skips locally when missing; fails in CI,
     where .ci/run must have installed it (a skipped real-part test would hide that)."""
     path = shutil.which(name) or (f"/usr/sbin/{name}" if os.access(f"/usr/sbin/{name}", os.X_OK) else None)
-    if path is None:
-        if IN_CI:
-            pytest.fail(f"{name} is not installed: .ci/run must install it")
-        pytest.skip(f"{name} not installed")
+    require_part(name, path is not None)
+    assert path is not None
     return path
 
 

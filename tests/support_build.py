@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -69,6 +70,8 @@ def make_project(root: Path) -> Path:
     (images / "alma-image.bb").write_text('SUMMARY = "ALMA-OS image"\nLICENSE = "MIT"\ninherit core-image\n')
     (root / "layers" / "meta-alma" / "conf").mkdir()
     (root / "layers" / "meta-alma" / "conf" / "layer.conf").write_text('BBFILE_COLLECTIONS += "alma"\n')
+    # kas needs the checkout to be a repository (its root is the base of every include)
+    subprocess.run(["git", "init", "-q", str(root)], check=True, capture_output=True)
     return root
 
 

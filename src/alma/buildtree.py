@@ -1,7 +1,9 @@
 """The build tree, defined once: where kas and bitbake put everything ``alma build`` makes.
 
 ``alma build`` runs kas with ``KAS_WORK_DIR = <build dir>`` and ``KAS_BUILD_DIR =
-<build dir>/<machine>``, so (default build dir ``<checkout>/build``)::
+<build dir>/<machine>``, so (default build dir ``<checkout>/build``; an exported
+``KAS_WORK_DIR``, ``KAS_BUILD_DIR``, ``DL_DIR`` or ``SSTATE_DIR`` wins over its default,
+``--build-dir`` over an exported ``KAS_WORK_DIR``)::
 
     build/<repo>/                              repositories kas checks out (bitbake, openembedded-core, ...)
     build/downloads/                           DL_DIR, shared by every machine
@@ -18,6 +20,7 @@ from this module; docs/architecture.md shows the same tree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,24 +34,36 @@ DOWNLOADS = "downloads"
 SSTATE = "sstate-cache"
 
 
+# What kas (and bitbake) take from the environment. An exported value wins over the default
+# tree (docs/shared-builds.md): a shared DL_DIR/SSTATE_DIR, or a work dir on another disk.
+ENV_NAMES = ("KAS_WORK_DIR", "KAS_BUILD_DIR", "DL_DIR", "SSTATE_DIR")
+
+
 @dataclass(frozen=True)
 class BuildTree:
     work_dir: Path  # KAS_WORK_DIR
+    downloads_dir: Path | None = None  # DL_DIR when exported (else <work_dir>/downloads)
+    sstate_dir: Path | None = None  # SSTATE_DIR when exported (else <work_dir>/sstate-cache)
+    build_dir: Path | None = None  # KAS_BUILD_DIR when exported (else <work_dir>/<machine>)
+    sources: tuple[tuple[str, str], ...] = ()  # (name, where its value came from)
 
     @property
     def downloads(self) -> Path:
-        return self.work_dir / DOWNLOADS
+        return self.downloads_dir or self.work_dir / DOWNLOADS
 
     @property
     def sstate(self) -> Path:
-        return self.work_dir / SSTATE
+        return self.sstate_dir or self.work_dir / SSTATE
+
+    def source(self, name: str) -> str:
+        return dict(self.sources).get(name, "default")
 
     def repo_dir(self, name: str) -> Path:
         return self.work_dir / name
 
     def machine_dir(self, machine: str) -> Path:
-        """KAS_BUILD_DIR (bitbake's TOPDIR) for ``machine``."""
-        return self.work_dir / machine
+        """KAS_BUILD_DIR (bitbake's TOPDIR) for ``machine``: the exported one, else per machine."""
+        return self.build_dir or self.work_dir / machine
 
     def tmp_dirs(self, machine: str) -> list[Path]:
         return [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
@@ -77,9 +92,39 @@ class BuildTree:
         return {"KAS_WORK_DIR": str(self.work_dir), "DL_DIR": str(self.downloads), "SSTATE_DIR": str(self.sstate)}
 
 
-def build_tree(root: Path, build_dir: Path | None = None) -> BuildTree:
-    """The tree of checkout ``root`` (``--build-dir`` overrides ``<root>/build``)."""
-    return BuildTree((Path(build_dir) if build_dir else Path(root) / BUILD_DIR_NAME).resolve())
+def build_tree(root: Path, build_dir: Path | None = None, env: Mapping[str, str] | None = None) -> BuildTree:
+    """The tree of checkout ``root``.
+
+    Precedence, for each directory: ``--build-dir`` (the work dir only), then the exported
+    variable (``env``: KAS_WORK_DIR, KAS_BUILD_DIR, DL_DIR, SSTATE_DIR), then the default
+    under ``<root>/build``. ``sources`` records which one won, for the plan.
+    """
+    env = {} if env is None else env
+
+    def exported(name: str) -> Path | None:
+        value = env.get(name, "").strip()
+        return Path(value).expanduser().resolve() if value else None
+
+    sources: list[tuple[str, str]] = []
+    from_env = exported("KAS_WORK_DIR")
+    if build_dir:
+        work, how = Path(build_dir).resolve(), "--build-dir"
+    elif from_env is not None:
+        work, how = from_env, "environment"
+    else:
+        work, how = (Path(root) / BUILD_DIR_NAME).resolve(), "default"
+    sources.append(("KAS_WORK_DIR", how))
+    dirs: dict[str, Path | None] = {}
+    for name in ("KAS_BUILD_DIR", "DL_DIR", "SSTATE_DIR"):
+        dirs[name] = exported(name)
+        sources.append((name, "environment" if dirs[name] else ("--build-dir" if build_dir else "default")))
+    return BuildTree(
+        work,
+        downloads_dir=dirs["DL_DIR"],
+        sstate_dir=dirs["SSTATE_DIR"],
+        build_dir=dirs["KAS_BUILD_DIR"],
+        sources=tuple(sources),
+    )
 
 
 def deploy_dir_hint(machine: str) -> str:

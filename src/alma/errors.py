@@ -4,7 +4,9 @@ Code below the CLI raises these and never calls ``sys.exit``; ``alma.cli.main`` 
 them to exit codes. Every user-facing error carries a ``hint`` ("try: ...") naming the
 next step, so the user never has to read a traceback.
 
-Exit codes, the same for every verb (docs/cli.md, "Exit codes"):
+Exit codes: what each means by default. A verb may add its own (flash 3/4/5, boards --wait 124,
+fleet inspect 3, fleet health's Nagios codes); docs/cli.md, "Exit codes", lists every
+command's set, generated from its help and checked against the code:
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 # An expanded kas file of this project has ~200 nodes; 100k leaves room for any honest file
 # and stops a 9-level alias bomb (10^9 nodes) before anything walks it.
 MAX_YAML_NODES = 100_000
+# Nesting deeper than this is no honest config (kas files nest ~6 levels); the consumers
+# (kas's schema validation, repr, json) recurse and would hit the interpreter's limit.
+MAX_YAML_DEPTH = 100
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -129,40 +132,47 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
     """
     y, _ = _yaml()
     size: dict[int, int] = {}
-    order: list[yaml.Node] = []
-    stack: list[yaml.Node] = [root]
-    seen: set[int] = set()
-    while stack:  # iterative post-order: deep nesting cannot hit the recursion limit
-        node = stack.pop()
-        if id(node) in seen:
+    depth: dict[int, int] = {}
+    # Iterative post-order (deep nesting cannot hit the recursion limit). A node is sized once
+    # all its children are: a node shared through an alias may be reached first from any
+    # branch, so "children before parents" is enforced per node, not assumed from visit order.
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    entered: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
             continue
-        seen.add(id(node))
-        order.append(node)
         if isinstance(node, y.MappingNode):
-            keys: dict[str, int] = {}
-            for k, v in node.value:
-                if isinstance(k, y.ScalarNode) and k.tag != _MERGE_TAG:
-                    first = keys.get(k.value)
-                    keys.setdefault(k.value, k.start_mark.line + 1)
-                    if first is not None:
-                        raise _bad(
-                            path,
-                            k.start_mark.line + 1 + line_offset,
-                            f"duplicate key {k.value!r} (first at line {first + line_offset}); YAML keeps only "
-                            "the last one, so the first is silently ignored",
-                            hint or "remove or merge one of the two",
-                        )
-                stack += (k, v)
+            children = [c for kv in node.value for c in kv]
         elif isinstance(node, y.SequenceNode):
-            stack += node.value
-    for node in reversed(order):  # children before parents
-        if isinstance(node, y.MappingNode):
-            n = 1 + sum(size[id(k)] + size[id(v)] for k, v in node.value)
-        elif isinstance(node, y.SequenceNode):
-            n = 1 + sum(size[id(c)] for c in node.value)
+            children = list(node.value)
         else:
-            n = 1
+            children = []
+        if not children_done:
+            if id(node) in entered:  # on the current path: a recursive alias (&a [*a]) is not a tree
+                raise _bad(
+                    path,
+                    node.start_mark.line + 1 + line_offset,
+                    "YAML refers to itself through an alias (a recursive structure); refused",
+                    hint or "write the values out instead of nesting &anchor/*alias references",
+                )
+            entered.add(id(node))
+            if isinstance(node, y.MappingNode):
+                _check_duplicate_keys(node, path, line_offset, hint)
+            stack.append((node, True))
+            stack += [(c, False) for c in children if id(c) not in size]
+            continue
+        entered.discard(id(node))
+        n = 1 + sum(size[id(c)] for c in children)
         size[id(node)] = n
+        depth[id(node)] = 1 + max((depth[id(c)] for c in children), default=0)
+        if depth[id(node)] > MAX_YAML_DEPTH:
+            raise _bad(
+                path,
+                node.start_mark.line + 1 + line_offset,
+                f"YAML nested more than {MAX_YAML_DEPTH} levels deep; refused",
+                hint or "flatten the structure",
+            )
         if n > max_nodes:
             raise _bad(
                 path,
@@ -172,21 +182,48 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
             )
 
 
-def construct_yaml(node: yaml.Node | None) -> Any:
-    """Python data (safe types only) of a node tree from :func:`compose_yaml`."""
+def _check_duplicate_keys(node: yaml.MappingNode, path: Path | str, line_offset: int, hint: str | None) -> None:
+    y, _ = _yaml()
+    keys: dict[str, int] = {}
+    for k, _v in node.value:
+        if isinstance(k, y.ScalarNode) and k.tag != _MERGE_TAG:
+            first = keys.get(k.value)
+            keys.setdefault(k.value, k.start_mark.line + 1)
+            if first is not None:
+                raise _bad(
+                    path,
+                    k.start_mark.line + 1 + line_offset,
+                    f"duplicate key {k.value!r} (first at line {first + line_offset}); YAML keeps only "
+                    "the last one, so the first is silently ignored",
+                    hint or "remove or merge one of the two",
+                )
+
+
+def construct_yaml(node: yaml.Node | None, path: Path | str = "<yaml>", *, hint: str | None = None) -> Any:
+    """Python data (safe types only) of a node tree from :func:`compose_yaml`.
+
+    A tag the safe constructors do not know (``!!python/object``, ``!custom``) or a value
+    its tag cannot hold (``!!int x``) is a LoadError at its line, never a crash."""
     if node is None:
         return None
-    _, loader_class = _yaml()
+    yaml, loader_class = _yaml()
     loader = loader_class("")
     try:
         return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        why = getattr(exc, "problem", None) or str(exc)
+        raise _bad(path, line, f"YAML value refused: {why}", hint or "use plain YAML values (no tags)") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. !!timestamp 2026-13-45
+        raise _bad(path, None, f"YAML value refused: {exc}", hint or "use plain YAML values (no tags)") from None
     finally:
         loader.dispose()
 
 
 def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NODES, hint: str | None = None) -> Any:
     text = read_text(path, what="YAML file", hint=hint)
-    return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint))
+    return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint), path, hint=hint)
 
 
 def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:

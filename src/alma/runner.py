@@ -347,3 +347,26 @@ def capture(
 ) -> Result:
     """Run a short tool and keep its output lines (e.g. ``systemd-analyze``, ``git``)."""
     return run(argv, cwd=cwd, env=env, timeout=timeout, check=check, keep_lines=True, stderr=stderr)
+
+
+def run_attached(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run an interactive tool on this terminal (``kas shell``): stdin, stdout and stderr are
+    the caller's, so the user's shell keeps its prompt, job control and colours. Ctrl-C goes to
+    the tool (same process group, like any foreground command); alma waits for it to end and
+    returns its exit code. Never a shell of alma's making: ``argv`` is executed as given."""
+    args: list[str] = [resolve(str(argv[0]), env), *map(str, argv[1:])]
+    log.info("%s", format_command(args, cwd))
+    try:
+        proc = subprocess.Popen(args, cwd=cwd, env=None if env is None else dict(env))
+    except FileNotFoundError:
+        raise ToolNotFound(f"{args[0]} not found", hint="install it, or set its path in alma.toml [tools]") from None
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # the tool got the same SIGINT and decides; keep waiting for it
+            continue

@@ -143,3 +143,40 @@ python alma_release_check() {
 }
 ROOTFS_POSTPROCESS_COMMAND += "alma_release_check"
 ROOTFS_POSTPROCESS_COMMAND[vardeps] += "ALMA_RELEASE ALMA_ADMIN_ACCESS ALMA_ADMIN_USER"
+
+# The CVE gate (kas/features/security.yml sets ALMA_CVE_GATE = "1"): a release rootfs fails on
+# an Unpatched CVE with CVSS v3/v4 >= 9.0 in the image's cve-check report, which
+# cve_check_write_rootfs_manifest (prepended to ROOTFS_POSTPROCESS_COMMAND) has written by
+# now. A waiver is a CVE_STATUS with a reason in conf/distro/include/alma-cve-status.inc:
+# cve-check reports it as Ignored, so it never reaches this list.
+alma_cve_gate[doc] = "Fail a release rootfs with an unpatched critical CVE (CVSS >= 9.0) that no reviewed waiver covers"
+python alma_cve_gate() {
+    import json
+    import os
+    if d.getVar('ALMA_RELEASE') != '1' or d.getVar('ALMA_CVE_GATE') != '1':
+        return
+    report = d.getVar('CVE_CHECK_MANIFEST_JSON')
+    if not report or not os.path.exists(report):
+        bb.fatal('alma-image: ALMA_CVE_GATE is set but there is no cve-check report (%s): inherit cve-check' % report)
+    with open(report, encoding='utf-8') as f:
+        data = json.load(f)
+
+    def score(value):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return 0.0
+
+    critical = []
+    for pkg in data.get('package', []):
+        for issue in pkg.get('issue', []):
+            if issue.get('status') == 'Unpatched' and max(score(issue.get('scorev3')), score(issue.get('scorev4'))) >= 9.0:
+                critical.append('%s %s' % (pkg.get('name'), issue.get('id')))
+    if critical:
+        bb.fatal('alma-image: a release must not ship an unpatched critical CVE (CVSS >= 9.0): %s; patch it, or '
+                 'waive it with a reason in conf/distro/include/alma-cve-status.inc (CVE_STATUS, reviewed)'
+                 % ', '.join(sorted(critical)))
+    bb.note('alma-cve-gate: no unpatched critical CVE in %s' % os.path.basename(report))
+}
+ROOTFS_POSTPROCESS_COMMAND += "alma_cve_gate"
+ROOTFS_POSTPROCESS_COMMAND[vardeps] += "ALMA_CVE_GATE"

@@ -248,6 +248,16 @@ def verify(
 
     # --- OTA update artefact (feature ota): what the .swu claims, docs/ota.md ---
     _swu_facts(m, deploy, machine, problems)
+    # --- supply chain: SPDX SBOM and cve-check (issue 22; alma.artefacts.sbom) ---
+    from alma.artefacts.sbom import read_supply_chain
+
+    try:
+        chain = read_supply_chain(deploy, dp.link_name(image, machine), (tree or build_tree(root)).downloads)
+    except UserError as exc:
+        problems.append(exc.message)
+    else:
+        for name, (value, source) in chain.facts().items():
+            m.set(name, value, source)
 
     # --- build time fallback: buildhistory ---
     if not stamp_set(m):

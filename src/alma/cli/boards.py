@@ -18,7 +18,7 @@ EXIT_WAIT_TIMEOUT = 124  # like timeout(1): --wait saw no board in recovery mode
 @click.command(
     epilog="Exit codes: 0 listed (with --wait: a board in recovery mode appeared), "
     f"{EXIT_WAIT_TIMEOUT} --wait timed out with no board in recovery mode, 2 usage error "
-    "or libudev unavailable, 130 interrupted."
+    "or libudev unavailable (or pyudev not installed), 70 internal error, 130 interrupted."
 )
 @click.option(
     "--wait", "wait", is_flag=True, help="Wait (event-driven, udev monitor) until a board in recovery mode appears."
@@ -38,6 +38,9 @@ def boards(wait: bool, timeout: float | None, usb_instance: str | None, as_json:
 
     An empty listing is not proof that no board is connected; the command says what to check.
     """
+    from alma.flash import require_station_deps
+
+    require_station_deps()
     from alma.flash import discovery
 
     if timeout is not None and not wait:

@@ -96,6 +96,18 @@ EXIT_CODES = (
     help="Feature ota: the PEM certificate whose signature the boards require on every .swu "
     "(default: [ota] signing_cert in alma.toml; a release with ota needs one).",
 )
+@click.option(
+    "--kas-file",
+    "kas_files",
+    multiple=True,
+    metavar="FILE[:FILE]",
+    help="More kas files after the features, kas's colon list (repeatable), checked like every kas file; "
+    "inside the checkout (kas merges files of one repository).",
+)
+@click.option("--target", metavar="RECIPE", help="Build this recipe instead of the image (bitbake's target).")
+@click.option("--task", metavar="TASK", help="Run this task only (bitbake -c TASK), e.g. fetch, compile, cleansstate.")
+@click.option("-k", "--keep-going", is_flag=True, help="Continue as much as possible after an error (bitbake -k).")
+@click.argument("bitbake_args", nargs=-1, metavar="[-- BITBAKE_ARGS...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
 def build(
     machine: str | None,
@@ -110,9 +122,17 @@ def build(
     admin_keys: tuple[Path, ...],
     no_admin_access: bool,
     ota_cert: Path | None,
+    kas_files: tuple[str, ...],
+    target: str | None,
+    task: str | None,
+    keep_going: bool,
+    bitbake_args: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Build an ALMA-OS image with kas + bitbake: preflight, live progress, a summary.
+
+    Arguments after `--` go to bitbake verbatim (each quoted), after the target:
+    `alma build --target busybox -- -DD` runs `bitbake -R <config> busybox -DD` in kas shell.
 
     Every offline step runs first (kas files validated with kas's schema, config generated);
     then the host is checked (tools, disk, RAM, user, network) and every problem is listed
@@ -139,7 +159,16 @@ def build(
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
         ota_cert=ota_cert,
+        target=target,
+        task=task,
+        keep_going=keep_going,
+        bitbake_args=bitbake_args,
+        kas_files=kas_files,
     )
+    if check and (target or task or keep_going or bitbake_args):
+        from alma.errors import UserError
+
+        raise UserError("--check parses and computes the graph only", hint="drop --target/--task/-k/-- with --check")
     plan = make_plan(req, Project(repo_root()), probes)
 
     if dry_run:
@@ -182,9 +211,9 @@ def _print_dry_run(plan: BuildPlan, problems: list[tuple[str, str]]) -> None:
     click.echo("kas files: " + " ".join(str(f.relative_to(plan.root)) for f in plan.kas_files))
     for note in plan.notes:
         click.echo(note)
-    click.echo("environment (added for kas):")
+    click.echo("environment (added for kas; an exported value wins over the default):")
     for k, v in plan.env.items():
-        click.echo(f"  {k}={v}")
+        click.echo(f"  {k}={v}  ({plan.env_source(k)})")
     click.echo(f"config {plan.conf_path} (written at run time, read by bitbake -R):")
     for line in plan.conf_text.splitlines():
         click.echo(f"  | {line}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from alma.cli.output import console, emit_json, is_tty
+from alma.cli.output import console, emit_json, is_tty, secho
 
 if TYPE_CHECKING:
     from alma.flash.discovery import UsbBoard
@@ -23,7 +23,7 @@ EPILOG = (
     "(initrd-flash error or 'Final status: FAILED'); 4 a phase timed out (initrd-flash was "
     "stopped); 5 flashed but no boot seen on the console; 130 interrupted (Ctrl-C or SIGTERM: "
     "every initrd-flash is stopped, every board gets an INTERRUPTED record; a second signal "
-    "only stops them faster). With --all the worst outcome decides, in the order 130, 3, 4, 2, "
+    "only stops them faster); 70 internal error. With --all the worst outcome decides, in the order 130, 3, 4, 2, "
     "5, 0. Every attempt writes a flash record to facts/flash-records/, with the host log, "
     "device logs and transcript next to it."
 )
@@ -170,6 +170,9 @@ def flash(
     runs per board with per-phase time limits. Success needs exit 0 and 'Final status:
     SUCCESS'; with a console the record also says whether the board booted.
     """
+    from alma.flash import require_station_deps
+
+    require_station_deps()
     from alma.errors import UserError
     from alma.flash.flasher import FlashArgs
     from alma.flash.interrupt import Interruption
@@ -301,11 +304,11 @@ class _Display:
                 click.echo(f"[{ev.usb_instance}] {ev.line}", err=True)
         elif kind == "record-lost":
             err = data["error"]
-            click.secho(f"error: {err.message}", fg="red", err=True)
+            secho(f"error: {err.message}", fg="red", err=True)
             click.echo(f"  try: {err.hint}", err=True)
             click.echo(data["json"], err=True)
         elif kind == "warning":
-            click.secho(f"warning: {data['message']}", fg="yellow", err=True)
+            secho(f"warning: {data['message']}", fg="yellow", err=True)
         elif kind == "record":
             run = data["run"]
             inst = run.record.board.get("usb_instance") or "-"
@@ -328,7 +331,7 @@ def _print_joins(joins: list[dict[str, Any]]) -> None:
             click.echo(f"# board {j['usb_instance']}: {where}")
             click.echo(j["toml"])
         if j.get("reason") and not j.get("added_to") and (not j.get("toml") or "not added" in j["reason"]):
-            click.secho(f"board {j['usb_instance']}: not joined to the fleet: {j['reason']}", fg="yellow", err=True)
+            secho(f"board {j['usb_instance']}: not joined to the fleet: {j['reason']}", fg="yellow", err=True)
 
 
 def _short(module: str) -> str:

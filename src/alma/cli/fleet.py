@@ -70,7 +70,8 @@ def fleet() -> None:
     epilog="Exit codes (Nagios): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, the worst node with "
     "ordering OK < UNKNOWN < WARNING < CRITICAL (unreachable, timed-out, over-limit, unparsable or "
     "stale nodes are UNKNOWN). A usage or configuration error (bad fleet file, unknown option, "
-    "no ssh) is UNKNOWN too: exit 3 with the error on stderr and no table; 130 interrupted.",
+    "no ssh) is UNKNOWN too: exit 3 with the error on stderr and no table; 70 internal error; "
+    "130 interrupted.",
 )
 @FLEET_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
@@ -170,7 +171,7 @@ def health(
 @fleet.command(
     epilog="Exit codes: 0 snapshot taken (items that could not be read are listed as 'not checked'), "
     "3 at least one node could not be reached at all (the snapshot is still written), 2 bad fleet "
-    "file, unknown node or option, 130 interrupted."
+    "file, unknown node or option, 70 internal error, 130 interrupted."
 )
 @FLEET_OPT
 @click.argument("nodes", nargs=-1, required=True)

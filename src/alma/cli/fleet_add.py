@@ -10,7 +10,8 @@ import click
 @click.command(
     "add",
     epilog="Exit codes: 0 added; 2 invalid name, destination, role, alias or host key, a node of that "
-    "name already in the fleet, or a fleet file the loader refuses (nothing is written then).",
+    "name already in the fleet, or a fleet file the loader refuses (nothing is written then); "
+    "70 internal error.",
 )
 @click.argument("name")
 @click.option("--ssh", "dest", required=True, metavar="DEST", help="ssh destination, e.g. alma@192.0.2.7.")

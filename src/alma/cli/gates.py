@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from alma.cli.output import emit_json
+from alma.cli.output import emit_json, secho
 
 _PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 _FACTS = click.option(
@@ -36,7 +36,8 @@ def gates() -> None:
 @gates.command(
     epilog="Exit codes: 0 every claim holds; 1 stale: at least one claim is contradicted by the facts "
     "or asserts what the manifest cannot back; 2 cannot judge: missing manifest, malformed document, "
-    "unknown claim, no documents (with --strict also: unmarked prose that makes a checkable claim)."
+    "unknown claim, no documents (with --strict also: unmarked prose that makes a checkable claim); "
+    "70 internal error."
 )
 @_PATHS
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable findings on stdout.")
@@ -71,17 +72,17 @@ def check(paths: tuple[Path, ...], as_json: bool, strict: bool, facts_dir: Path 
         if f.verdict == HOLDS:
             continue
         if f.verdict in (STALE, UNBACKED):
-            click.secho(f"{f.doc}:{f.line}: {f.verdict}: {f.message}", fg="red", err=False)
+            secho(f"{f.doc}:{f.line}: {f.verdict}: {f.message}", fg="red", err=False)
             click.echo(f"    claim:  {f.claim}: {f.written}")
             click.echo(f"    fact:   {show(f.fact, f.claim)}")
             click.echo(f"    source: {f.source}")
             click.echo(f"    fix:    {f.fix}")
         elif f.verdict == WARNING or f.line:
             color = "yellow" if f.verdict == WARNING else "red"
-            click.secho(f"{f.doc}:{f.line}: {f.verdict}: {f.message}", fg=color)
+            secho(f"{f.doc}:{f.line}: {f.verdict}: {f.message}", fg=color)
             click.echo(f"    fix:    {f.fix}")
         else:
-            click.secho(f"error: {f.message}", fg="red")
+            secho(f"error: {f.message}", fg="red")
             if f.fix:
                 click.echo(f"  try: {f.fix}")
     verdict = {0: "all claims hold", 1: "STALE", 2: "cannot judge"}[code]
@@ -96,7 +97,8 @@ def check(paths: tuple[Path, ...], as_json: bool, strict: bool, facts_dir: Path 
 
 @gates.command(
     epilog="Exit codes: 0 rendered (diff printed, or written with --write; also when nothing "
-    "changes); 2 cannot render: missing manifest, malformed document, unknown claim (nothing written)."
+    "changes); 2 cannot render: missing manifest, malformed document, unknown claim (nothing written); "
+    "70 internal error."
 )
 @_PATHS
 @click.option("--write", is_flag=True, help="Rewrite the documents in place (atomically) instead of printing a diff.")

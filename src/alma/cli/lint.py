@@ -26,7 +26,11 @@ def lint(as_json: bool) -> None:
     from alma.settings import repo_root
 
     root = repo_root()
-    report = run_lint(root)
+
+    def progress(step: str) -> None:  # stderr: stdout stays findings (or JSON) only
+        click.echo(f"alma lint: {step} ...", err=True)
+
+    report = run_lint(root, progress=progress)
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from alma import __version__
+from alma.cli.output import secho
 from alma.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NEGATIVE, EXIT_OK, EXIT_USAGE, AlmaError, UserError
 
 EXIT_CODES: list[tuple[int, str]] = [
@@ -54,6 +55,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
         "Check kas files, pinned commits, the layer (oelint-adv) and network configs.",
     ),
     "verify": ("alma.cli.verify", "verify", "Read build artefacts on disk and write the facts manifest."),
+    "shell": ("alma.cli.shell", "shell", "kas shell (or -c CMD) with the plan and checks of alma build."),
+    "dump": ("alma.cli.dump", "dump", "Print the merged kas config alma build would use (--lock: its pins)."),
     "gates": ("alma.cli.gates", "gates", "Check or re-render gate documents against the facts manifest."),
     "boards": ("alma.cli.boards", "boards", "List NVIDIA boards on USB (recovery mode, flashing, booted)."),
     "flash": ("alma.cli.flash", "flash", "Verify a bundle, flash it to boards in recovery mode, watch them boot."),
@@ -88,12 +91,20 @@ class LazyGroup(click.Group):
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="Exit codes: 0 ok; 1 negative verdict (stale, findings, failed build); 2 usage or precondition "
     "error (with its fix); 70 internal error (traceback saved to a log file); 130 interrupted. "
-    "Exceptions are listed in a command's help (fleet health: Nagios).",
+    "A command's own codes are in its help (flash 3/4/5, boards --wait 124, fleet inspect 3, fleet health: "
+    "Nagios).",
 )
 @click.version_option(__version__, prog_name="alma")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-def cli(verbose: int) -> None:
+@click.option(
+    "--no-color",
+    is_flag=True,
+    help="No colour in any output (the same as exporting NO_COLOR=1, which alma also honours).",
+)
+def cli(verbose: int, no_color: bool) -> None:
     """ALMA-OS toolchain: build, verify, gate, flash and watch ALMA-OS on Jetson Orin."""
+    if no_color:
+        os.environ["NO_COLOR"] = "1"  # rich, click via alma.cli.output.secho, and the tools alma runs
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
 
@@ -135,7 +146,7 @@ def usage_exit(code: int) -> Callable[[C], C]:
 
 
 def _report(exc: AlmaError) -> None:
-    click.secho(f"error: {exc.message}", fg="red", err=True)
+    secho(f"error: {exc.message}", fg="red", err=True)
     if exc.hint:
         click.echo(f"  try: {exc.hint}", err=True)
 
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(EXIT_OK)
     except Exception as exc:  # a bug: keep the traceback, say where, exit 70
         path = _keep_traceback(exc, argv)
-        click.secho(f"internal error (a bug in alma): {type(exc).__name__}: {exc}", fg="red", err=True)
+        secho(f"internal error (a bug in alma): {type(exc).__name__}: {exc}", fg="red", err=True)
         click.echo(f"  traceback saved to {path}; please report it with that file", err=True)
         sys.exit(EXIT_INTERNAL)
 

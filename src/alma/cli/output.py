@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 import click
+
+
+def color() -> bool:
+    """Whether output may be coloured: not under NO_COLOR (https://no-color.org: any non-empty
+    value) nor ``alma --no-color`` (which sets NO_COLOR, so rich and child tools obey too)."""
+    return not os.environ.get("NO_COLOR")
+
+
+def secho(message: str, *, fg: str | None = None, err: bool = False) -> None:
+    """click.secho that honours NO_COLOR / --no-color (click itself strips colour only off a terminal)."""
+    if fg and color():
+        click.secho(message, fg=fg, err=err)
+    else:  # secho adds a reset sequence even without a colour
+        click.echo(message, err=err)
 
 
 def is_tty() -> bool:

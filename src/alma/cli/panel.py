@@ -12,7 +12,8 @@ from alma.cli.fleet import finite
 @click.command(
     epilog="Exit codes: 0 page written (or server stopped with Ctrl-C), 2 no snapshot / bad fleet "
     "file / unreadable history / unwritable --out / the page would leak an IP address or internal "
-    "name (nothing written) / port in use, 130 interrupted before the server started."
+    "name (nothing written) / port in use, 70 internal error, 130 interrupted before the server "
+    "started."
 )
 @click.option(
     "--out",

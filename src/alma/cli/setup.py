@@ -13,8 +13,8 @@ def setup() -> None:
 
 
 @setup.command(
-    epilog="Exit codes: 0 written (or printed), 2 cannot write the rules (not root: use sudo), "
-    "a failing udevadm passes on its own code."
+    epilog="Exit codes: 0 written (or printed); 1 udevadm failed (its own exit code is printed, never "
+    "passed on); 2 cannot write the rules (not root: use sudo); 70 internal error."
 )
 @click.option("--print", "print_only", is_flag=True, help="Print the rules instead of installing them.")
 @click.option(

@@ -59,8 +59,8 @@ class _Progress:
 
 @click.command(
     epilog="Exit codes: 0 manifest(s) written; 2 missing or inconsistent artefacts (every problem is "
-    "listed, nothing is written), no deploy dir, --absent while a deploy dir exists, or a bad option; "
-    "130 interrupted.",
+    "listed, nothing is written), no deploy dir, --absent while a deploy dir exists, an unwritable "
+    "--out, or a bad option; 70 internal error; 130 interrupted.",
 )
 @click.argument("deploy_dir", required=False, type=click.Path(path_type=Path))
 @click.option(
@@ -76,6 +76,13 @@ class _Progress:
     help="Record that nothing is built/verified on this machine (all facts null); refused when a deploy dir exists.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest(s) as JSON on stdout.")
+@click.option(
+    "--sbom",
+    "sbom",
+    is_flag=True,
+    help="Print the supply-chain summary (SBOM packages and licences, CVEs by status x severity, "
+    "blind spots, Ignored without detail, NVD date) instead of every fact; --json has all of it.",
+)
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the manifest here instead of facts/<image>-<machine>.json."
 )
@@ -93,6 +100,7 @@ def verify(
     rehash: bool,
     absent: bool,
     as_json: bool,
+    sbom: bool,
     out: Path | None,
     root: Path | None,
     build_dir: Path | None,
@@ -116,7 +124,9 @@ def verify(
     from alma.ground import write_atomic
 
     root = (root or settings.repo_root()).resolve()
-    tree = build_tree(root, build_dir)
+    import os
+
+    tree = build_tree(root, build_dir, os.environ)  # exported KAS_BUILD_DIR/DL_DIR, as alma build
     manifests: list[Manifest] = []
     if absent:
         mach = machine or (deploy_dir.name if deploy_dir else DEFAULT_MACHINE)
@@ -139,12 +149,25 @@ def verify(
     written = []
     for manifest in manifests:
         target = out or manifest_path(root, manifest.image, manifest.machine)
-        write_atomic(target, manifest.to_json())
-        target.chmod(0o644)  # a committed file, readable like any other
+        try:
+            write_atomic(target, manifest.to_json())
+            target.chmod(0o644)  # a committed file, readable like any other
+        except OSError as exc:  # an unwritable --out (or facts/) is the user's to fix, not a crash
+            raise UserError(
+                f"cannot write the manifest {target}: {exc.strerror or exc}",
+                hint="choose a writable place: alma verify --out /a/writable/dir/facts.json"
+                if out is not None
+                else f"make {target.parent} writable by you",
+            ) from None
         written.append(target)
     if as_json:
         docs = [json.loads(m.to_json()) for m in manifests]
         emit_json(docs[0] if len(docs) == 1 else docs)
+        return
+    if sbom:
+        for manifest in manifests:
+            for line in _sbom_summary(manifest):
+                click.echo(line)
         return
     for manifest, target in zip(manifests, written, strict=True):
         width = max(len(k) for k in manifest.facts)
@@ -155,3 +178,40 @@ def verify(
             val = json.dumps(f.value) if not isinstance(f.value, str) else f.value
             click.echo(f"{name:<{width}}  {val}" + (f"    [{f.source}]" if is_tty() else ""))
         click.echo(f"wrote {target}", err=True)
+
+
+def _sbom_summary(m: Any) -> list[str]:
+    v = m.value
+    lines = [f"# supply chain of {m.image} for {m.machine}"]
+    if v("sbom_format") is None:
+        lines.append("SBOM: none in the deploy dir (create-spdx is inherited by default: was it removed?)")
+    else:
+        lines.append(f"SBOM: {v('sbom_format')}, {v('sbom_package_count')} packages")
+        for lic, n in sorted(v("licences").items(), key=lambda kv: (-kv[1], kv[0]))[:15]:
+            lines.append(f"  {n:5d}  {lic}")
+        prop, unknown = v("licence_proprietary"), v("licence_unknown")
+        lines.append(f"  Proprietary: {len(prop)} {' '.join(prop[:10])}".rstrip())
+        lines.append(f"  unknown licence: {len(unknown)} {' '.join(unknown[:10])}".rstrip())
+    if v("cve_counts") is None:
+        lines.append("CVEs: no cve-check JSON (build with --feature security)")
+    else:
+        counts = v("cve_counts")
+        lines.append(
+            f"CVEs: {v('cve_package_count')} packages checked (NVD data of {v('nvd_data_date') or 'unknown date'})"
+        )
+        lines.append("  status     " + " ".join(f"{s:>8}" for s in ("critical", "high", "medium", "low", "none")))
+        for status, row in counts.items():
+            lines.append(
+                f"  {status:<10} " + " ".join(f"{row[s]:>8}" for s in ("critical", "high", "medium", "low", "none"))
+            )
+        blind, worst = v("cve_blind_spots"), v("cve_blind_spots_critical")
+        lines.append(
+            f"  blind spots (NVD knows no product): {len(blind)}; "
+            f"Proprietary or boot chain: {' '.join(worst) or 'none'}"
+        )
+        bare = v("cve_ignored_without_detail")
+        lines.append(
+            f"  Ignored: {len(v('cve_ignored'))}, without a detail (a finding): {len(bare)} "
+            f"{' '.join(bare[:10])}".rstrip()
+        )
+    return lines

@@ -189,7 +189,7 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
     node = loader.compose_yaml(
         fm, path, aliases=False, line_offset=1, hint="fix the front matter; format: docs/gates.md"
     )
-    data = loader.construct_yaml(node)
+    data = loader.construct_yaml(node, path)
     if not isinstance(data, dict) or node is None:
         raise _err(path, 2, "front matter must be a mapping (gate:, machine:, image:, claims:)")
     unknown = sorted(set(map(str, data)) - FRONT_KEYS)

@@ -2,8 +2,10 @@
 
 A release image (the default) has no password anywhere; the only way in is ssh with a key
 for the admin user ``alma`` (layers/meta-alma/recipes-alma/alma-access). So a release build
-without a key would make a board nobody can log into: the plan refuses it (exit 2) unless the
-engineer asks for a sealed appliance (``--no-admin-access``).
+without a key would make a board nobody can log into: the plan lists it as one of the
+preflight problems (so a run stops with exit 2 together with every other problem, and
+``--dry-run`` still shows the plan) unless the engineer asks for a sealed appliance
+(``--no-admin-access``).
 
 Where the keys come from, first match wins:
   1. ``alma build --admin-key FILE`` (repeatable)
@@ -38,6 +40,7 @@ class AdminAccess:
     sealed: bool = False
     keys: list[PublicKey] = field(default_factory=list)
     source: str = ""  # where the keys came from, for the plan
+    problem: tuple[str, str] | None = None  # (what is wrong, the fix): a release without any key
 
     def conf_lines(self) -> list[str]:
         if self.sealed:
@@ -58,6 +61,8 @@ class AdminAccess:
     def note(self) -> str:
         if self.sealed:
             return "admin access: none (--no-admin-access): a sealed appliance nobody can log into"
+        if self.problem is not None:
+            return "admin access: no key found for this release image (listed with the problems below)"
         if not self.keys:
             return "admin access: no key (development build: debug-tweaks allow root login on the console)"
         prints = ", ".join(f"{k.type} {k.fingerprint}" for k in self.keys)
@@ -144,12 +149,14 @@ def resolve(
         key = read_public_key_file(Path(p))
         if all(k.blob_b64 != key.blob_b64 for k in keys):
             keys.append(key)
+    acc = AdminAccess(release=release, keys=keys, source=source if keys else "")
     if release and not keys:
+        # one of the plan's problems (listed with every preflight problem), not an early stop
         ssh_dir = (home or Path.home()) / ".ssh"
-        raise ConfigError(
+        acc.problem = (
             "a release image needs an admin key: it has no password anywhere, so without a key "
             f"nobody can ever log into the board (no {', '.join(DEFAULT_KEY_NAMES)} in {ssh_dir})",
-            hint="alma build --admin-key ~/.ssh/id_ed25519.pub  (make one: ssh-keygen -t ed25519), "
+            "alma build --admin-key ~/.ssh/id_ed25519.pub  (make one: ssh-keygen -t ed25519), "
             "or --no-admin-access for a sealed appliance",
         )
-    return AdminAccess(release=release, keys=keys, source=source if keys else "")
+    return acc

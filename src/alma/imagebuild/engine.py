@@ -95,6 +95,28 @@ def require_preflight(plan: BuildPlan, probes: pf.Probes) -> None:
         raise err
 
 
+AUTO_CONF_MARK = "# Written by `alma shell`"
+
+
+def _auto_conf(plan: BuildPlan) -> Path:
+    return plan.machine_dir / "conf" / "auto.conf"
+
+
+def shell(plan: BuildPlan, *, env: dict[str, str] | None = None) -> int:
+    """``kas shell`` with the plan's files, environment and config: the config goes to
+    ``conf/auto.conf`` (oe-core's bitbake.conf includes it after local.conf; kas leaves it
+    alone), so bitbake typed in the shell sees what ``alma build`` would give it. Returns the
+    shell's (or ``-c`` command's) exit code."""
+    plan.machine_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(plan.conf_path, plan.conf_text)
+    _auto_conf(plan).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(_auto_conf(plan), f"{AUTO_CONF_MARK}; alma build removes it. The plan's config:\n"
+                 f"require {plan.conf_path}\n")  # fmt: skip
+    full_env = dict(os.environ if env is None else env)
+    full_env.update(plan.env)
+    return runner.run_attached(plan.argv, cwd=plan.root, env=full_env)
+
+
 def summary_lines(out: Outcome) -> list[str]:
     st = out.stats
     s = st.summary()
@@ -156,6 +178,9 @@ def execute(
     bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
+    auto = _auto_conf(plan)  # an `alma shell`'s config must not outlive it into a build (-R is ours)
+    if auto.is_file() and auto.read_text(encoding="utf-8", errors="replace").startswith(AUTO_CONF_MARK):
+        auto.unlink()
     if plan.request.check:  # a graph left by an earlier run must not pass for this one's
         for name in (BUILDLIST, TASK_DOT):
             (plan.machine_dir / name).unlink(missing_ok=True)

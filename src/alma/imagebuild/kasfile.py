@@ -80,7 +80,7 @@ def read(path: Path) -> KasFile:
         return kf
     try:
         kf.node = loader.compose_yaml(text, kf.path, hint="fix the kas file, then: alma lint")
-        kf.data = loader.construct_yaml(kf.node)
+        kf.data = loader.construct_yaml(kf.node, kf.path, hint="fix the kas file, then: alma lint")
     except loader.LoadError as exc:
         kf.problems.append(KasProblem(kf.path, exc.line, exc.why, "kas-yaml"))
         return kf
@@ -197,6 +197,12 @@ def load_chain(root: Path, top_files: list[Path]) -> Chain:
                 continue
             visit(target, [*stack, target])
         chain.files.append(kf)
+        # kas 5.5 merges <file>.lock<suffix> right after the file (IncludeHandler): read it
+        # here first, so kas never parses one this loader has not judged (an alias bomb in a
+        # lock file would otherwise expand inside kas's own PyYAML load)
+        lock = path.with_name(path.stem + ".lock" + path.suffix)
+        if not path.stem.endswith(".lock") and lock.is_file() and lock not in stack:
+            visit(lock.resolve(), [*stack, lock.resolve()])
 
     for top in top_files:
         top = Path(top).resolve()

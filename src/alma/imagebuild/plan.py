@@ -15,6 +15,7 @@ sets them still wins.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from alma.imagebuild.preflight import Probes
 from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, FULL_SHA, KasConfig, Project, load_kas
 
 CONF_NAME = "alma-build.conf"
+_BB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:-]*$")  # a recipe (mc:... too) or a task (do_ optional)
 
 _HASHSERV = re.compile(r"^(unix://\S+|wss?://\S+|[A-Za-z0-9_.-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5})$")
 
@@ -45,6 +47,13 @@ class BuildRequest:
     admin_keys: tuple[Path, ...] = ()
     no_admin_access: bool = False
     ota_cert: Path | None = None  # issue 23: feature ota's signing certificate (alma.imagebuild.ota)
+    # issue 22: kas parity
+    target: str | None = None  # a recipe other than the image (bitbake's target)
+    task: str | None = None  # bitbake -c TASK
+    keep_going: bool = False  # bitbake -k
+    bitbake_args: tuple[str, ...] = ()  # after `--`: passed to bitbake verbatim (quoted)
+    kas_files: tuple[str, ...] = ()  # --kas-file a.yml[:b.yml]: more kas files, after the features
+    shell: str | None = None  # alma shell: the command for kas shell -c ("" = interactive)
 
 
 @dataclass
@@ -63,6 +72,8 @@ class BuildPlan:
     jobs_auto: bool = False
     notes: list[str] = field(default_factory=list)
     make_jobs: int | None = None
+    # what the plan itself found wrong (offline): listed first among the preflight problems
+    problems: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def work_dir(self) -> Path:
@@ -70,6 +81,8 @@ class BuildPlan:
 
     @property
     def mode(self) -> str:
+        if self.request.shell is not None:
+            return "shell"
         return "check" if self.request.check else "build"
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +100,13 @@ class BuildPlan:
             "jobs": self.jobs,
             "parallel_make": self.make_jobs,
             "notes": self.notes,
+            "env_sources": {k: self.env_source(k) for k in self.env},
+            "problems": [{"problem": w, "fix": f} for w, f in self.problems],
         }
+
+    def env_source(self, name: str) -> str:
+        """Where the value of ``name`` in :attr:`env` came from: environment, --build-dir or default."""
+        return self.tree.source(name)
 
 
 def sstate_mirrors_value(url: str) -> str:
@@ -145,7 +164,9 @@ def render_conf(req: BuildRequest, jobs: int | None, make_jobs: int | None = Non
     return "\n".join(lines) + "\n"
 
 
-def _with_admin_access(req: BuildRequest, project: Project, kas: KasConfig, conf_text: str) -> tuple[str, str]:
+def _with_admin_access(
+    req: BuildRequest, project: Project, kas: KasConfig, conf_text: str
+) -> tuple[str, str, tuple[str, str] | None]:
     from alma.imagebuild import access
     from alma.settings import config
 
@@ -157,24 +178,32 @@ def _with_admin_access(req: BuildRequest, project: Project, kas: KasConfig, conf
         config=config(project.root),
     )
     lines = acc.conf_lines()
-    return conf_text + ("\n".join(lines) + "\n" if lines else ""), acc.note()
+    return conf_text + ("\n".join(lines) + "\n" if lines else ""), acc.note(), acc.problem
 
 
-def _with_ota(req: BuildRequest, project: Project, kas: KasConfig, machine_dir: Path) -> str:
+def _with_ota(
+    req: BuildRequest, project: Project, kas: KasConfig, machine_dir: Path
+) -> tuple[str, tuple[str, str] | None]:
+    """(conf lines, problem): a wrong or missing OTA setting is one of the plan's problems
+    (listed with every preflight problem, like the admin key), not an early stop."""
+    from alma.errors import ConfigError
     from alma.ground import write_atomic
     from alma.imagebuild import access, ota
     from alma.settings import config
 
-    settings = ota.resolve(features=req.features, release=access.is_release(kas.data.get("local_conf_header")),
-                           cli_cert=req.ota_cert, root=project.root, config=config(project.root))  # fmt: skip
+    try:
+        settings = ota.resolve(features=req.features, release=access.is_release(kas.data.get("local_conf_header")),
+                               cli_cert=req.ota_cert, root=project.root, config=config(project.root))  # fmt: skip
+    except ConfigError as exc:
+        return "", (exc.message, exc.hint or "see docs/ota.md")
     if settings is None:
-        return ""
+        return "", None
     cfg = None
     if settings.hawkbit_url:
         cfg = machine_dir / ota.CFG_NAME
         machine_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(cfg, ota.suricatta_config(settings))
-    return "\n".join(settings.conf_lines(cfg)) + "\n"
+    return "\n".join(settings.conf_lines(cfg)) + "\n", None
 
 
 def choose_jobs(req: BuildRequest, probes: Probes | None) -> tuple[int | None, int | None, list[str]]:
@@ -204,8 +233,11 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
 
     ``probes`` (the host) sizes the parallelism; without it bitbake's defaults stand."""
     project.require_layout()
-    files = project.kas_files(req.machine, req.features)
+    files = project.kas_files(req.machine, req.features) + project.extra_kas_files(req.kas_files)
     project.check_image(req.image)
+    for name, value in (("--target", req.target), ("--task", req.task)):
+        if value is not None and not _BB_NAME.match(value):
+            raise UserError(f"{name} {value!r}: not a recipe or task name", hint=f"alma build {name} busybox")
     if req.jobs is not None and req.jobs < 1:
         raise UserError(f"--jobs {req.jobs}: must be at least 1", hint="alma build --jobs 4")
     kas = load_kas(project, files)
@@ -218,23 +250,32 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
             f"repositories not pinned to a full 40-hex commit: {what}; a build must be reproducible",
             hint="pin them: set commit: <40-hex sha> in the kas file, or run kas lock (then alma lint)",
         )
-    tree = build_tree(project.root, req.build_dir)
+    tree = build_tree(project.root, req.build_dir, probes.env if probes is not None else os.environ)
     machine_dir = tree.machine_dir(req.machine)
     conf_path = machine_dir / CONF_NAME
     jobs, make_jobs, notes = choose_jobs(req, probes)
     jobs_auto = req.jobs is None and jobs is not None
     conf_text = render_conf(req, jobs, make_jobs)
-    # issue 14: admin keys for the image, decided offline (a release without one is refused here)
-    conf_text, access_note = _with_admin_access(req, project, kas, conf_text)
+    # issue 14: admin keys for the image, decided offline (a release without one is a problem)
+    conf_text, access_note, access_problem = _with_admin_access(req, project, kas, conf_text)
     notes.append(access_note)
-    conf_text += _with_ota(req, project, kas, machine_dir)  # issue 23: refused here without a cert
+    ota_text, ota_problem = _with_ota(req, project, kas, machine_dir)  # issue 23: a cert for a release
+    conf_text += ota_text
     bb = f"bitbake -R {shlex.quote(str(conf_path))}"
     image = shlex.quote(req.image)
-    command = f"{bb} -p && {bb} -g {image}" if req.check else f"{bb} {image}"
+    if req.check:
+        command = f"{bb} -p && {bb} -g {image}"
+    else:
+        opts = (["-k"] if req.keep_going else []) + (["-c", shlex.quote(req.task)] if req.task else [])
+        extra = [shlex.quote(a) for a in req.bitbake_args]
+        command = " ".join([bb, *opts, shlex.quote(req.target) if req.target else image, *extra])
     rel = [str(f.relative_to(project.root)) for f in files]
     from alma.imagebuild.preflight import _find_kas  # the path kas will really run from
 
-    argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", command]
+    if req.shell is not None:  # kas shell: bitbake in it reads the plan's config via conf/auto.conf
+        argv = [_find_kas() or "kas", "shell", ":".join(rel), *(["-c", req.shell] if req.shell else [])]
+    else:
+        argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", command]
     env = {**tree.env(), "KAS_BUILD_DIR": str(machine_dir)}
     return BuildPlan(
         request=req,
@@ -251,4 +292,5 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
         jobs_auto=jobs_auto,
         notes=notes,
         make_jobs=make_jobs,
+        problems=[p for p in (project.vcs_problem(), access_problem, ota_problem) if p is not None],
     )

@@ -273,6 +273,8 @@ def disk_need(plan: BuildPlan) -> DiskNeed:
         return DiskNeed(int(build_cfg["disk_gb"]), "alma.toml [build] disk_gb")
     if plan.request.check:
         return DiskNeed(CHECK_DISK_NEED_GB, "--check: repositories and the parse cache")
+    if plan.request.shell is not None:  # what is built in the shell is the user's call; alma build checks it
+        return DiskNeed(CHECK_DISK_NEED_GB, "a shell: repositories and the parse cache")
     full = DISK_NEED_GB.get(plan.request.machine, DEFAULT_DISK_NEED_GB)
     if uses_rm_work(plan):
         return DiskNeed(full - RM_WORK_SAVES_GB, "a full image with rm_work (inherited by the kas files)")
@@ -296,7 +298,7 @@ def check_disk(plan: BuildPlan, probes: Probes) -> list[Problem]:
 
 
 def check_ram(plan: BuildPlan, probes: Probes) -> list[Problem]:
-    if plan.request.check:
+    if plan.request.check or plan.request.shell is not None:
         return []  # parsing runs one bitbake server, no compilers
     mem = probes.mem_total()
     slots = ram_slots(probes)
@@ -398,7 +400,9 @@ NETWORK_CHECKS: list[Check] = [check_network]
 
 
 def problems(plan: BuildPlan, probes: Probes, network: bool = True) -> list[Problem]:
-    return [p for check in (*CHECKS, *(NETWORK_CHECKS if network else ())) for p in check(plan, probes)]
+    """The plan's own problems (a release without an admin key), then every host check's."""
+    found = list(plan.problems)
+    return found + [p for check in (*CHECKS, *(NETWORK_CHECKS if network else ())) for p in check(plan, probes)]
 
 
 def default_probes() -> Probes:

@@ -68,6 +68,22 @@ class Project:
                 hint="run alma from the repository checkout, or set ALMA_ROOT=/path/to/checkout",
             )
 
+    def vcs_problem(self) -> tuple[str, str] | None:
+        """(what, fix) when the checkout is not a git or hg working tree, else None.
+
+        kas takes the repository root of the first kas file (``git rev-parse --show-toplevel``,
+        then ``hg root``) as the base of every include and of the layer repo ``meta-alma``;
+        outside a repository it falls back to ``kas/`` itself and stops with "Configuration
+        file not found" (kas 5.5 ``includehandler``/``repos.Repo.get_root_path``).
+        """
+        if any((self.root / marker).exists() for marker in (".git", ".hg")):
+            return None
+        return (
+            f"{self.root} is not a git (or hg) checkout: kas resolves includes and the meta-alma layer from "
+            "the repository root, and outside a repository it stops with 'Configuration file not found'",
+            f"git -C {self.root} init -q && git -C {self.root} add -A  (or work in a git clone of the project)",
+        )
+
     def machine_file(self, machine: str) -> Path:
         path = self.root / MACHINES_DIR / f"{machine}.yml"
         if not path.is_file():
@@ -93,6 +109,26 @@ class Project:
                 f"unknown image {image!r}; valid images: {valid}",
                 hint=f"alma build --image {images[0] if images else DEFAULT_IMAGE}",
             )
+
+    def extra_kas_files(self, specs: tuple[str, ...]) -> list[Path]:
+        """``--kas-file a.yml:b.yml`` (kas's colon list; repeatable), checked by the same loader as
+        every kas file. kas merges files of one repository only (IncludeHandler
+        ensure_from_same_repo), so each must be inside this checkout."""
+        out: list[Path] = []
+        for spec in specs:
+            for part in spec.split(":"):
+                if not part:
+                    continue
+                path = (self.root / part if not Path(part).is_absolute() else Path(part)).resolve()
+                if not path.is_file():
+                    raise UserError(f"--kas-file {part}: not found", hint="alma build --kas-file kas/my.yml")
+                if not path.is_relative_to(self.root.resolve()):
+                    raise UserError(
+                        f"--kas-file {part}: outside the checkout {self.root}; kas merges files of one repository only",
+                        hint=f"put it under {self.root} (e.g. kas/local/{path.name}, ignored by git if you like)",
+                    )
+                out.append(self.root / path.relative_to(self.root.resolve()))
+        return out
 
     def kas_files(self, machine: str, features: tuple[str, ...] = ()) -> list[Path]:
         """The files joined with ':' for kas: base, machine, then features in order."""

@@ -34,6 +34,17 @@ def yaml_line(path: Path, keys: list[Any]) -> int:
     return kasfile.read(path).line(keys)
 
 
+def check_checkout(root: Path) -> list[Finding]:
+    """kas needs the checkout to be a repository (alma build lists the same problem)."""
+    from alma.imagebuild.project import Project
+
+    problem = Project(root).vcs_problem()
+    if problem is None:
+        return []
+    what, fix = problem
+    return [Finding(root, 0, f"{what}; fix: {fix}", "kas-checkout")]
+
+
 def check_files(root: Path, files: list[Path]) -> list[Finding]:
     """What build's loader says about every kas file: each file alone, each machine's chain
     (base, includes, machine file) and each feature on top of the default machine."""

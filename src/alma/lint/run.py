@@ -44,8 +44,16 @@ def _fabric_checker() -> Callable[[Path], list[Finding]] | None:
     return check if callable(check) else None
 
 
-def lint(root: Path, *, oelint: bool = True) -> Report:
-    """Raise UserError (exit 2) when the project cannot be linted at all."""
+def _quiet(step: str) -> None:
+    return None
+
+
+def lint(root: Path, *, oelint: bool = True, progress: Callable[[str], None] = _quiet) -> Report:
+    """Raise UserError (exit 2) when the project cannot be linted at all.
+
+    ``progress`` is told each step before it starts (the CLI prints it at once: oelint-adv
+    takes tens of seconds, and a silent command looks hung)."""
+    progress("loading kas (its schema is the reference)")
     try:
         import kas  # noqa: F401  (its schema is the reference)
     except ImportError as exc:
@@ -65,6 +73,8 @@ def lint(root: Path, *, oelint: bool = True) -> Report:
     files = kasfiles.kas_files(kas_dir)
     if not files:
         raise UserError(f"{kas_dir}: no kas files (*.yml) to check", hint="restore kas/alma.yml from git")
+    progress(f"checking {len(files)} kas files (schema, includes, pins)")
+    report.findings += kasfiles.check_checkout(root)
     report.findings += kasfiles.check_files(root, files)
     report.findings += kasfiles.check_pins(files)
     report.checked["kas_files"] = len(files)
@@ -80,6 +90,8 @@ def lint(root: Path, *, oelint: bool = True) -> Report:
     n_files = 0
     for layer in found_layers:
         if oelint:
+            rel = layer.relative_to(root) if layer.is_relative_to(root) else layer
+            progress(f"running oelint-adv on {rel} ({len(oel.layer_files(layer))} files; this takes a while)")
             report.findings += oel.check_layer(layer)
             n_files += len(oel.layer_files(layer))
         if fabric is not None:

@@ -1,0 +1,405 @@
+"""Supply-chain facts of an image, from the files its own build wrote to the deploy dir.
+
+The shapes are the ones oe-core scarthgap writes at the commit kas/alma.lock.yml pins
+(543550522f831479f07d332a40ba343c53ae1065); file:line below is at that commit.
+
+- cve-check (``INHERIT += "cve-check"``): ``<IMAGE_LINK_NAME>.json`` -> ``${IMAGE_NAME}.json``
+  (meta/classes/cve-check.bbclass:52-54 CVE_CHECK_MANIFEST_JSON, 273-281 written and linked).
+  ``{"version": "1", "package": [{"name", "layer", "version", "products": [{"product",
+  "cvesInRecord": "Yes"|"No"}], "issue": [{"id", "summary", "scorev2", "scorev3", "scorev4",
+  "vector", "vectorString", "status": "Patched"|"Unpatched"|"Ignored", "link", "detail"?,
+  "description"?}]}]}`` (cve-check.bbclass:566-643 cve_write_data_json). Scores are the NVD
+  database's text ("9.8", "0.0" when NVD has none). ``cvesInRecord: "No"``: the product is
+  unknown to NVD (cve-check.bbclass:594-597), a blind spot, not a clean result.
+- NVD data date: the database ``${DL_DIR}/CVE_CHECK/nvdcve_2-2.db`` whose mtime is its last
+  update (meta/recipes-core/meta/cve-update-nvd2-native.bb:37, 74-77).
+- SPDX 2.2 (create-spdx, the default): ``<IMAGE_LINK_NAME>.spdx.tar.zst``, a tar of every SPDX
+  document the image refers to plus ``index.json`` ``{"documents": [{"filename",
+  "documentNamespace", "sha1"}]}`` (meta/classes/create-spdx-2.2.bbclass:1107-1170). A binary
+  package is ``SPDXRef-Package-<pkg>`` (meta/lib/oe/sbom.py:21-22) with ``name``,
+  ``versionInfo`` and ``licenseDeclared`` (create-spdx-2.2.bbclass:682-685); a LICENSE that is
+  no SPDX id becomes ``LicenseRef-<name>`` (``LicenseRef-Proprietary``).
+- SPDX 3.0.1 (create-spdx-3.0): ``<IMAGE_LINK_NAME>.spdx.json`` (meta/lib/oe/spdx30_tasks.py:
+  1254-1290), JSON-LD ``{"@context": ..., "@graph": [...]}`` (meta/lib/oe/spdx30.py:1780-1797):
+  ``software_Package`` objects (``spdxId``, ``name``, ``software_packageVersion``), licences as
+  ``simplelicensing_LicenseExpression`` objects tied by ``Relationship`` objects (``from``,
+  ``relationshipType`` hasDeclaredLicense / hasConcludedLicense, ``to``: [ids]).
+
+Threat model (docs/verify.md, "Supply-chain facts"): these files come from a build tree that
+may hold anything: huge, not UTF-8, nested deeply, duplicate ids, wrong types, a tar with
+links or absurd headers. Each is a :class:`SbomError` (exit 2) naming the file; nothing is
+extracted to disk, every size is bounded before it is read, and the tar reader is our own
+(headers parsed with a budget: CPython's tarfile has had quadratic pax parsing).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alma import loader
+from alma.errors import UserError
+
+MAX_JSON_BYTES = 256 << 20  # one SBOM/CVE document; a 1,500-package image's is ~10 MB
+MAX_TAR_BYTES = 1 << 30  # the SPDX 2.2 tarball, inflated
+MAX_PAX_BYTES = 64 << 10  # one pax extended header (a long member name)
+STATUSES = ("Patched", "Unpatched", "Ignored")
+SEVERITIES = ("critical", "high", "medium", "low", "none")
+NVD_DB = Path("CVE_CHECK") / "nvdcve_2-2.db"
+_CVE_ID = re.compile(r"^CVE-\d{4}-\d{4,}$")
+# Recipes of the boot chain on Orin (meta-tegra): a blind spot there is the worst kind.
+BOOT_CHAIN = re.compile(r"(tegra|edk2|uefi|optee|bootloader|cboot|mb1|mb2|tos-|nvidia-kernel-oot|l4t|u-boot)")
+
+
+class SbomError(UserError):
+    def __init__(self, path: Path | str, why: str) -> None:
+        super().__init__(
+            f"{path}: {why}",
+            hint="rebuild the image (the file is written by the image's own build), or move the file aside",
+        )
+
+
+def severity(scorev3: float | None, scorev4: float | None) -> str:
+    """CVSS v3/v4 base score (the higher one): >= 9.0 critical, >= 7.0 high, >= 4.0 medium, > 0 low."""
+    score = max((s for s in (scorev3, scorev4) if s is not None), default=0.0)
+    if score >= 9.0:
+        return "critical"
+    if score >= 7.0:
+        return "high"
+    if score >= 4.0:
+        return "medium"
+    if score > 0.0:
+        return "low"
+    return "none"
+
+
+@dataclass
+class Issue:
+    package: str
+    cve: str
+    status: str
+    severity: str
+    detail: str | None
+
+
+@dataclass
+class CveReport:
+    path: Path
+    packages: int = 0
+    issues: list[Issue] = field(default_factory=list)
+    blind_spots: list[str] = field(default_factory=list)  # packages NVD knows no product of
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        out = {s: dict.fromkeys(SEVERITIES, 0) for s in STATUSES}
+        for i in self.issues:
+            out[i.status][i.severity] += 1
+        return out
+
+
+def _read_json_file(path: Path) -> Any:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SbomError(path, f"cannot read: {exc.strerror}") from None
+    if size > MAX_JSON_BYTES:
+        raise SbomError(path, f"{size} bytes, over the {MAX_JSON_BYTES >> 20} MiB a document may have")
+    return _parse_json(path.read_bytes(), path)
+
+
+def _parse_json(data: bytes, where: Path | str) -> Any:
+    try:
+        return loader.loads_json(loader.decode(data, where, what="JSON document"), where)
+    except loader.LoadError as exc:
+        raise SbomError(where, exc.why) from None
+
+
+def _want(cond: bool, path: Path | str, why: str) -> None:
+    if not cond:
+        raise SbomError(path, why)
+
+
+def _score(value: Any, path: Path, where: str) -> float | None:
+    if value is None or value == "":
+        return None
+    _want(isinstance(value, str | int | float) and not isinstance(value, bool), path, f"{where}: score {value!r}")
+    try:
+        score = float(value)
+    except ValueError:
+        raise SbomError(path, f"{where}: score {value!r} is not a number") from None
+    _want(0.0 <= score <= 10.0, path, f"{where}: score {value!r} is outside 0-10")
+    return score
+
+
+def read_cve(path: Path) -> CveReport:
+    """An image's (or cve-summary.json's) cve-check JSON, validated field by field."""
+    data = _read_json_file(path)
+    _want(
+        isinstance(data, dict) and isinstance(data.get("package"), list),
+        path,
+        'not a cve-check JSON: no "package" list',
+    )
+    _want(data.get("version") == "1", path, f'cve-check JSON version {data.get("version")!r}, expected "1"')
+    report = CveReport(path)
+    seen_pkgs: set[str] = set()
+    for n, pkg in enumerate(data["package"]):
+        where = f"package[{n}]"
+        _want(isinstance(pkg, dict), path, f"{where} is not an object")
+        name = pkg.get("name")
+        _want(isinstance(name, str) and name != "", path, f"{where}: name {name!r} is not a package name")
+        _want(name not in seen_pkgs, path, f"{where}: package {name!r} appears twice")
+        seen_pkgs.add(name)
+        products = pkg.get("products", [])
+        _want(isinstance(products, list), path, f"{name}: products is not a list")
+        known = []
+        for p in products:
+            _want(isinstance(p, dict) and p.get("cvesInRecord") in ("Yes", "No"), path, f"{name}: product {p!r}")
+            known.append(p["cvesInRecord"] == "Yes")
+        if not products or not any(known):
+            report.blind_spots.append(name)
+        issues = pkg.get("issue", [])
+        _want(isinstance(issues, list), path, f"{name}: issue is not a list")
+        seen_ids: set[str] = set()
+        for i in issues:
+            _want(isinstance(i, dict), path, f"{name}: an issue is not an object")
+            cve = i.get("id")
+            _want(isinstance(cve, str) and _CVE_ID.match(cve) is not None, path, f"{name}: issue id {cve!r}")
+            _want(cve not in seen_ids, path, f"{name}: {cve} listed twice")
+            seen_ids.add(cve)
+            status = i.get("status")
+            _want(status in STATUSES, path, f"{name} {cve}: status {status!r} (want {'/'.join(STATUSES)})")
+            detail = i.get("detail")
+            _want(detail is None or isinstance(detail, str), path, f"{name} {cve}: detail is not text")
+            sev = severity(
+                _score(i.get("scorev3"), path, f"{name} {cve}"), _score(i.get("scorev4"), path, f"{name} {cve}")
+            )
+            report.issues.append(Issue(name, cve, status, sev, detail or None))
+    report.packages = len(seen_pkgs)
+    return report
+
+
+@dataclass
+class Sbom:
+    path: Path
+    format: str  # "SPDX-2.2" | "SPDX-3.0.1"
+    licences: dict[str, str] = field(default_factory=dict)  # package -> declared licence expression
+
+    def by_licence(self) -> dict[str, int]:
+        return dict(sorted(Counter(self.licences.values()).items()))
+
+    def proprietary(self) -> list[str]:
+        return sorted(p for p, lic in self.licences.items() if "proprietary" in lic.lower())
+
+    def unknown(self) -> list[str]:
+        return sorted(p for p, lic in self.licences.items() if lic in ("", "NOASSERTION", "NONE"))
+
+
+def _licence(value: Any) -> str:
+    return value if isinstance(value, str) else "NOASSERTION"
+
+
+def read_spdx3(path: Path) -> Sbom:
+    data = _read_json_file(path)
+    _want(isinstance(data, dict) and isinstance(data.get("@graph"), list), path, 'not SPDX 3 JSON-LD: no "@graph" list')
+    ctx = data.get("@context")
+    _want(isinstance(ctx, str | list) and "3.0" in str(ctx), path, f"@context {str(ctx)[:80]!r} is not SPDX 3.0")
+    packages: dict[str, str] = {}  # spdxId -> name
+    exprs: dict[str, str] = {}
+    rels: list[tuple[str, str, list[str]]] = []
+    ids: set[str] = set()
+    for n, obj in enumerate(data["@graph"]):
+        _want(isinstance(obj, dict), path, f"@graph[{n}] is not an object")
+        typ, oid = obj.get("type"), obj.get("spdxId", obj.get("@id"))
+        _want(isinstance(typ, str), path, f"@graph[{n}]: type {typ!r}")
+        if oid is not None:
+            _want(isinstance(oid, str), path, f"@graph[{n}]: spdxId {oid!r}")
+            _want(oid not in ids, path, f"@graph[{n}]: spdxId {oid} appears twice")
+            ids.add(oid)
+        if typ == "software_Package":
+            name = obj.get("name")
+            _want(isinstance(name, str) and isinstance(oid, str), path, f"@graph[{n}]: package without name/spdxId")
+            packages[oid] = name
+        elif typ == "simplelicensing_LicenseExpression":
+            expr = obj.get("simplelicensing_licenseExpression")
+            _want(isinstance(expr, str) and isinstance(oid, str), path, f"@graph[{n}]: licence expression {expr!r}")
+            exprs[oid] = expr
+        elif typ == "Relationship":
+            kind, frm, to = obj.get("relationshipType"), obj.get("from"), obj.get("to", [])
+            _want(isinstance(kind, str) and isinstance(frm, str), path, f"@graph[{n}]: relationship {kind!r}")
+            _want(isinstance(to, list) and all(isinstance(t, str) for t in to), path, f"@graph[{n}]: 'to' {to!r}")
+            if kind in ("hasDeclaredLicense", "hasConcludedLicense"):
+                rels.append((kind, frm, to))
+    sbom = Sbom(path, "SPDX-3.0.1", {name: "NOASSERTION" for name in packages.values()})
+    for kind in ("hasConcludedLicense", "hasDeclaredLicense"):  # declared wins: applied last
+        for k, frm, to in rels:
+            if k == kind and frm in packages and to and to[0] in exprs and exprs[to[0]] != "NOASSERTION":
+                sbom.licences[packages[frm]] = exprs[to[0]]
+    return sbom
+
+
+def _tar_members(data: bytes, path: Path) -> dict[str, bytes]:
+    """Regular files of an uncompressed tar (ustar/pax), by name; links and devices refused,
+    pax headers bounded. Nothing is written anywhere."""
+    out: dict[str, bytes] = {}
+    pos, long_name = 0, None
+    while pos + 512 <= len(data):
+        head = data[pos : pos + 512]
+        if head == b"\0" * 512:
+            break
+        try:
+            size = int(head[124:136].split(b"\0")[0].strip() or b"0", 8)
+        except ValueError:
+            raise SbomError(path, f"tar header at {pos}: bad size field") from None
+        kind = head[156:157]
+        body = data[pos + 512 : pos + 512 + size]
+        _want(len(body) == size, path, f"tar member at {pos} is truncated")
+        pos += 512 + (size + 511) // 512 * 512
+        if kind == b"x":
+            _want(size <= MAX_PAX_BYTES, path, f"tar pax header of {size} bytes (limit {MAX_PAX_BYTES})")
+            for rec in body.decode("utf-8", "replace").split("\n"):
+                key, _, value = rec.partition(" ")[2].partition("=")
+                if key == "path":
+                    long_name = value
+            continue
+        if kind in (b"g", b"L"):
+            _want(size <= MAX_PAX_BYTES, path, f"tar extended header of {size} bytes")
+            if kind == b"L":
+                long_name = body.rstrip(b"\0").decode("utf-8", "replace")
+            continue
+        name = long_name or head[0:100].split(b"\0")[0].decode("utf-8", "replace")
+        prefix = head[345:500].split(b"\0")[0].decode("utf-8", "replace") if head[257:262] == b"ustar" else ""
+        if prefix and not long_name:
+            name = f"{prefix}/{name}"
+        long_name = None
+        _want(kind in (b"0", b"\0"), path, f"tar member {name!r} is not a regular file (type {kind!r})")
+        _want("/" not in name.strip("./") and name not in out, path, f"tar member {name!r}: nested or twice")
+        out[name] = body
+    return out
+
+
+def read_spdx22(path: Path) -> Sbom:
+    import zstandard
+
+    try:
+        with path.open("rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh)
+            data = reader.read(MAX_TAR_BYTES + 1)
+    except OSError as exc:
+        raise SbomError(path, f"cannot read: {exc.strerror}") from None
+    except zstandard.ZstdError as exc:
+        raise SbomError(path, f"not a zstd stream: {exc}") from None
+    _want(len(data) <= MAX_TAR_BYTES, path, f"inflates to more than {MAX_TAR_BYTES >> 20} MiB; refused")
+    members = _tar_members(data, path)
+    _want("index.json" in members, path, "no index.json in the SBOM tarball")
+    index = _parse_json(members["index.json"], f"{path}:index.json")
+    _want(isinstance(index, dict) and isinstance(index.get("documents"), list), path, "index.json: no documents list")
+    sbom = Sbom(path, "SPDX-2.2")
+    for n, entry in enumerate(index["documents"]):
+        fname = entry.get("filename") if isinstance(entry, dict) else None
+        _want(isinstance(fname, str) and fname in members, path, f"index.json documents[{n}]: {fname!r} not in tar")
+        assert isinstance(fname, str)
+        doc = _parse_json(members[fname], f"{path}:{fname}")
+        _want(isinstance(doc, dict) and isinstance(doc.get("packages", []), list), path, f"{fname}: not SPDX 2.2")
+        for pkg in doc.get("packages", []):
+            _want(isinstance(pkg, dict), path, f"{fname}: a package is not an object")
+            sid, name = pkg.get("SPDXID"), pkg.get("name")
+            if isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
+                _want(isinstance(name, str), path, f"{fname}: package {sid} has no name")
+                sbom.licences[name] = _licence(pkg.get("licenseDeclared"))
+    return sbom
+
+
+@dataclass
+class SupplyChain:
+    sbom: Sbom | None
+    cve: CveReport | None
+    nvd_date: str | None
+    nvd_source: str
+
+    def facts(self) -> dict[str, tuple[Any, str]]:
+        """fact name -> (value, source); the names are documented in docs/formats.md."""
+        out: dict[str, tuple[Any, str]] = {}
+        s, c = self.sbom, self.cve
+        if s is not None:
+            src = f"{s.path}: {s.format}"
+            out["sbom_format"] = (s.format, src)
+            out["sbom_package_count"] = (len(s.licences), f"{src} packages")
+            out["licences"] = (s.by_licence(), f"{src} declared licence per package")
+            out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary")
+            out["licence_unknown"] = (s.unknown(), f"{src}: NOASSERTION/NONE")
+        else:
+            for name in ("sbom_format", "sbom_package_count", "licences", "licence_proprietary", "licence_unknown"):
+                out[name] = (None, "no SPDX SBOM in the deploy dir (create-spdx off?)")
+        if c is not None:
+            src = f"{c.path}: cve-check"
+            counts = c.counts()
+            prop = set(s.proprietary()) if s else set()
+            ignored = [
+                {"package": i.package, "id": i.cve, "detail": i.detail} for i in c.issues if i.status == "Ignored"
+            ]
+            out["cve_package_count"] = (c.packages, src)
+            out["cve_counts"] = (counts, f"{src}: status x severity (CVSS v3/v4: >= 9 critical, >= 7 high)")
+            out["cve_unpatched_critical"] = (counts["Unpatched"]["critical"], src)
+            out["cve_unpatched_high"] = (counts["Unpatched"]["high"], src)
+            out["cve_unpatched"] = (
+                sorted(f"{i.package} {i.cve} {i.severity}" for i in c.issues if i.status == "Unpatched"),
+                src,
+            )
+            out["cve_ignored"] = (ignored, f"{src}: every Ignored with its detail")
+            out["cve_ignored_without_detail"] = (
+                sorted(f"{d['package']} {d['id']}" for d in ignored if not d["detail"]),
+                src,
+            )
+            out["cve_blind_spots"] = (sorted(c.blind_spots), f"{src}: cvesInRecord No (NVD knows no such product)")
+            out["cve_blind_spots_critical"] = (
+                sorted(p for p in c.blind_spots if p in prop or BOOT_CHAIN.search(p)),
+                f"{src}: blind spots that are Proprietary (SBOM) or in the boot chain",
+            )
+        else:
+            for name in CVE_FACTS:
+                out[name] = (None, "no cve-check JSON in the deploy dir (the security feature is off)")
+        out["nvd_data_date"] = (self.nvd_date, self.nvd_source)
+        return out
+
+
+CVE_FACTS = (
+    "cve_package_count",
+    "cve_counts",
+    "cve_unpatched_critical",
+    "cve_unpatched_high",
+    "cve_unpatched",
+    "cve_ignored",
+    "cve_ignored_without_detail",
+    "cve_blind_spots",
+    "cve_blind_spots_critical",
+)
+
+
+def _first(*paths: Path) -> Path | None:
+    return next((p for p in paths if p.is_file()), None)
+
+
+def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None) -> SupplyChain:
+    """Everything above for one image (``link_name`` = IMAGE_LINK_NAME, ``<image>-<machine>.rootfs``).
+
+    Absent files are unknown facts (null, with where they were looked for); present but bad
+    files are a SbomError."""
+    spdx3 = _first(deploy / f"{link_name}.spdx.json")
+    spdx2 = _first(deploy / f"{link_name}.spdx.tar.zst")
+    sbom = read_spdx3(spdx3) if spdx3 else (read_spdx22(spdx2) if spdx2 else None)
+    tmp = deploy.parent.parent.parent  # <tmp>/deploy/images/<machine>
+    # the image's own report; else the build's summary (every recipe cve-check saw, same shape:
+    # cve-check.bbclass:114-135 generate_json_report, CVE_CHECK_SUMMARY_DIR = ${LOG_DIR}/cve)
+    cve_path = _first(deploy / f"{link_name}.json", tmp / "log" / "cve" / "cve-summary.json")
+    cve = read_cve(cve_path) if cve_path else None
+    nvd_date, nvd_source = None, "no NVD database found"
+    for db in ([downloads / NVD_DB] if downloads else []) + [tmp / "sysroots" / NVD_DB]:
+        if db.is_file():
+            nvd_date = datetime.fromtimestamp(os.stat(db).st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            nvd_source = f"{db}: mtime (cve-update-nvd2-native's last update)"
+            break
+    return SupplyChain(sbom, cve, nvd_date, nvd_source)

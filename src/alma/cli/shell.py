@@ -1,0 +1,74 @@
+"""``alma shell``: kas shell with the plan `alma build` would use (files, environment, config,
+preflight). The logic lives in ``alma.imagebuild``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+EXIT_CODES = (
+    "Exit codes: 0 the shell (or -c command) exited 0; 1 it exited non-zero (its own code is printed); "
+    "2 bad option, invalid kas file or a preflight problem (each listed with its fix); 70 internal error."
+)
+
+
+@click.command("shell", epilog=EXIT_CODES)
+@click.option(
+    "--machine", "-m", default=None, help="MACHINE (kas/machines/<name>.yml). Default: jetson-orin-nano-devkit."
+)
+@click.option("--image", "-i", default=None, help="Image recipe the plan is for. Default: alma-image.")
+@click.option("--feature", "features", multiple=True, metavar="NAME", help="Add kas/features/<NAME>.yml (repeatable).")
+@click.option("--kas-file", "kas_files", multiple=True, metavar="FILE[:FILE]", help="More kas files (as alma build).")
+@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="As alma build.")
+@click.option(
+    "--admin-key",
+    "admin_keys",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="As alma build (repeatable).",
+)
+@click.option("--no-admin-access", is_flag=True, help="As alma build.")
+@click.option("-c", "--command", "command", metavar="CMD", help="Run CMD in the shell instead of an interactive one.")
+def shell(
+    machine: str | None,
+    image: str | None,
+    features: tuple[str, ...],
+    kas_files: tuple[str, ...],
+    build_dir: Path | None,
+    admin_keys: tuple[Path, ...],
+    no_admin_access: bool,
+    command: str | None,
+) -> None:
+    """Open kas shell (or run `-c CMD` in it) with exactly the kas files, environment and
+    generated config `alma build` would use, after the same checks: bitbake typed there sees
+    the plan's config through conf/auto.conf (removed again by the next alma build).
+
+    e.g. alma shell -c 'bitbake -e alma-image | grep ^DISTRO='
+    """
+    from alma.errors import ToolError
+    from alma.imagebuild import engine
+    from alma.imagebuild import preflight as pf
+    from alma.imagebuild.plan import BuildRequest, make_plan
+    from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, Project
+    from alma.settings import repo_root
+
+    probes = pf.default_probes()
+    req = BuildRequest(
+        machine=machine or DEFAULT_MACHINE,
+        image=image or DEFAULT_IMAGE,
+        features=features,
+        kas_files=kas_files,
+        build_dir=build_dir,
+        admin_keys=admin_keys,
+        no_admin_access=no_admin_access,
+        shell=command or "",
+    )
+    plan = make_plan(req, Project(repo_root()), probes)
+    engine.require_preflight(plan, probes)
+    code = engine.shell(plan)
+    if code != 0:
+        raise ToolError(f"kas shell exited with code {code}", returncode=code, hint="see its output above")
+    sys.stdout.flush()

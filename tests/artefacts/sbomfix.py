@@ -1,0 +1,181 @@
+"""SPDX and cve-check files in the shapes oe-core scarthgap writes at the pinned commit
+(kas/alma.lock.yml: openembedded-core 543550522f831479f07d332a40ba343c53ae1065).
+
+Provenance (file:line at that commit):
+- cve-check image JSON ``${IMAGE_NAME}.json`` + link ``${IMAGE_LINK_NAME}.json``:
+  meta/classes/cve-check.bbclass:52-54 (CVE_CHECK_MANIFEST_JSON), 273-281 (json.dump, indent=2,
+  update_symlinks); one package entry: cve-check.bbclass:592-605 (products with cvesInRecord
+  "Yes"/"No", name, layer, version = EXTENDPE+PV), issues 622-642 (id, summary, scorev2,
+  scorev3, scorev4, vector, vectorString, status, link, detail/description when set).
+  Scores are the NVD database's TEXT columns (get_cve_info, cve-check.bbclass:437-444).
+- NVD database ``${DL_DIR}/CVE_CHECK/nvdcve_2-2.db``: cve-update-nvd2-native.bb:37; its mtime
+  is the last update (74-77).
+- SPDX 2.2 ``${IMAGE_NAME}.spdx.tar.zst`` + ``index.json``: meta/classes/create-spdx-2.2.bbclass:
+  1107-1170 (members ``<doc.name>.spdx.json``, index {"documents": [{filename,
+  documentNamespace, sha1}]}, sorted by filename); package docs 668-685 (name = pkg,
+  SPDXID ``SPDXRef-Package-<pkg>`` meta/lib/oe/sbom.py:21-22, versionInfo = PV,
+  licenseDeclared); recipe docs 564-587 (``SPDXRef-Recipe-<pn>``).
+- SPDX 3.0.1 ``${IMAGE_NAME}.spdx.json``: meta/lib/oe/spdx30_tasks.py:1254-1290; the JSON-LD
+  envelope meta/lib/oe/spdx30.py:1780-1797 (``@context`` = CONTEXT_URLS[0], ``@graph``);
+  ``spdxId`` is the id alias (spdx30.py:2195), ``software_Package`` (5174, name,
+  software_packageVersion 5210), ``simplelicensing_LicenseExpression`` (3811),
+  ``Relationship`` from/relationshipType/to (3062-3151); licences linked by
+  hasDeclaredLicense / hasConcludedLicense (meta/lib/oe/sbom30.py:1064-1090).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+SPDX3_CONTEXT = "https://spdx.org/rdf/3.0.1/spdx-context.jsonld"
+NS = "http://spdx.org/spdxdocs"
+
+
+def issue(cve: str, status: str, v3: str = "0.0", v4: str = "0.0", detail: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": cve,
+        "summary": f"summary of {cve}",
+        "scorev2": "0.0",
+        "scorev3": v3,
+        "scorev4": v4,
+        "vector": "NETWORK",
+        "vectorString": "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H",
+        "status": status,
+        "link": f"https://nvd.nist.gov/vuln/detail/{cve}",
+    }
+    if detail:
+        out["detail"] = detail
+        out["description"] = f"why {cve} is {detail}"
+    return out
+
+
+def package(name: str, version: str, issues: list[dict[str, Any]], known: bool = True, layer: str = "meta") -> dict:
+    return {
+        "name": name,
+        "layer": layer,
+        "version": version,
+        "products": [{"product": name, "cvesInRecord": "Yes" if known else "No"}],
+        "issue": issues,
+    }
+
+
+def default_cve() -> dict[str, Any]:
+    return {
+        "version": "1",
+        "package": [
+            package(
+                "openssl",
+                "3.2.4",
+                [
+                    issue("CVE-2024-0001", "Patched", v3="9.8", detail="fixed-version"),
+                    issue("CVE-2024-0002", "Unpatched", v3="7.0"),
+                    issue("CVE-2024-0003", "Ignored", v3="9.1", detail="not-applicable-config"),
+                    issue("CVE-2024-0004", "Ignored", v3="5.0"),  # no detail: a finding
+                ],
+            ),
+            package("busybox", "1.36.1", [issue("CVE-2023-0005", "Unpatched", v3="6.9", v4="8.9")]),
+            package("tegra-binaries", "36.5.0", [], known=False, layer="meta-tegra"),
+            package("alma-guard", "0.1.0", [], known=False, layer="meta-alma"),
+        ],
+    }
+
+
+def write_cve(deploy: Path, link: str, data: Any | None = None, raw: bytes | None = None) -> Path:
+    real = deploy / f"{link}-20261130120000.json"
+    real.write_bytes(raw if raw is not None else json.dumps(data or default_cve(), indent=2).encode())
+    (deploy / f"{link}.json").unlink(missing_ok=True)
+    os.symlink(real.name, deploy / f"{link}.json")
+    return real
+
+
+LICENCES = {
+    "openssl": "Apache-2.0",
+    "busybox": "GPL-2.0-only AND bzip2-1.0.4",
+    "tegra-binaries": "LicenseRef-Proprietary",
+    "alma-guard": "MIT",
+    "mystery": "NOASSERTION",
+}
+
+
+def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
+    graph: list[dict[str, Any]] = []
+    for n, (name, lic) in enumerate(sorted(licences.items())):
+        pid, lid = f"{NS}/pkg-{n}", f"{NS}/lic-{n}"
+        graph.append({"type": "software_Package", "spdxId": pid, "name": name, "software_packageVersion": "1.0"})
+        graph.append(
+            {"type": "simplelicensing_LicenseExpression", "spdxId": lid, "simplelicensing_licenseExpression": lic}
+        )
+        graph.append(
+            {
+                "type": "Relationship",
+                "spdxId": f"{NS}/rel-{n}",
+                "from": pid,
+                "relationshipType": "hasDeclaredLicense",
+                "to": [lid],
+            }  # fmt: skip
+        )
+    return {"@context": SPDX3_CONTEXT, "@graph": graph}
+
+
+def write_spdx3(deploy: Path, link: str, licences: dict[str, str] | None = None, raw: bytes | None = None) -> Path:
+    real = deploy / f"{link}-20261130120000.spdx.json"
+    real.write_bytes(raw if raw is not None else json.dumps(spdx3_graph(licences or LICENCES)).encode())
+    os.symlink(real.name, deploy / f"{link}.spdx.json")
+    return real
+
+
+def spdx22_tar(licences: dict[str, str], extra: list[tarfile.TarInfo] | None = None) -> bytes:
+    buf = io.BytesIO()
+    index: dict[str, Any] = {"documents": []}
+    with tarfile.open(fileobj=buf, mode="w|") as tar:
+        for name, lic in sorted(licences.items()):
+            doc = {
+                "spdxVersion": "SPDX-2.2",
+                "name": name,
+                "documentNamespace": f"{NS}/{name}-uuid",
+                "packages": [{"SPDXID": f"SPDXRef-Package-{name}", "name": name, "versionInfo": "1.0",
+                              "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}],
+            }  # fmt: skip
+            body = json.dumps(doc, sort_keys=True).encode()
+            info = tarfile.TarInfo(f"{name}.spdx.json")
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+            index["documents"].append(
+                {
+                    "filename": info.name,
+                    "documentNamespace": doc["documentNamespace"],
+                    "sha1": hashlib.sha1(body).hexdigest(),
+                }  # fmt: skip
+            )
+        for info in extra or []:
+            tar.addfile(info)
+        index["documents"].sort(key=lambda x: x["filename"])
+        body = json.dumps(index, sort_keys=True).encode()
+        info = tarfile.TarInfo("index.json")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    return buf.getvalue()
+
+
+def write_spdx22(deploy: Path, link: str, tar_bytes: bytes | None = None, raw: bytes | None = None) -> Path:
+    import zstandard
+
+    real = deploy / f"{link}-20261130120000.spdx.tar.zst"
+    data = raw if raw is not None else zstandard.ZstdCompressor().compress(tar_bytes or spdx22_tar(LICENCES))
+    real.write_bytes(data)
+    os.symlink(real.name, deploy / f"{link}.spdx.tar.zst")
+    return real
+
+
+def write_nvd_db(downloads: Path, mtime: float) -> Path:
+    db = downloads / "CVE_CHECK" / "nvdcve_2-2.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    db.write_bytes(b"SQLite format 3\0")
+    os.utime(db, (mtime, mtime))
+    return db
