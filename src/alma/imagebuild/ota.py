@@ -26,6 +26,11 @@ from typing import Any
 
 from alma.errors import ConfigError
 
+
+class MissingOtaCert(ConfigError):
+    """A release with the ota feature and no signing certificate: one of the plan's problems
+    (listed with every other preflight problem, like a missing admin key), not an early stop."""
+
 FEATURE = "ota"
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]{1,253}(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 _TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -95,7 +100,7 @@ def resolve(*, features: tuple[str, ...], release: bool, cli_cert: Path | None, 
         p = Path(t["signing_cert"]).expanduser()
         cert = p if p.is_absolute() else root / p
     if cert is None and release:
-        raise ConfigError(
+        raise MissingOtaCert(
             "a release image with the ota feature needs the OTA signing certificate: without it the "
             "boards would accept no signed update",
             hint='alma build --feature ota --ota-key ota-cert.pem, or [ota] signing_cert = "keys/ota.pem" in alma.toml',

@@ -184,8 +184,8 @@ def _with_admin_access(
 def _with_ota(
     req: BuildRequest, project: Project, kas: KasConfig, machine_dir: Path
 ) -> tuple[str, tuple[str, str] | None]:
-    """(conf lines, problem): a wrong or missing OTA setting is one of the plan's problems
-    (listed with every preflight problem, like the admin key), not an early stop."""
+    """(conf lines, problem): a release without the OTA certificate is one of the plan's
+    problems (like the admin key); any other wrong OTA setting stops at once (ConfigError)."""
     from alma.errors import ConfigError
     from alma.ground import write_atomic
     from alma.imagebuild import access, ota
@@ -194,7 +194,7 @@ def _with_ota(
     try:
         settings = ota.resolve(features=req.features, release=access.is_release(kas.data.get("local_conf_header")),
                                cli_cert=req.ota_cert, root=project.root, config=config(project.root))  # fmt: skip
-    except ConfigError as exc:
+    except ota.MissingOtaCert as exc:
         return "", (exc.message, exc.hint or "see docs/ota.md")
     if settings is None:
         return "", None
