@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import click
 from almaboard import text as T
 
-from alma.cli.output import is_tty
+from alma.cli.output import finite, is_tty
 from alma.errors import AlmaError, Interrupted, UserError
 
 FLEET_OPT = click.option(
@@ -22,12 +21,6 @@ FLEET_OPT = click.option(
 )
 UNKNOWN_EXIT = 3  # Nagios UNKNOWN: the plugin could not judge
 
-
-def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """click's FloatRange lets ``inf`` and ``nan`` through: a deadline must be a number."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value!r} is not a finite number of seconds")
-    return value
 
 
 class PluginCommand(click.Command):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -37,3 +38,10 @@ def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's FloatRange lets ``inf`` and ``nan`` through: a deadline must be a number."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number of seconds")
+    return value

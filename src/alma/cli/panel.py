@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from alma.cli.fleet import finite
+from alma.cli.output import finite
 
 
 @click.command(

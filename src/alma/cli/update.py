@@ -17,8 +17,8 @@ from alma.errors import UserError
     epilog="Exit codes: 0 every board committed (or already ran this version); 1 at least one board was "
     "rolled back, refused, failed before the switch or skipped (each one runs a good slot: see its "
     "record); 4 at least one board did not come back (LOST: state unknown, power-cycle it and run the "
-    "same command again); 2 bad .swu, fleet file, node or option; 130 interrupted (run the same "
-    "command again to resume)."
+    "same command again); 2 bad .swu, fleet file, node or option; 70 internal error (traceback in "
+    "the crash log); 130 interrupted (run the same command again to resume)."
 )
 @click.argument("swu", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(

@@ -186,7 +186,6 @@ def _with_ota(
 ) -> tuple[str, tuple[str, str] | None]:
     """(conf lines, problem): a release without the OTA certificate is one of the plan's
     problems (like the admin key); any other wrong OTA setting stops at once (ConfigError)."""
-    from alma.errors import ConfigError
     from alma.ground import write_atomic
     from alma.imagebuild import access, ota
     from alma.settings import config
