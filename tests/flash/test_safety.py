@@ -186,7 +186,7 @@ def test_disk_full_copying_for_a_board_is_a_clear_error(tmp_path: Path, monkeypa
     def full(*a: object, **k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(bundles.shutil, "copy2", full)
+    monkeypatch.setattr(bundles, "sparse_copy", full)
     monkeypatch.setattr(bundles, "_reflink", lambda s, d: False)
     with pytest.raises(UserError) as ei:
         bundles.clone_for_board(prepared, tmp_path / "work" / "boards" / "1-3")
