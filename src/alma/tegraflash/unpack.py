@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alma.errors import UserError
+from alma.errors import Interrupted, UserError
 from alma.ground import open_regular
 from alma.tegraflash import names
 from alma.tegraflash.envfile import ENV_NAME, FlashEnv
@@ -262,6 +262,8 @@ def unpack(
         u = _Unpacker(bundle, tmp, rootfd, budget, stream)
         env: FlashEnv | None = None
         for tar, ti, m in walk(stream, checker):
+            if cancel is not None and cancel.is_set():  # per member too: a flood of tiny members
+                raise Interrupted("interrupted while unpacking the bundle; nothing was flashed")
             u.state.count += 1
             if m.name == ENV_NAME:
                 env, data = read_env_member(tar, ti, m, bundle.name)
