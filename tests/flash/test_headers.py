@@ -13,10 +13,10 @@ import gzip
 import os
 import shutil
 import signal
-import threading
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
