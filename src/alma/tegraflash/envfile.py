@@ -84,7 +84,7 @@ def parse_env(text: str, path: Path | str | None = None) -> FlashEnv:
     if not is_machine(values["MACHINE"]):
         # the bundle's words never choose a path: MACHINE names the flash record
         raise UserError(
-            f"{where}: MACHINE={terminal(values['MACHINE'][:80])!r} is not a meta-tegra machine name "
+            f"{where}: MACHINE={terminal(values['MACHINE'][:200])!r} is not a meta-tegra machine name "
             "(lower-case letters, digits, '-' and '_'); refused",
             hint=_HINT,
         )
