@@ -388,6 +388,11 @@ def test_ctrl_c_in_the_boot_watch_is_interrupted_not_failed(tmp_path: Path) -> N
         os.close(master)
         os.close(slave)
     assert not boot.seen and boot.reason == INTERRUPTED_REASON
+    from alma.flash.session import boot_phase_result
+
+    assert boot_phase_result(boot, interrupted=True) == "interrupted"
+    assert boot_phase_result(Boot(seen=False, reason="interrupted while watching"), interrupted=False) == "interrupted"
+    assert boot_phase_result(Boot(seen=False, reason="timeout: silence"), interrupted=False) == "timeout"
 
 
 def test_a_script_that_outlives_sigterm_is_killed_with_its_group_within_5_s(tmp_path: Path) -> None:

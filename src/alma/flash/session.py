@@ -598,13 +598,7 @@ class FlashSession:
                 )
                 rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
                 boot_phase.finished = utc_iso()
-                boot_phase.result = (
-                    "ok"
-                    if rec.boot.seen
-                    else "interrupted"
-                    if self.interrupted or rec.boot.reason == INTERRUPTED_REASON
-                    else ("timeout" if "timeout" in (rec.boot.reason or "") else "failed")
-                )
+                boot_phase.result = boot_phase_result(rec.boot, self.interrupted)
                 rec.phases.append(boot_phase)
                 rec.finished = utc_iso()
             elif port and outcome.result == "SUCCESS":
@@ -618,6 +612,15 @@ class FlashSession:
             presence.stop()
             if watcher is not None:
                 watcher.stop()
+
+
+def boot_phase_result(boot: Boot, interrupted: bool) -> str:
+    """ok | interrupted (Ctrl-C/SIGTERM while watching: never "failed") | timeout | failed."""
+    if boot.seen:
+        return "ok"
+    if interrupted or boot.reason == INTERRUPTED_REASON:
+        return "interrupted"
+    return "timeout" if "timeout" in (boot.reason or "") else "failed"
 
 
 def _prune_to_logs(work: Path, keep: set[Path]) -> None:
