@@ -10,10 +10,14 @@ Reading is the sibling module's: every input file (text, YAML, TOML, JSON) goes 
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 
 from almaboard.files import write_atomic as board_write_atomic
+
+from alma.errors import UserError
 
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
@@ -27,6 +31,43 @@ def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
         with contextlib.suppress(FileNotFoundError):
             mode = path.stat().st_mode & 0o7777
     board_write_atomic(path, text.encode("utf-8"), durable=True, mode=mode)
+
+
+class NotARegularFile(UserError):
+    """An input path that is a FIFO, a device, a socket or a directory: never read as a file."""
+
+    def __init__(self, path: Path | str, kind: str) -> None:
+        super().__init__(
+            f"{path} is {kind}, not a regular file; refused (nothing reads it)",
+            hint="point at the file itself (alma verify names the bundle it found)",
+        )
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}  # fmt: skip
+
+
+def file_kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_regular(path: Path | str) -> int:
+    """An fd (O_RDONLY, blocking again) of ``path`` only if it is a regular file.
+
+    Opened with O_NONBLOCK first, so a FIFO put where a file was expected never blocks
+    (neither here nor between a check and the open), then fstat'ed: what is judged is what
+    was opened. Raises :class:`NotARegularFile` (or the OSError of the open).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(path, file_kind(st.st_mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def utc_now() -> datetime:

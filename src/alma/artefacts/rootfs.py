@@ -3,11 +3,13 @@ package (oe-core ``write_image_manifest`` / ``format_pkg_list(..., "ver")``)."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from alma.errors import UserError
+from alma.ground import open_regular
 
 # The components ALMA-OS bakes into every image (layers/meta-alma/recipes-alma/).
 COMPONENTS = ("alma-guard", "alma-watchdog-config", "alma-health", "eran-grid")
@@ -44,7 +46,9 @@ def legitimize(release: str) -> str:
 
 def read_rootfs_manifest(path: Path) -> RootfsManifest:
     out = RootfsManifest()
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    with os.fdopen(open_regular(path), "rb") as fh:  # a FIFO in the deploy dir never blocks verify
+        text = fh.read().decode("utf-8", "replace")
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split()

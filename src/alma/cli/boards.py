@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+from almaboard import text as T
 
 from alma.cli.output import console, emit_json, is_tty
 
@@ -86,10 +87,11 @@ def _print(found: list[UsbBoard]) -> None:
         return
     if is_tty():
         from rich.table import Table
+        from rich.text import Text
 
         table = Table("USB instance", "state", "device", "SoC", "id", "speed", "path")
         for b in found:
-            table.add_row(
+            cells = (
                 b.usb_instance,
                 b.state,
                 b.description,
@@ -98,6 +100,8 @@ def _print(found: list[UsbBoard]) -> None:
                 b.speed or "",
                 "via hub" if b.via_hub else "direct",
             )
+            # udev attributes come from the device: sanitized, and never rich markup
+            table.add_row(*(Text(T.terminal(c)) for c in cells))
         console().print(table)
         if any(b.via_hub and b.in_recovery for b in found):
             click.echo("note: a board behind a hub flashes less reliably; use a port on the host itself", err=True)
@@ -105,4 +109,4 @@ def _print(found: list[UsbBoard]) -> None:
     for b in found:
         hub = "via-hub" if b.via_hub else "direct"
         fields = [b.usb_instance, b.state, f"{b.vendor}:{b.product}", b.soc or "-", b.speed or "-", hub, b.description]
-        click.echo("\t".join(fields))
+        click.echo("\t".join(T.terminal(f) for f in fields))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from almaboard import text as T
 
 from alma.cli.output import console, emit_json, is_tty, secho
 
@@ -21,10 +22,12 @@ EPILOG = (
     "2 refused before touching a board (no board, bundle/board mismatch, sha256 mismatch, "
     "unsafe or truncated archive, board locked by another flash, usage); 3 a flash failed "
     "(initrd-flash error or 'Final status: FAILED'); 4 a phase timed out (initrd-flash was "
-    "stopped); 5 flashed but no boot seen on the console; 130 interrupted (Ctrl-C or SIGTERM: "
+    "stopped); 5 flashed but no boot seen on the console; 6 a board was flashed (or attempted) but its "
+    "flash record could not be written (disk full: the record is printed on stderr, the logs stay in the "
+    "work dir, whose path is printed); 130 interrupted (Ctrl-C or SIGTERM: "
     "every initrd-flash is stopped, every board gets an INTERRUPTED record; a second signal "
-    "only stops them faster); 70 internal error. With --all the worst outcome decides, in the order 130, 3, 4, 2, "
-    "5, 0. Every attempt writes a flash record to facts/flash-records/, with the host log, "
+    "only stops them faster); 70 internal error. With --all the worst outcome decides, in the order 130, 3, 4, 6, "
+    "2, 5, 0. Every attempt writes a flash record to facts/flash-records/, with the host log, "
     "device logs and transcript next to it."
 )
 
@@ -176,7 +179,7 @@ def flash(
     from alma.errors import UserError
     from alma.flash.flasher import FlashArgs
     from alma.flash.interrupt import Interruption
-    from alma.flash.session import EXIT_INTERRUPTED, FlashOptions, FlashSession, overall_exit
+    from alma.flash.session import EXIT_INTERRUPTED, EXIT_UNRECORDED, FlashOptions, FlashSession, overall_exit
 
     if board and all_boards:
         raise click.UsageError("--board and --all exclude each other")
@@ -231,11 +234,9 @@ def flash(
         stop.restore()
         display.close()
     code = overall_exit(runs)
-    from alma.fleet.join import after_flash  # issue 14: boards seen booting join the fleet
-
-    joins = after_flash([r.record for r in runs], add_to_fleet, ssh_user)
+    joins = _join_fleet(runs, add_to_fleet, ssh_user)
     if session.record_errors and code == 0:
-        code = session.record_errors[0].exit_code
+        code = EXIT_UNRECORDED if any(r.unrecorded for r in runs) else session.record_errors[0].exit_code
     if stop.interrupted:
         code = EXIT_INTERRUPTED  # whatever else happened: the user stopped it
     if as_json:
@@ -273,7 +274,8 @@ class _Display:
             table.add_column(col)
         now = time.monotonic()
         for inst, row in self.rows.items():
-            table.add_row(inst, row["phase"], f"{now - row['t0']:.0f}s", row["line"][:70])
+            # Text objects: script/device lines are never parsed as rich markup ("[/dev/sda]")
+            table.add_row(*map(_plain, (inst, row["phase"], f"{now - row['t0']:.0f}s", row["line"][:70])))
         return table
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
@@ -301,14 +303,14 @@ class _Display:
             if self.live is not None:
                 self.live.update(self._render())
             elif ev.banner or ev.line.startswith(("Final status:", "ERR", "ERROR", "WARN", "watching")):
-                click.echo(f"[{ev.usb_instance}] {ev.line}", err=True)
+                click.echo(f"[{ev.usb_instance}] {T.terminal(ev.line)}", err=True)
         elif kind == "record-lost":
             err = data["error"]
             secho(f"error: {err.message}", fg="red", err=True)
             click.echo(f"  try: {err.hint}", err=True)
             click.echo(data["json"], err=True)
         elif kind == "warning":
-            secho(f"warning: {data['message']}", fg="yellow", err=True)
+            secho(f"warning: {T.terminal(data['message'])}", fg="yellow", err=True)
         elif kind == "record":
             run = data["run"]
             inst = run.record.board.get("usb_instance") or "-"
@@ -323,6 +325,27 @@ class _Display:
             self.live = None
 
 
+def _join_fleet(runs: list[BoardRun], fleet_file: Path | None, ssh_user: str) -> list[dict[str, Any]]:
+    """Boards seen booting join the fleet (issue 14), one at a time: an identity problem of one
+    board (ambiguous, a bad address) is its own reason, never the exit code, never another's."""
+    from alma.errors import UserError
+    from alma.fleet.join import after_flash
+
+    joins: list[dict[str, Any]] = []
+    for r in runs:
+        rec = r.record
+        inst = rec.board.get("usb_instance")
+        problem = rec.boot.identity_problem if rec.boot is not None else None
+        if problem and rec.result == "SUCCESS":
+            joins.append({"usb_instance": inst, "entry": None, "reason": problem})
+            continue
+        try:
+            joins += after_flash([rec], fleet_file, ssh_user)
+        except UserError as exc:
+            joins.append({"usb_instance": inst, "entry": None, "reason": f"not added: {exc.message}"})
+    return joins
+
+
 def _print_joins(joins: list[dict[str, Any]]) -> None:
     """The [[node]] entry of every board seen booting (stdout: paste it into the fleet file)."""
     for j in joins:
@@ -331,7 +354,15 @@ def _print_joins(joins: list[dict[str, Any]]) -> None:
             click.echo(f"# board {j['usb_instance']}: {where}")
             click.echo(j["toml"])
         if j.get("reason") and not j.get("added_to") and (not j.get("toml") or "not added" in j["reason"]):
-            secho(f"board {j['usb_instance']}: not joined to the fleet: {j['reason']}", fg="yellow", err=True)
+            reason = T.terminal(j["reason"])
+            secho(f"board {j['usb_instance']}: not joined to the fleet: {reason}", fg="yellow", err=True)
+
+
+def _plain(value: object) -> Any:
+    """Untrusted text for a rich table: sanitized (almaboard.text) and never read as markup."""
+    from rich.text import Text
+
+    return Text(T.terminal(value))
 
 
 def _short(module: str) -> str:
@@ -360,10 +391,10 @@ def _summary(runs: list[BoardRun]) -> None:
 
         table = Table("board", "module", "result", "final status", "boot", "reason")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*map(_plain, row))
         console().print(table)
     else:
         for row in rows:
-            click.echo("\t".join(row))
+            click.echo("\t".join(T.terminal(c) for c in row))
     for d in where:
         click.echo(f"flash records: {d}", err=True)

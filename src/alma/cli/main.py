@@ -8,6 +8,7 @@ convention (``alma fleet health``: Nagios, UNKNOWN = 3) declare its usage-error 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -181,6 +182,14 @@ def _keep_traceback(exc: BaseException, argv: list[str] | None) -> str:
     return "(could not be saved: no writable state or temp directory)"
 
 
+def _stopping() -> None:
+    """Interrupted: a repeated Ctrl-C while we exit must not turn 130 into death by SIGINT."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script passes it to sys.exit)."""
     try:
@@ -190,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
+        _stopping()
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
@@ -199,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         _report(exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
+        _stopping()
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:

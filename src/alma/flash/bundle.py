@@ -34,6 +34,7 @@ class PreparedBundle:
     members: int
     env: FlashEnv
     data_bytes: int = 0
+    script_sha256: str = ""  # initrd-flash's bytes as the verified archive carried them
 
 
 def prepare(
@@ -57,12 +58,48 @@ def prepare(
             f"{Path(bundle).name}: no initrd-flash script in the bundle; refused to unpack it",
             hint="Orin bundles from meta-tegra scarthgap carry one",
         )
-    # The master copy is read-only input for the boards' clones.
-    for p in u.env.payload_files():
-        with contextlib.suppress(FileNotFoundError):
-            if not (root / p).is_symlink():
-                os.chmod(root / p, 0o444)
-    return PreparedBundle(Path(bundle), root, u.sha256, Path(bundle).stat().st_size, u.members, u.env, u.data_bytes)
+    prepared = PreparedBundle(
+        Path(bundle),
+        root,
+        u.sha256,
+        Path(bundle).stat().st_size,
+        u.members,
+        u.env,
+        u.data_bytes,
+        u.member_sha256.get("initrd-flash", ""),
+    )
+    # The shared files are read-only input for the boards' clones (resolved inside the tree only).
+    for p in shared_files(prepared):
+        fd = _open_in(root, p)
+        if fd is not None:
+            try:
+                os.fchmod(fd, 0o444)
+            finally:
+                os.close(fd)
+    return prepared
+
+
+def _open_in(root: Path, rel: str) -> int | None:
+    """An fd of the regular file ``root/rel``, no component followed if it is a link
+    (``ROOTFS_IMAGE=..`` or a link out of the tree is simply not a shared file)."""
+    parts = Path(rel).parts
+    if not parts or any(p in ("..", ".", "") for p in parts):
+        return None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root, flags | os.O_DIRECTORY)
+        for part in parts[:-1]:
+            nfd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        ffd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+        os.close(fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(ffd).st_mode):
+        os.close(ffd)
+        return None
+    return ffd
 
 
 def _reflink(src: Path, dst: Path) -> bool:
@@ -77,9 +114,32 @@ def _reflink(src: Path, dst: Path) -> bool:
         return False
 
 
+SHARE_MIN = 16 << 20  # files this big (or sparse) are shared, not copied, per board
+CHUNK = 1 << 20
+
+
+def shared_files(prepared: PreparedBundle) -> set[str]:
+    """Files every board's copy shares with the read-only master (hard links, when the
+    filesystem has no reflinks): the payloads ``.env.initrd-flash`` names and every regular
+    file of at least SHARE_MIN bytes or with holes (rootfs/ESP/data images: read, never
+    written, by initrd-flash). Small files (scripts, BCTs, DTBs, xml) are copied per board."""
+    payloads = set(prepared.env.payload_files())  # names only: "..", links, dirs never match a walked file
+    shared = set()
+    for dirpath, _dirs, files in os.walk(prepared.root):
+        for f in files:
+            st = os.lstat(os.path.join(dirpath, f))
+            rel = os.path.relpath(os.path.join(dirpath, f), prepared.root)
+            if not stat.S_ISREG(st.st_mode) or rel == "initrd-flash":
+                continue
+            if rel in payloads or st.st_size >= SHARE_MIN or st.st_blocks * 512 < st.st_size:
+                shared.add(rel)
+    return shared
+
+
 def copy_bytes_needed(prepared: PreparedBundle) -> int:
-    """What one board's copy costs on a filesystem without reflinks (payloads are hard links)."""
-    shared = set(prepared.env.payload_files())
+    """What one board's copy really writes on a filesystem without reflinks: the allocated
+    blocks of the files it copies (shared files are hard links; copies keep their holes)."""
+    shared = shared_files(prepared)
     total = 0
     for dirpath, _dirs, files in os.walk(prepared.root):
         for f in files:
@@ -88,6 +148,39 @@ def copy_bytes_needed(prepared: PreparedBundle) -> int:
                 continue
             total += p.lstat().st_blocks * 512
     return total
+
+
+def sparse_copy(src: Path, dst: Path) -> None:
+    """Copy ``src`` to the new file ``dst`` keeping its holes (SEEK_DATA/SEEK_HOLE): only
+    the data is written, never the zeros of a hole."""
+    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        size = os.fstat(sfd).st_size
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            off = 0
+            while off < size:
+                try:
+                    data = os.lseek(sfd, off, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:
+                        break  # only a hole is left
+                    raise
+                hole = os.lseek(sfd, data, os.SEEK_HOLE)
+                pos = data
+                while pos < hole:
+                    chunk = os.pread(sfd, min(CHUNK, hole - pos), pos)
+                    if not chunk:
+                        break
+                    os.pwrite(dfd, chunk, pos)
+                    pos += len(chunk)
+                off = hole
+            os.ftruncate(dfd, size)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+    shutil.copystat(src, dst)
 
 
 def check_copy_space(prepared: PreparedBundle, boards: int, budget: Budget, where: Path) -> None:
@@ -126,7 +219,7 @@ def clone_for_board(prepared: PreparedBundle, dest: Path) -> dict[str, str]:
 
 def _clone(prepared: PreparedBundle, dest: Path) -> dict[str, str]:
     src_root = prepared.root
-    shared = set(prepared.env.payload_files())
+    shared = shared_files(prepared)
     how: dict[str, str] = {}
     dest.mkdir(parents=True, mode=0o700)
     can_reflink = True
@@ -156,15 +249,15 @@ def _clone(prepared: PreparedBundle, dest: Path) -> dict[str, str]:
                 os.link(s, t)
                 how[rel] = "hardlink"
             else:
-                shutil.copy2(s, t)
+                sparse_copy(s, t)
                 how[rel] = "copy"
     return how
 
 
 def shared_payload_state(prepared: PreparedBundle) -> dict[str, tuple[int, int]]:
-    """(size, mtime_ns) of the hard-linked payloads, to prove afterwards nobody wrote them."""
+    """(size, mtime_ns) of the shared (hard-linked) files, to prove afterwards nobody wrote them."""
     out = {}
-    for p in prepared.env.payload_files():
+    for p in sorted(shared_files(prepared)):
         with contextlib.suppress(FileNotFoundError):
             st = (prepared.root / p).stat()
             out[p] = (st.st_size, st.st_mtime_ns)

@@ -22,19 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import serial
+from almaboard import text as T
 
-from alma.flash.identity import last_board_line
+from alma.flash.identity import board_identity
 from alma.flash.records import Boot
 from alma.ground import utc_iso
 
 BAUD = 115200
+INTERRUPTED_REASON = "interrupted while watching"
 KERNEL_BANNER = re.compile(r"Linux version \S+")
 LOGIN_PROMPT = re.compile(r"^\s*(?P<prompt>[A-Za-z0-9][A-Za-z0-9._-]* login:)\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def _clean(line: str) -> str:
-    return _ANSI.sub("", line).replace("\r", "").rstrip()
+    # CSI colour codes dropped, every other control/ESC/bidi character made visible (almaboard.text)
+    return T.terminal(_ANSI.sub("", line).replace("\r", "").rstrip())
 
 
 def _printable_ratio(data: bytes) -> float:
@@ -152,20 +155,20 @@ class ConsoleWatcher:
             while True:
                 banner, prompt = self._judge()
                 if prompt is not None:
+                    ident, problem = board_identity(self._after_mark())
                     return Boot(
                         seen=True,
                         console=self.port,
                         kernel_banner=banner,
                         login_prompt=prompt,
                         seen_at=utc_iso(),
-                        board=last_board_line(self._after_mark()),  # issue 14: the pinned host key
+                        board=ident,  # issue 14: the pinned host key (one distinct identity only)
+                        identity_problem=problem,
                     )
                 if self._error is not None:
                     return Boot(seen=False, console=self.port, kernel_banner=banner, reason=self._error)
                 if cancel is not None and cancel.is_set():
-                    return Boot(
-                        seen=False, console=self.port, kernel_banner=banner, reason="interrupted while watching"
-                    )
+                    return Boot(seen=False, console=self.port, kernel_banner=banner, reason=INTERRUPTED_REASON)
                 left = end - time.monotonic()
                 if left <= 0:
                     why = self._why_not(banner, timeout)

@@ -12,6 +12,7 @@ process group and returns an INTERRUPTED outcome with its logs, like any other o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -21,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from almaboard import text as T
 
 from alma import runner, settings
 from alma.errors import ToolError, ToolTimeout, UserError
@@ -46,6 +49,9 @@ assert tuple(DEFAULT_TIMEOUTS) == PHASES
 # initrd-flash prints "Waiting for USB storage device X from S..." without a newline and a
 # dot every 5 s: hand the unfinished line over once the script has been quiet this long.
 PARTIAL_AFTER_S = 0.5
+# A stopped initrd-flash (timeout, Ctrl-C, SIGTERM) gets this long after SIGTERM before its
+# whole process group is killed: bounded, so every board has its record well within 5 s.
+STOP_GRACE_S = 4.0
 PRESIGNED_WARNING = "WARN: binaries already signed; ignoring signing options"
 
 
@@ -185,7 +191,8 @@ class InitrdFlasher:
 
         tracker = Tracker(on_phase)
 
-        def on_line(line: str) -> None:
+        def on_line(raw: str) -> None:
+            line = T.terminal(raw)  # the one sanitizer: display, reasons and records see this
             lines.append(line)
             banner = tracker.feed(line)
             if line.strip() == PRESIGNED_WARNING and PRESIGNED_WARNING not in warnings:
@@ -215,6 +222,7 @@ class InitrdFlasher:
                 what="initrd-flash",
                 flush_partial_after=PARTIAL_AFTER_S,
                 on_start=started,
+                stop_grace=STOP_GRACE_S,
             )
             exit_code = res.returncode
         except ToolTimeout:
@@ -235,7 +243,7 @@ class InitrdFlasher:
         host_log, device_logs = collect_logs(bundle_dir)
         all_lines = list(lines)
         if host_log is not None:
-            all_lines += host_log.read_text(encoding="utf-8", errors="replace").splitlines()
+            all_lines += [T.terminal(x) for x in host_log.read_text(encoding="utf-8", errors="replace").splitlines()]
         status = reasons.final_status(lines)
         if result == "FAILED" and exit_code == 0 and status == "SUCCESS":
             result = "SUCCESS"
@@ -280,19 +288,42 @@ def collect_logs(bundle_dir: Path) -> tuple[Path | None, Path | None]:
 
 
 def keep_logs(outcome: FlashOutcome, dest: Path) -> dict[str, object]:
-    """Copy the host log, device logs and our transcript next to the flash record."""
+    """Move the host log, device logs and our transcript next to the flash record.
+
+    Moved, not copied (a rename when both are on one filesystem: it needs no space), and a
+    half-written copy across filesystems is removed while its source stays: on a full disk
+    the evidence is still in the board's work dir (the caller keeps it and says where).
+    """
     out: dict[str, object] = {"host_log": None, "device_logs": []}
     if not any((outcome.host_log, outcome.device_logs, outcome.transcript)):
         return out
     dest.mkdir(parents=True, exist_ok=True)
     if outcome.host_log is not None:
-        shutil.copy2(outcome.host_log, dest / outcome.host_log.name)
-        out["host_log"] = str(dest / outcome.host_log.name)
+        out["host_log"] = str(_move(outcome.host_log, dest / outcome.host_log.name))
     if outcome.device_logs is not None:
-        target = dest / outcome.device_logs.name
-        shutil.copytree(outcome.device_logs, target, dirs_exist_ok=True, symlinks=True)
+        target = _move(outcome.device_logs, dest / outcome.device_logs.name)
         out["device_logs"] = sorted(str(p) for p in target.rglob("*") if p.is_file())
     if outcome.transcript is not None and outcome.transcript.exists():
-        shutil.copy2(outcome.transcript, dest / outcome.transcript.name)
-        out["transcript"] = str(dest / outcome.transcript.name)
+        out["transcript"] = str(_move(outcome.transcript, dest / outcome.transcript.name))
     return out
+
+
+def _move(src: Path, dst: Path) -> Path:
+    try:
+        os.rename(src, dst)
+        return dst
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    try:
+        if src.is_dir():
+            shutil.copytree(src, dst, symlinks=True)
+            shutil.rmtree(src)
+        else:
+            shutil.copy2(src, dst)
+            src.unlink()
+    except OSError:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(dst) if dst.is_dir() else dst.unlink()  # never a 0-byte "log"
+        raise
+    return dst

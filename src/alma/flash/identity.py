@@ -39,6 +39,7 @@ CONF_REL = Path("flashpkg-extra") / "alma" / "board.conf"
 DEVICE_CONF = "/tmp/flashpkg/flashpkg/flashpkg-extra/alma/board.conf"
 MAX_CSV_BYTES = 1 << 20
 MAX_LINE = 512
+MAX_IDENTITIES = 3  # distinct identity lines named in an "ambiguous" reason
 _LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _INSTANCE = re.compile(r"^\d{1,3}-\d{1,3}(?:\.\d{1,3}){0,6}$")
 _BOARD_LINE = re.compile(r"^alma-board: name=(?P<name>\S{1,63}) addr=(?P<addr>\S{0,200}) hostkey=(?P<key>\S{1,60})$")
@@ -237,6 +238,8 @@ def parse_board_line(line: str) -> BoardLine | None:
     for part in m["addr"].split(","):
         if not part:
             continue  # agetty prints an absent address family as nothing
+        if "%" in part:
+            continue  # a scope id (fe80::1%eth0) names the board's interface, not ours: never an address
         try:
             ip = ipaddress.ip_address(part)
         except ValueError:
@@ -248,10 +251,28 @@ def parse_board_line(line: str) -> BoardLine | None:
 
 
 def last_board_line(lines: Iterable[str]) -> dict[str, Any] | None:
-    """The last well-formed identity line (agetty prints it again with every prompt)."""
-    found = None
+    """The board's identity line when exactly one distinct one was seen (agetty prints it
+    again with every prompt), else None; :func:`board_identity` says why."""
+    return board_identity(lines)[0]
+
+
+def board_identity(lines: Iterable[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """The console identity policy: one boot shows exactly one distinct ``alma-board:``
+    identity. Two different ones (a forged line printed before or after the real one) make
+    it ambiguous: (None, why). No line at all is (None, None)."""
+    distinct: list[BoardLine] = []
     for ln in lines:
         parsed = parse_board_line(ln.strip())
-        if parsed is not None:
-            found = parsed
-    return found.to_dict() if found else None
+        if parsed is not None and parsed not in distinct:
+            distinct.append(parsed)
+            if len(distinct) > MAX_IDENTITIES:
+                break
+    if len(distinct) > 1:
+        shown = "; ".join(f"name={b.name} hostkey={b.hostkey}" for b in distinct[:MAX_IDENTITIES])
+        return None, (
+            f"identity ambiguous: the console showed {len(distinct)} different alma-board: lines ({shown}); "
+            "the board was flashed but not added to the fleet: check its host key on the board itself "
+            "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on its console), then "
+            "alma fleet add NAME --ssh alma@ADDRESS --host-key SHA256:..."
+        )
+    return (distinct[0].to_dict() if distinct else None), None

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard.text import terminal
+
 from alma.errors import ConfigError
 from alma.ground import write_atomic
 
@@ -41,6 +43,8 @@ class Boot:
     reason: str | None = None  # why not seen: "timeout", "unplugged", "garbage only", ...
     # issue 14: the board's "alma-board: name= addr= hostkey=" console line, parsed
     board: dict[str, Any] | None = None
+    # issue 18: why no identity was taken from the console ("identity ambiguous: ...")
+    identity_problem: str | None = None
 
 
 @dataclass
@@ -93,9 +97,16 @@ class FlashRecord:
 
 
 def record_filename(rec: FlashRecord) -> str:
-    stamp = rec.started.replace(":", "").replace("-", "").split(".")[0]
-    where = str(rec.board.get("usb_instance", "unknown")).replace("/", "_")
-    return f"{stamp}-{rec.machine}-{where}.json"
+    """``<stamp>-<machine>-<usb instance>.json``: each part only when it matched its grammar
+    (a MACHINE from a bundle or a USB id from a device never chooses the path)."""
+    from alma.flash.discovery import is_usb_instance
+    from alma.tegraflash.names import is_machine
+
+    stamp = "".join(c for c in rec.started.split(".")[0] if c.isascii() and c.isalnum())[:16] or "unstamped"
+    machine = rec.machine if is_machine(rec.machine) else "invalid-machine"
+    usb = rec.board.get("usb_instance")
+    where = usb if is_usb_instance(usb) else ("unknown" if usb in (None, "") else "invalid-usb")
+    return f"{stamp}-{machine}-{where}.json"
 
 
 def next_path(rec: FlashRecord, directory: Path) -> Path:
@@ -108,9 +119,23 @@ def next_path(rec: FlashRecord, directory: Path) -> Path:
     return path
 
 
+def sanitized(obj: Any) -> Any:
+    """Every string made visible-safe (controls, ESC, bidi: almaboard.text.terminal): a record
+    never stores raw device or script text (raw bytes only appear as their escapes)."""
+    if isinstance(obj, str):
+        return terminal(obj)
+    if isinstance(obj, dict):
+        return {terminal(k): sanitized(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [sanitized(v) for v in obj]
+    return obj
+
+
 def save(rec: FlashRecord, directory: Path, path: Path | None = None) -> Path:
     path = path or next_path(rec, directory)
-    write_atomic(path, json.dumps(rec.to_dict(), indent=2, sort_keys=True) + "\n")
+    if path.parent != directory:
+        raise ValueError(f"a record path outside its directory: {path}")  # a bug, never input
+    write_atomic(path, json.dumps(sanitized(rec.to_dict()), indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -24,17 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import text as T
+
 from alma import settings
 from alma.artefacts import manifest as facts
 from alma.errors import Interrupted, UserError
 from alma.flash import bundle as bundles
-from alma.flash import discovery, identity, records
-from alma.flash.console import ConsoleWatcher, find_console
+from alma.flash import discovery, identity, leftovers, privilege, records
+from alma.flash.console import INTERRUPTED_REASON, ConsoleWatcher, find_console
 from alma.flash.flasher import FlashArgs, Flasher, FlashEvent, FlashOutcome, InitrdFlasher, keep_logs
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
 from alma.flash.records import Boot, FlashRecord, Phase
-from alma.ground import utc_iso
+from alma.ground import NotARegularFile, file_kind, utc_iso
 from alma.tegraflash.names import parse_name
 from alma.tegraflash.unpack import DEFAULT_MARGIN, Budget
 
@@ -44,11 +47,12 @@ EXIT_REFUSED = 2
 EXIT_FAILED = 3
 EXIT_TIMEOUT = 4
 EXIT_NOT_BOOTED = 5
+EXIT_UNRECORDED = 6  # a board was touched (flashed, or attempted) but its record could not be written
 EXIT_INTERRUPTED = 130
 # --all: the worst outcome decides, in this order.
 # A board re-enumerates within a second or two between flash stages; gone longer = vanished.
 VANISHED_AFTER_S = 2.0
-_SEVERITY = [EXIT_INTERRUPTED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_NOT_BOOTED, EXIT_OK]
+_SEVERITY = [EXIT_INTERRUPTED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_UNRECORDED, EXIT_REFUSED, EXIT_NOT_BOOTED, EXIT_OK]
 
 
 @dataclass
@@ -79,10 +83,13 @@ class BoardRun:
     record: FlashRecord
     path: Path | None = None  # where the record was written
     error: UserError | None = None  # why it was refused
+    unrecorded: bool = False  # the record could not be written (it went to stderr)
 
     @property
     def exit_code(self) -> int:
         r = self.record
+        if self.unrecorded and r.result not in ("REFUSED", "INTERRUPTED"):
+            return EXIT_UNRECORDED  # flashed (or attempted): never reported as "refused before touching"
         if r.result == "SUCCESS":
             if r.boot is not None and not r.boot.seen:
                 return EXIT_NOT_BOOTED
@@ -187,8 +194,14 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
             f"--sha256 {expected} contradicts the facts manifest {chosen.path} ({chosen.value('bundle_sha256')})",
             hint="drop --sha256, or re-run alma verify",
         )
-    if not path.is_file():
-        raise UserError(f"bundle not found: {path}", hint="alma build, or pass the bundle's path: alma flash BUNDLE")
+    try:
+        st = path.stat()  # stat never blocks, even on a FIFO
+    except OSError:
+        raise UserError(
+            f"bundle not found: {path}", hint="alma build, or pass the bundle's path: alma flash BUNDLE"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotARegularFile(path, file_kind(st.st_mode))
     if chosen is not None:
         want_bytes = _manifest_value(chosen, "bundle_bytes")
         if isinstance(want_bytes, int) and want_bytes != path.stat().st_size:
@@ -210,6 +223,11 @@ def pick_boards(opts: FlashOptions, context: Any = None) -> list[discovery.UsbBo
     if opts.board and opts.all_boards:
         raise UserError("--board and --all exclude each other", hint="alma flash --all  or  alma flash --board 1-8.4")
     if opts.board:
+        if not discovery.is_usb_instance(opts.board):
+            raise UserError(
+                f"--board {T.terminal(opts.board[:40])!r} is not a USB instance (bus-port[.port...], e.g. 1-8.4)",
+                hint="alma boards lists them",
+            )
         b = discovery.find_board(opts.board, context)
         if not b.in_recovery:
             raise UserError(
@@ -218,6 +236,13 @@ def pick_boards(opts: FlashOptions, context: Any = None) -> list[discovery.UsbBo
             )
         return [b]
     found = discovery.recovery_boards(context)
+    for b in found:
+        if not discovery.is_usb_instance(b.usb_instance):
+            # device text names work dirs and records: refused before it becomes a path
+            raise UserError(
+                f"a board's USB id {T.terminal(b.usb_instance[:40])!r} is not a sysfs name (bus-port[.port...])",
+                hint="unplug it, or flash the others one by one: alma flash --board USB_INSTANCE",
+            )
     if not found:
         raise UserError(
             "no Jetson in recovery mode on USB (an empty listing is not proof that none is connected)",
@@ -255,6 +280,7 @@ class FlashSession:
         self.records_dir = opts.records_dir or Path(os.environ.get("ALMA_FLASH_RECORDS") or root / records.DEFAULT_DIR)
         self.budget = Budget(cap=opts.unpack_cap, margin=opts.space_margin)
         self.record_errors: list[UserError] = []
+        self.evidence: set[Path] = set()  # board dirs whose logs could not be moved to the records
         self._events_lock = threading.Lock()
 
     @property
@@ -299,6 +325,7 @@ class FlashSession:
                 hint="free space there; the record follows on stderr: save it as a .json in facts/flash-records/",
             )
             self.record_errors.append(err)
+            run.unrecorded = True
             self._emit("record-lost", {"error": err, "json": json.dumps(run.record.to_dict(), sort_keys=True)})
         self._emit("record", {"run": run})
         return run
@@ -330,6 +357,8 @@ class FlashSession:
     # -- the run -----------------------------------------------------------------
     def run(self) -> list[BoardRun]:
         started = utc_iso()
+        # another user's records dir could aim root's writes anywhere: refuse before writing one
+        self.records_dir = privilege.trusted_base(self.records_dir, "records dir", "--records-dir")
         records.probe_writable(self.records_dir)  # no record could be written: refuse first
         try:
             self.opts.flash_args.check()
@@ -386,9 +415,14 @@ class FlashSession:
             os.environ.get("ALMA_FLASH_WORKDIR")
             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alma" / "flash"
         )
+        base = privilege.trusted_base(base, "work dir", "--work-dir")  # UntrustedPath: a REFUSED record per board
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            return Path(tempfile.mkdtemp(prefix="run-", dir=base))
+            for msg in leftovers.clean_stale_runs(base):
+                self._emit("warning", {"message": msg})
+            run = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+            leftovers.mark_run(run)
+            return run
         except OSError as exc:
             raise UserError(
                 f"cannot create a work directory in {base}: {exc.strerror or exc}",
@@ -405,7 +439,9 @@ class FlashSession:
         try:
             return self._in_work(work, boards, choice, started)
         finally:
-            if not self.opts.keep_work:
+            if self.evidence and not self.opts.keep_work:
+                _prune_to_logs(work, self.evidence)
+            elif not self.opts.keep_work:
                 shutil.rmtree(work, ignore_errors=True)
 
     def _in_work(
@@ -527,6 +563,12 @@ class FlashSession:
         rec = self._record(board, choice, started, "FAILED", **kw)
         rec.phases = [prep_phase]
         rec.identity = ident.to_record() if ident is not None else None  # issue 14
+        try:  # invariant 3 of alma.flash.privilege: what runs is what was hashed
+            privilege.verify_script(work, board_dir, prepared.script_sha256)
+        except UserError as exc:
+            if watcher is not None:
+                watcher.stop()
+            return self.refuse(exc, board, choice, started, phases=[prep_phase], **kw)
         presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
             outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
@@ -545,7 +587,10 @@ class FlashSession:
                 rec.logs = keep_logs(outcome, logs_dir)
                 rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
             except OSError as exc:
-                rec.logs = {"error": f"logs not kept: {exc}"}
+                # the evidence stays in the board's work dir, which is kept (not removed)
+                self.evidence.add(board_dir)
+                rec.logs = {"error": f"logs not moved to {logs_dir}: {exc.strerror or exc}", "kept_in": str(board_dir)}
+                self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
             if watcher is not None and outcome.result == "SUCCESS" and not self.interrupted:
                 boot_phase = Phase("boot", utc_iso())
                 self._emit(
@@ -553,18 +598,45 @@ class FlashSession:
                 )
                 rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
                 boot_phase.finished = utc_iso()
-                boot_phase.result = (
-                    "ok" if rec.boot.seen else ("timeout" if "timeout" in (rec.boot.reason or "") else "failed")
-                )
+                boot_phase.result = boot_phase_result(rec.boot, self.interrupted)
                 rec.phases.append(boot_phase)
                 rec.finished = utc_iso()
             elif port and outcome.result == "SUCCESS":
                 rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
-            return self._save(run, path)
+            self._save(run, path)
+            if run.unrecorded:
+                self.evidence.add(board_dir)
+                self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
+            return run
         finally:
             presence.stop()
             if watcher is not None:
                 watcher.stop()
+
+
+def boot_phase_result(boot: Boot, interrupted: bool) -> str:
+    """ok | interrupted (Ctrl-C/SIGTERM while watching: never "failed") | timeout | failed."""
+    if boot.seen:
+        return "ok"
+    if interrupted or boot.reason == INTERRUPTED_REASON:
+        return "interrupted"
+    return "timeout" if "timeout" in (boot.reason or "") else "failed"
+
+
+def _prune_to_logs(work: Path, keep: set[Path]) -> None:
+    """Free the work dir's space but keep every log of the boards in ``keep`` (their host
+    log, device logs and transcript): a full disk must not cost the evidence."""
+    for entry in work.iterdir():
+        if entry.name != "boards":
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+    for board_dir in (work / "boards").iterdir() if (work / "boards").is_dir() else []:
+        if board_dir not in keep:
+            shutil.rmtree(board_dir, ignore_errors=True)
+            continue
+        for entry in board_dir.iterdir():
+            if entry.name.startswith(("log.initrd-flash.", "device-logs-", "alma-initrd-flash.log")):
+                continue
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def _vanished(outcome: FlashOutcome, presence: discovery.PresenceWatch, usb_instance: str) -> str | None:

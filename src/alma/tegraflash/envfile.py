@@ -14,7 +14,10 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from almaboard.text import terminal
+
 from alma.errors import UserError
+from alma.tegraflash.names import is_machine
 
 ENV_NAME = ".env.initrd-flash"
 ENV_MAX = 64 * 1024  # the real file is under 1 KiB; refuse anything absurd
@@ -78,6 +81,13 @@ def parse_env(text: str, path: Path | str | None = None) -> FlashEnv:
             values[m["key"]] = value
     if not values.get("MACHINE"):
         raise UserError(f"{where}: no MACHINE", hint="rebuild the bundle with IMAGE_TEGRAFLASH_INITRD_FLASHER set")
+    if not is_machine(values["MACHINE"]):
+        # the bundle's words never choose a path: MACHINE names the flash record
+        raise UserError(
+            f"{where}: MACHINE={terminal(values['MACHINE'][:200])!r} is not a meta-tegra machine name "
+            "(lower-case letters, digits, '-' and '_'); refused",
+            hint=_HINT,
+        )
     return FlashEnv(values, defaults, Path(path) if path else None)
 
 

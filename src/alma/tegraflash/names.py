@@ -13,6 +13,10 @@ from dataclasses import dataclass
 TAR_EXT = ".tegraflash.tar.gz"
 ZIP_EXT = ".tegraflash.zip"
 BUNDLE_EXTS = (TAR_EXT, ZIP_EXT)
+# meta-tegra (and oe-core) MACHINE names: lower-case words joined by '-' or '_'
+# (jetson-orin-nano-devkit, p3768-0000-p3767-0000). Checked before a MACHINE from a
+# bundle, a manifest or the command line becomes part of any path (a record's name).
+MACHINE_GRAMMAR = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _NAME = re.compile(r"^(?P<stem>.+)\.rootfs(?:-(?P<stamp>\d{14}))?\.tegraflash\.(?P<fmt>tar\.gz|zip)$")
 
 
@@ -37,3 +41,7 @@ def is_zip(name: str) -> bool:
 
 def link_name(image: str, machine: str, fmt: str = "tar.gz") -> str:
     return f"{image}-{machine}.rootfs.tegraflash.{fmt}"
+
+
+def is_machine(value: object) -> bool:
+    return isinstance(value, str) and MACHINE_GRAMMAR.fullmatch(value) is not None

@@ -10,6 +10,7 @@ their names checked through the same checker (verify only: initrd-flash bundles 
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
 import tarfile
 import zipfile
@@ -19,39 +20,38 @@ from pathlib import Path
 from typing import Any
 
 from alma.errors import UserError
+from alma.ground import open_regular
 from alma.tegraflash import names
 from alma.tegraflash.envfile import ENV_MAX, ENV_NAME, FlashEnv, decode_env
+from alma.tegraflash.headers import headers
 from alma.tegraflash.members import FILE, Member, MemberChecker, UnsafeBundle
 from alma.tegraflash.stream import CHUNK, BundleStream, CorruptBundle, Progress
 
 # Members whose presence verify checks (besides ROOTFS_IMAGE named in the env file).
 REQUIRED_MEMBERS = (ENV_NAME, "initrd-flash", "flash.xml.in")
-READER = "tegraflash/2"  # bumps invalidate verify's cached scans of older readers
+READER = "tegraflash/3"  # bumps invalidate verify's cached scans of older readers
 
 
-def walk(stream: BundleStream, checker: MemberChecker) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo, Member]]:
-    """Checked members in archive order; ``checker.finish()`` has run when it ends."""
-    try:
-        tar = tarfile.open(fileobj=stream, mode="r:")  # noqa: SIM115 - the stream is closed by its owner
-        while True:
-            ti = tar.next()
-            if ti is None:
-                break
-            m = checker.check(ti)
-            tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every TarInfo otherwise
-            if m is not None:
-                yield tar, ti, m
-    except (tarfile.TarError, EOFError) as exc:
-        raise CorruptBundle(str(exc) or type(exc).__name__) from exc
+def walk(stream: BundleStream, checker: MemberChecker) -> Iterator[tuple[BundleStream, tarfile.TarInfo, Member]]:
+    """Checked members in archive order; ``checker.finish()`` has run when it ends.
+
+    Headers are parsed by our own reader (:mod:`.headers`: bounded work on every Python),
+    never by ``tarfile``'s; a malformed header anywhere is a CorruptBundle (exit 2).
+    """
+    for ti in headers(stream):
+        m = checker.check(ti)
+        if m is not None:
+            yield stream, ti, m
     checker.finish()
 
 
-def read_env_member(tar: tarfile.TarFile, ti: tarfile.TarInfo, m: Member, where: str) -> tuple[FlashEnv, bytes]:
-    if m.kind != FILE or m.size > ENV_MAX:
+def read_env_member(stream: BundleStream, ti: tarfile.TarInfo, m: Member, where: str) -> tuple[FlashEnv, bytes]:
+    if m.kind != FILE or m.size > ENV_MAX or m.sparse:
         raise UnsafeBundle(f"{ENV_NAME} is not a small regular file")
-    f = tar.extractfile(ti)  # into memory only
-    assert f is not None
-    data = f.read()
+    stream.seek(m.offset_data)
+    data = stream.read(m.size)  # into memory only
+    if len(data) != m.size:
+        raise CorruptBundle(f"{ENV_NAME} ends early")
     return decode_env(data, f"{where}:{ENV_NAME}"), data
 
 
@@ -94,10 +94,12 @@ def scan(path: Path, progress: Progress | None = None) -> BundleScan:
 
     Raises UnsafeBundle / CorruptBundle / UserError (exit 2) for what flash would refuse.
     """
-    size = path.stat().st_size
+    fd = open_regular(path)  # a FIFO or device never blocks, never reads as a bundle
+    size = os.fstat(fd).st_size
     if names.is_zip(path.name):
+        os.close(fd)
         return _scan_zip(path, size, progress)
-    with path.open("rb", buffering=0) as fh:
+    with os.fdopen(fd, "rb", buffering=0) as fh:
         stream = BundleStream(fh, size, progress)
         env: FlashEnv | None = None
         seen: set[str] = set()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
@@ -31,8 +32,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from alma.errors import UserError
+from alma.errors import Interrupted, UserError
+from alma.ground import open_regular
 from alma.tegraflash import names
 from alma.tegraflash.envfile import ENV_NAME, FlashEnv
 from alma.tegraflash.members import DIR, FILE, HARDLINK, SYMLINK, Member, MemberChecker, UnsafeBundle
@@ -82,6 +85,11 @@ class Unpacked:
     members: int
     data_bytes: int
     env: FlashEnv
+    # sha256 of members' bytes as the archive carried them (HASHED_MEMBERS): what runs is checked against it
+    member_sha256: dict[str, str] = field(default_factory=dict)
+
+
+HASHED_MEMBERS = ("initrd-flash",)
 
 
 @dataclass
@@ -92,6 +100,7 @@ class _State:
     dirs: list[Member] = field(default_factory=list)
     links: list[Member] = field(default_factory=list)
     count: int = 0
+    hashes: dict[str, str] = field(default_factory=dict)
 
 
 def _open_dir(rootfd: int, parts: list[str], create: bool) -> int:
@@ -144,12 +153,17 @@ class _Unpacker:
             fd = os.open(m.parts[-1], _FILE_FLAGS, 0o600, dir_fd=pfd)
         finally:
             os.close(pfd)
+        h = hashlib.sha256() if m.name in HASHED_MEMBERS else None
         try:
             if data is not None:
                 _write_all(fd, data)
                 st.written += len(data)
+                if h is not None:
+                    h.update(data)
             else:
-                self._copy_data(fd, m)
+                self._copy_data(fd, m, h)
+            if h is not None:
+                st.hashes[m.name] = h.hexdigest()
             if m.sparse:
                 os.ftruncate(fd, m.size)  # a trailing hole
             os.fchmod(fd, m.mode)
@@ -157,7 +171,7 @@ class _Unpacker:
         finally:
             os.close(fd)
 
-    def _copy_data(self, fd: int, m: Member) -> None:
+    def _copy_data(self, fd: int, m: Member, h: Any = None) -> None:
         st = self.state
         self.stream.seek(m.offset_data)
         for off, n in m.sparse or [(0, m.size)]:
@@ -169,6 +183,8 @@ class _Unpacker:
                 if not piece:
                     raise CorruptBundle(f"member {m.name!r} ends early")
                 _write_all(fd, piece)
+                if h is not None:
+                    h.update(piece)
                 left -= len(piece)
                 st.written += len(piece)
                 if st.written >= st.next_check:
@@ -231,7 +247,7 @@ def unpack(
             hint='build with TEGRAFLASH_PACKAGE_FORMAT = "tar" (the default), or unzip it and run its initrd-flash',
         )
     try:
-        raw = open(bundle, "rb", buffering=0)  # noqa: SIM115 - closed below
+        raw = os.fdopen(open_regular(bundle), "rb", buffering=0)  # a FIFO/device never blocks; closed below
     except OSError as exc:
         raise UserError(
             f"cannot read bundle {bundle}: {exc.strerror}", hint="check the path (alma verify prints it)"
@@ -246,6 +262,8 @@ def unpack(
         u = _Unpacker(bundle, tmp, rootfd, budget, stream)
         env: FlashEnv | None = None
         for tar, ti, m in walk(stream, checker):
+            if cancel is not None and cancel.is_set():  # per member too: a flood of tiny members
+                raise Interrupted("interrupted while unpacking the bundle; nothing was flashed")
             u.state.count += 1
             if m.name == ENV_NAME:
                 env, data = read_env_member(tar, ti, m, bundle.name)
@@ -275,7 +293,7 @@ def unpack(
         u.finish_links()
         os.replace(tmp, dest)
         env.path = dest / ENV_NAME
-        return Unpacked(dest, digest, u.state.count, u.state.written, env)
+        return Unpacked(dest, digest, u.state.count, u.state.written, env, dict(u.state.hashes))
     except (UnsafeBundle, CorruptBundle) as exc:
         exc.message = f"{bundle.name}: {exc.message}"
         raise
