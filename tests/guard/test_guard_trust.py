@@ -266,6 +266,9 @@ def test_emfile_is_reported_the_guard_survives_and_keeps_its_state_writable(boar
         board.add_zone(f"z{i}-thermal", 50.0)
     clock = Clock()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # A process that already holds many descriptors (a long pytest run did): the budget must
+    # count what is free, not a share of the limit (400 held + 120 free made the old budget 130).
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(400)]
     used = len(os.listdir("/proc/self/fd"))
     resource.setrlimit(resource.RLIMIT_NOFILE, (used + 120, hard))  # fewer fds than zones
     try:
@@ -283,6 +286,8 @@ def test_emfile_is_reported_the_guard_survives_and_keeps_its_state_writable(boar
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         g.reader.close()
+        for fd in held:
+            os.close(fd)
     assert g.status.shedding and any("file descriptors" in e for e in g.status.errors)
 
 

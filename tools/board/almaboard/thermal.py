@@ -161,8 +161,14 @@ class Reader:
         with contextlib.suppress(ImportError, ValueError, OSError):
             import resource
 
-            # A quarter of the soft limit at most: the rest stays for the caller's own files.
-            self.keep_fds = max(8, min(self.KEEP_FDS, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4))
+            # A quarter of the soft limit, and half of what is still free, at most: the rest stays
+            # for the caller's own files (state writes), however many it already holds open.
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            try:
+                in_use = len(os.listdir("/proc/self/fd"))
+            except OSError:
+                in_use = 0
+            self.keep_fds = max(8, min(self.KEEP_FDS, soft // 4, (soft - in_use) // 2))
         self.rules = rules or Plausibility()
         self._fds: dict[str, int] = {}
         # The rate rule's memory (``carry`` hands it on to a reader re-created for a new zone
