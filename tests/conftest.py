@@ -38,3 +38,15 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_restored() -> Iterator[None]:
+    """alma's main() ignores SIGINT once it is exiting on an interrupt (a second Ctrl-C must
+    not turn 130 into death by SIGINT); called in-process by a test, that would leak into the
+    next test's Ctrl-C."""
+    import signal
+
+    yield
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
