@@ -10,7 +10,7 @@ the file and, where it can, the line; nothing here raises anything else for bad 
   with both lines, and aliases either refused (``aliases=False``: gate front matter) or
   bounded (``max_nodes``: the expanded tree may not exceed that many nodes, the classic
   "billion laughs" is refused before anything expands it).
-- :func:`load_toml`: tomllib on decoded text.
+- :func:`load_toml` / :func:`loads_toml`: tomllib on decoded text, deep nesting refused.
 - :func:`load_json`: finite numbers only (``NaN``, ``Infinity`` and ``1e400`` are refused).
 
 The composed YAML node tree is returned too (``compose_yaml``) so callers can point at lines.
@@ -226,14 +226,23 @@ def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NOD
     return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint), path, hint=hint)
 
 
-def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+def loads_toml(
+    text: str, path: Path | str, *, hint: str | None = None, label: str = "not valid TOML"
+) -> dict[str, Any]:
+    """tomllib on decoded text; a syntax error or nesting deep enough to exhaust tomllib's
+    recursion (``a = [[[[...``: a few hundred levels) -> LoadError naming the file."""
     import tomllib
 
-    text = read_text(path, what="TOML file", hint=hint)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise _bad(path, None, f"not valid TOML: {exc}", hint) from None
+        raise _bad(path, None, f"{label}: {exc}", hint) from None
+    except RecursionError:
+        raise _bad(path, None, f"{label}: nested too deeply", hint or "flatten the structure") from None
+
+
+def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+    return loads_toml(read_text(path, what="TOML file", hint=hint), path, hint=hint)
 
 
 def _finite(text: str) -> float:
