@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,9 @@ MAX_YAML_NODES = 100_000
 # Nesting deeper than this is no honest config (kas files nest ~6 levels); the consumers
 # (kas's schema validation, repr, json) recurse and would hit the interpreter's limit.
 MAX_YAML_DEPTH = 100
+# A config file (kas file, lock file, alma.toml, patterns) bigger than this is no honest one (the
+# largest of this project is ~4 KB): refused before it is read, so a huge scalar costs nothing.
+MAX_CONFIG_BYTES = 4 << 20
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -59,10 +63,18 @@ def _bad(path: Path | str, line: int | None, why: str, hint: str | None) -> Load
     return LoadError(path, line, why, hint)
 
 
-def read_text(path: Path, *, what: str = "file", hint: str | None = None) -> str:
-    """The file's text. Missing, unreadable or not UTF-8 -> ConfigError naming it."""
+def read_text(path: Path, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> str:
+    """The file's text. Missing, unreadable, over ``max_bytes`` or not UTF-8 -> ConfigError naming it."""
     try:
-        data = Path(path).read_bytes()
+        with Path(path).open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise _bad(
+                    path, None, f"{what} of {size} bytes, over the {max_bytes >> 20} MiB a {what} may have", hint
+                )
+            data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:  # grew while read
+            raise _bad(path, None, f"{what} over the {max_bytes >> 20} MiB a {what} may have", hint)
     except FileNotFoundError:
         raise _bad(path, None, f"{what} not found", hint) from None
     except IsADirectoryError:
@@ -222,7 +234,7 @@ def construct_yaml(node: yaml.Node | None, path: Path | str = "<yaml>", *, hint:
 
 
 def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NODES, hint: str | None = None) -> Any:
-    text = read_text(path, what="YAML file", hint=hint)
+    text = read_text(path, what="YAML file", hint=hint, max_bytes=MAX_CONFIG_BYTES)
     return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint), path, hint=hint)
 
 
@@ -242,7 +254,7 @@ def loads_toml(
 
 
 def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
-    return loads_toml(read_text(path, what="TOML file", hint=hint), path, hint=hint)
+    return loads_toml(read_text(path, what="TOML file", hint=hint, max_bytes=MAX_CONFIG_BYTES), path, hint=hint)
 
 
 def _finite(text: str) -> float:
