@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from artefacts import sbomfix as sf
 from artefacts.alma_deployfix import build_deploy
+from support import require_part
 from gates.test_gates import write_doc
 
 from alma.artefacts import sbom
@@ -264,8 +265,7 @@ def test_spdx22_written_by_pzstd_in_several_frames_is_read_whole(project: Path, 
 
     import zstandard
 
-    if shutil.which("pzstd") is None:
-        pytest.skip("pzstd is missing: sudo apt-get install zstd (Fedora: sudo dnf install zstd)")
+    require_part("pzstd", shutil.which("pzstd") is not None)
     licences = {f"pkg{i:05d}-{'x' * 40}": "MIT" for i in range(9000)} | sf.LICENCES
     tar = tmp_path / "sbom.tar"
     tar.write_bytes(sf.spdx22_tar(licences))
