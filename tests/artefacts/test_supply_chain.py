@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from artefacts import sbomfix as sf
 from artefacts.alma_deployfix import build_deploy
-from support import require_part
 from gates.test_gates import write_doc
+from support import require_part
 
 from alma.artefacts import sbom
 from alma.artefacts.manifest import load_manifest, manifest_path
