@@ -181,6 +181,15 @@ def test_a_huge_document_is_refused_before_it_is_read(project: Path, alma, monke
 
 
 HOSTILE_SPDX3 = {
+    "not UTF-8": (
+        '{"@context": "https://spdx.org/rdf/3.0.1/spdx-context.jsonld", "@graph": ["caf\udce9"]}',
+        "not UTF-8",
+    ),
+    "deep": ('{"@graph": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    "graph item of the wrong type": (
+        json.dumps({"@context": sf.SPDX3_CONTEXT, "@graph": [7]}),
+        "@graph[0] is not an object",
+    ),
     "duplicate spdxId": (
         json.dumps(
             {"@context": sf.SPDX3_CONTEXT, "@graph": [{"type": "software_Package", "spdxId": "x", "name": "a"}] * 2}
@@ -209,7 +218,7 @@ HOSTILE_SPDX3 = {
 def test_hostile_spdx3_is_exit_2(project: Path, alma, case: str) -> None:
     text, needle = HOSTILE_SPDX3[case]
     d = build_deploy(project)
-    sf.write_spdx3(d.dir, LINK, raw=text.encode())
+    sf.write_spdx3(d.dir, LINK, raw=text.encode("utf-8", "surrogateescape"))
     r = alma("verify", d.dir, "--root", project)
     assert r.code == 2 and needle in r.err and "internal error" not in r.err, r.err
 
