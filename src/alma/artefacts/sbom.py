@@ -21,7 +21,9 @@ The shapes are the ones oe-core scarthgap writes at the commit kas/alma.lock.yml
   no SPDX id becomes ``LicenseRef-<name>`` (``LicenseRef-Proprietary``).
 - SPDX 3.0.1 (create-spdx-3.0): ``<IMAGE_LINK_NAME>.spdx.json`` (meta/lib/oe/spdx30_tasks.py:
   1254-1290), JSON-LD ``{"@context": ..., "@graph": [...]}`` (meta/lib/oe/spdx30.py:1780-1797):
-  ``software_Package`` objects (``spdxId``, ``name``, ``software_packageVersion``), licences as
+  ``software_Package`` objects (``spdxId``, ``name``, ``software_packageVersion``; binary
+  packages have ``software_primaryPurpose: "install"``, spdx30_tasks.py:636, while source
+  downloads and the rootfs are software_Package with purpose source/patch/archive), licences as
   ``simplelicensing_LicenseExpression`` objects tied by ``Relationship`` objects (``from``,
   ``relationshipType`` hasDeclaredLicense / hasConcludedLicense, ``to``: [ids]).
 
@@ -53,6 +55,9 @@ MAX_TAR_BYTES = 1 << 30  # the SPDX 2.2 tarball, inflated (a budget of time: it 
 MAX_MEMBER_BYTES = 64 << 20
 MAX_PAX_BYTES = 64 << 10  # one pax extended header (a long member name)
 STATUSES = ("Patched", "Unpatched", "Ignored")
+# SPDX 3 software_Package objects that are not installed packages: a recipe's sources and
+# patches (spdx30_tasks.py:373-376, 415-424) and the image's rootfs archive (1089-1094)
+SOURCE_PURPOSES = frozenset({"source", "patch", "archive"})
 SEVERITIES = ("critical", "high", "medium", "low", "none")
 NVD_DB = Path("CVE_CHECK") / "nvdcve_2-2.db"
 _CVE_ID = re.compile(r"^CVE-\d{4}-\d{4,}$")
@@ -224,9 +229,13 @@ def read_spdx3(path: Path) -> Sbom:
             _want(oid not in ids, path, f"@graph[{n}]: spdxId {oid} appears twice")
             ids.add(oid)
         if typ == "software_Package":
-            name = obj.get("name")
+            name, purpose = obj.get("name"), obj.get("software_primaryPurpose")
             _want(isinstance(name, str) and isinstance(oid, str), path, f"@graph[{n}]: package without name/spdxId")
-            packages[oid] = name
+            _want(purpose is None or isinstance(purpose, str), path, f"@graph[{n}]: primary purpose {purpose!r}")
+            # a recipe's source downloads and the rootfs are software_Package too: only what
+            # the image installs counts (SOURCE_PURPOSES, docs/formats.md)
+            if purpose not in SOURCE_PURPOSES and "software_downloadLocation" not in obj:
+                packages[oid] = name
         elif typ == "simplelicensing_LicenseExpression":
             expr = obj.get("simplelicensing_licenseExpression")
             _want(isinstance(expr, str) and isinstance(oid, str), path, f"@graph[{n}]: licence expression {expr!r}")
