@@ -24,15 +24,20 @@ def _lines_with_times(argv: list[str], env: dict[str, str]) -> tuple[list[tuple[
 
 def test_lint_shows_progress_within_a_second_of_start_up_and_before_oelint(checkout: Path) -> None:
     env = dict(os.environ, ALMA_ROOT=str(checkout), PYTHONUNBUFFERED="1")
-    t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "alma", "--version"], env=env, capture_output=True, check=True)
-    start_up = time.monotonic() - t0
+
+    def start_up() -> float:
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "alma", "--version"], env=env, capture_output=True, check=True)
+        return time.monotonic() - t0
+
+    before = start_up()
     lines, out, code = _lines_with_times([sys.executable, "-m", "alma", "lint"], env)
+    start = max(before, start_up())  # measured either side of the run: the host's load moves
     assert code == 0, (lines, out)
     progress = [(t, line) for t, line in lines if line.startswith("alma lint: ")]
     assert progress, lines
     first_t, first = progress[0]
-    assert first_t < start_up + 1.0, f"first progress line after {first_t:.2f} s (start-up {start_up:.2f} s)"
+    assert first_t < start + 1.0, f"first progress line after {first_t:.2f} s (start-up {start:.2f} s)"
     steps = [line for _, line in progress]
     assert any("kas files" in s for s in steps), steps
     assert any("running oelint-adv on layers/" in s for s in steps), steps
