@@ -24,6 +24,7 @@ PACKAGE_OF = {
     "chromium": "chromium",
     "systemd-analyze": "systemd",
     "zstd": "zstd",
+    "pzstd": "zstd",
 }
 
 

@@ -10,7 +10,7 @@ the file and, where it can, the line; nothing here raises anything else for bad 
   with both lines, and aliases either refused (``aliases=False``: gate front matter) or
   bounded (``max_nodes``: the expanded tree may not exceed that many nodes, the classic
   "billion laughs" is refused before anything expands it).
-- :func:`load_toml`: tomllib on decoded text.
+- :func:`load_toml` / :func:`loads_toml`: tomllib on decoded text, deep nesting refused.
 - :func:`load_json`: finite numbers only (``NaN``, ``Infinity`` and ``1e400`` are refused).
 
 The composed YAML node tree is returned too (``compose_yaml``) so callers can point at lines.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,9 @@ MAX_YAML_NODES = 100_000
 # Nesting deeper than this is no honest config (kas files nest ~6 levels); the consumers
 # (kas's schema validation, repr, json) recurse and would hit the interpreter's limit.
 MAX_YAML_DEPTH = 100
+# A config file (kas file, lock file, alma.toml, patterns) bigger than this is no honest one (the
+# largest of this project is ~4 KB): refused before it is read, so a huge scalar costs nothing.
+MAX_CONFIG_BYTES = 4 << 20
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -59,10 +63,18 @@ def _bad(path: Path | str, line: int | None, why: str, hint: str | None) -> Load
     return LoadError(path, line, why, hint)
 
 
-def read_text(path: Path, *, what: str = "file", hint: str | None = None) -> str:
-    """The file's text. Missing, unreadable or not UTF-8 -> ConfigError naming it."""
+def read_text(path: Path, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> str:
+    """The file's text. Missing, unreadable, over ``max_bytes`` or not UTF-8 -> ConfigError naming it."""
     try:
-        data = Path(path).read_bytes()
+        with Path(path).open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise _bad(
+                    path, None, f"{what} of {size} bytes, over the {max_bytes >> 20} MiB a {what} may have", hint
+                )
+            data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:  # grew while read
+            raise _bad(path, None, f"{what} over the {max_bytes >> 20} MiB a {what} may have", hint)
     except FileNotFoundError:
         raise _bad(path, None, f"{what} not found", hint) from None
     except IsADirectoryError:
@@ -222,18 +234,27 @@ def construct_yaml(node: yaml.Node | None, path: Path | str = "<yaml>", *, hint:
 
 
 def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NODES, hint: str | None = None) -> Any:
-    text = read_text(path, what="YAML file", hint=hint)
+    text = read_text(path, what="YAML file", hint=hint, max_bytes=MAX_CONFIG_BYTES)
     return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint), path, hint=hint)
 
 
-def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+def loads_toml(
+    text: str, path: Path | str, *, hint: str | None = None, label: str = "not valid TOML"
+) -> dict[str, Any]:
+    """tomllib on decoded text; a syntax error or nesting deep enough to exhaust tomllib's
+    recursion (``a = [[[[...``: a few hundred levels) -> LoadError naming the file."""
     import tomllib
 
-    text = read_text(path, what="TOML file", hint=hint)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise _bad(path, None, f"not valid TOML: {exc}", hint) from None
+        raise _bad(path, None, f"{label}: {exc}", hint) from None
+    except RecursionError:
+        raise _bad(path, None, f"{label}: nested too deeply", hint or "flatten the structure") from None
+
+
+def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+    return loads_toml(read_text(path, what="TOML file", hint=hint, max_bytes=MAX_CONFIG_BYTES), path, hint=hint)
 
 
 def _finite(text: str) -> float:

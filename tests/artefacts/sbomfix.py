@@ -20,7 +20,9 @@ Provenance (file:line at that commit):
   ``spdxId`` is the id alias (spdx30.py:2195), ``software_Package`` (5174, name,
   software_packageVersion 5210), ``simplelicensing_LicenseExpression`` (3811),
   ``Relationship`` from/relationshipType/to (3062-3151); licences linked by
-  hasDeclaredLicense / hasConcludedLicense (meta/lib/oe/sbom30.py:1064-1090).
+  hasDeclaredLicense / hasConcludedLicense (meta/lib/oe/sbom30.py:1064-1090); binary packages
+  are the ones with primary purpose "install" (spdx30_tasks.py:636), sources and the rootfs
+  are software_Package too (see spdx3_graph).
 """
 
 from __future__ import annotations
@@ -104,10 +106,17 @@ LICENCES = {
 
 
 def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
+    """The image SBOM as create_sbom expands it (sbom30.py:1035-1094): beside each binary package
+    (spdx30_tasks.py:622-627, primary purpose "install" forced at 636, hasConcludedLicense
+    704-708) the recipe's source downloads are software_Package too (415-424: name = the file,
+    purpose source/patch 373-376, a downloadLocation, hasConcludedLicense 557-563), and so is
+    the rootfs (1089-1094: purpose archive, no licence). Enums are written compact
+    (spdx30.py:1736-1737: "install")."""
     graph: list[dict[str, Any]] = []
-    for n, (name, lic) in enumerate(sorted(licences.items())):
-        pid, lid = f"{NS}/pkg-{n}", f"{NS}/lic-{n}"
-        graph.append({"type": "software_Package", "spdxId": pid, "name": name, "software_packageVersion": "1.0"})
+
+    def licensed(pkg: dict[str, Any], n: int, lic: str) -> None:
+        lid = f"{NS}/lic-{n}"
+        graph.append(pkg)
         graph.append(
             {"type": "simplelicensing_LicenseExpression", "spdxId": lid, "simplelicensing_licenseExpression": lic}
         )
@@ -115,11 +124,21 @@ def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
             {
                 "type": "Relationship",
                 "spdxId": f"{NS}/rel-{n}",
-                "from": pid,
-                "relationshipType": "hasDeclaredLicense",
+                "from": pkg["spdxId"],
+                "relationshipType": "hasConcludedLicense",
                 "to": [lid],
             }  # fmt: skip
         )
+
+    for n, (name, lic) in enumerate(sorted(licences.items())):
+        licensed({"type": "software_Package", "spdxId": f"{NS}/package/{name}", "name": name,
+                  "software_packageVersion": "1.0", "software_primaryPurpose": "install"}, n, lic)  # fmt: skip
+    licensed({"type": "software_Package", "spdxId": f"{NS}/source/1", "name": "busybox-1.36.1.tar.bz2",
+              "software_primaryPurpose": "source",
+              "software_downloadLocation": "https://busybox.net/downloads/busybox-1.36.1.tar.bz2"},
+             len(licences), "GPL-2.0-only")  # fmt: skip
+    graph.append({"type": "software_Package", "spdxId": f"{NS}/rootfs/alma-image", "name": "alma-image",
+                  "software_primaryPurpose": "archive"})  # fmt: skip
     return {"@context": SPDX3_CONTEXT, "@graph": graph}
 
 

@@ -12,6 +12,7 @@ import pytest
 from artefacts import sbomfix as sf
 from artefacts.alma_deployfix import build_deploy
 from gates.test_gates import write_doc
+from support import require_part
 
 from alma.artefacts import sbom
 from alma.artefacts.manifest import load_manifest, manifest_path
@@ -180,6 +181,15 @@ def test_a_huge_document_is_refused_before_it_is_read(project: Path, alma, monke
 
 
 HOSTILE_SPDX3 = {
+    "not UTF-8": (
+        '{"@context": "https://spdx.org/rdf/3.0.1/spdx-context.jsonld", "@graph": ["caf\udce9"]}',
+        "not UTF-8",
+    ),
+    "deep": ('{"@graph": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    "graph item of the wrong type": (
+        json.dumps({"@context": sf.SPDX3_CONTEXT, "@graph": [7]}),
+        "@graph[0] is not an object",
+    ),
     "duplicate spdxId": (
         json.dumps(
             {"@context": sf.SPDX3_CONTEXT, "@graph": [{"type": "software_Package", "spdxId": "x", "name": "a"}] * 2}
@@ -208,7 +218,7 @@ HOSTILE_SPDX3 = {
 def test_hostile_spdx3_is_exit_2(project: Path, alma, case: str) -> None:
     text, needle = HOSTILE_SPDX3[case]
     d = build_deploy(project)
-    sf.write_spdx3(d.dir, LINK, raw=text.encode())
+    sf.write_spdx3(d.dir, LINK, raw=text.encode("utf-8", "surrogateescape"))
     r = alma("verify", d.dir, "--root", project)
     assert r.code == 2 and needle in r.err and "internal error" not in r.err, r.err
 
@@ -242,3 +252,135 @@ def test_hostile_spdx22_tarball_is_exit_2_and_nothing_is_extracted(project: Path
     r = alma("verify", d.dir, "--root", project)
     assert r.code == 2 and spec[-1] in r.err and "internal error" not in r.err, r.err
     assert sorted(p.name for p in d.dir.iterdir()) == before
+
+
+# --- the SPDX 2.2 tarball as bitbake really writes it, and as an attacker would --------------
+
+
+def _frames(*parts: bytes) -> bytes:
+    """Independent zstd frames back to back: what pzstd writes (one frame per chunk)."""
+    import zstandard
+
+    return b"".join(zstandard.ZstdCompressor().compress(p) for p in parts)
+
+
+def test_spdx22_written_by_pzstd_in_several_frames_is_read_whole(project: Path, alma, tmp_path: Path) -> None:
+    """bitbake compresses the tarball with `pzstd -p BB_NUMBER_THREADS` when pzstd is on the host
+    (it is in oe-core's HOSTTOOLS; bitbake lib/bb/compress/zstd.py), which writes one zstd frame
+    per chunk. A reader that stops at the first frame saw a truncated tar (exit 2 on a real
+    build); the real pzstd makes the file here."""
+    import shutil
+    import subprocess
+
+    import zstandard
+
+    require_part("pzstd", shutil.which("pzstd") is not None)
+    licences = {f"pkg{i:05d}-{'x' * 40}": "MIT" for i in range(9000)} | sf.LICENCES
+    tar = tmp_path / "sbom.tar"
+    tar.write_bytes(sf.spdx22_tar(licences))
+    assert tar.stat().st_size > 9 << 20  # over pzstd's chunk, so more than one frame
+    subprocess.run(["pzstd", "-q", "-p", "2", str(tar), "-o", str(tmp_path / "sbom.tar.zst")], check=True)
+    raw = (tmp_path / "sbom.tar.zst").read_bytes()
+    first_frame = zstandard.ZstdDecompressor().stream_reader(raw).read(tar.stat().st_size)
+    assert len(first_frame) < tar.stat().st_size  # the control: it really is several frames
+    d = build_deploy(project)
+    sf.write_spdx22(d.dir, LINK, raw=raw)
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 0, r.err
+    f = _facts(project)
+    assert f["sbom_package_count"] == len(licences) and f["licence_proprietary"] == ["tegra-binaries"]
+
+
+def _member(name: str, body: bytes, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = len(body), kind
+    return info.tobuf(tarfile.USTAR_FORMAT) + body + b"\0" * (-len(body) % 512)
+
+
+def _index(*names: str) -> bytes:
+    return _member("index.json", json.dumps({"documents": [{"filename": n} for n in names]}).encode())
+
+
+def _doc(name: str) -> bytes:
+    return json.dumps({"packages": [{"SPDXID": f"SPDXRef-Package-{name}", "name": name}]}).encode()
+
+
+HOSTILE_SPDX22_MEMBERS = {
+    "member not UTF-8": (_member("a.spdx.json", b'{"name": "caf\xe9"}'), "not UTF-8"),
+    "member nested deeply": (_member("a.spdx.json", b"[" * 100_000 + b"]" * 100_000), "nested too deeply"),
+    "member NaN": (_member("a.spdx.json", b'{"packages": [], "x": NaN}'), "NaN is not a JSON number"),
+    "packages of the wrong type": (_member("a.spdx.json", b'{"packages": {"a": 1}}'), "a.spdx.json: not SPDX 2.2"),
+    "package name of the wrong type": (
+        _member("a.spdx.json", b'{"packages": [{"SPDXID": "SPDXRef-Package-a", "name": 7}]}'),
+        "package SPDXRef-Package-a has no name",
+    ),
+    "member twice": (_member("a.spdx.json", _doc("a")) * 2, "'a.spdx.json': nested or twice"),
+    "nested member": (_member("x/a.spdx.json", _doc("a")), "'x/a.spdx.json': nested or twice"),
+    "hard link": (_member("a.spdx.json", b"", tarfile.LNKTYPE), "is not a regular file"),
+    "device": (_member("a.spdx.json", b"", tarfile.CHRTYPE), "is not a regular file"),
+    "bad size field": (_member("a.spdx.json", _doc("a"))[:124] + b"zzzzzzzzzzz\0" + b"\0" * 376, "bad size field"),
+    "truncated member (the stream ends inside it)": (
+        _index("a.spdx.json") + _member("a.spdx.json", _doc("a") + b" " * 2000)[:1024],
+        "is truncated",
+    ),
+    "huge pax header": (_member("././@PaxHeader", b"x" * (70 << 10), b"x"), "tar extended header of 71680 bytes"),
+    "member over the limit (declared, nothing read)": (
+        tarfile.TarInfo("a.spdx.json").tobuf(tarfile.USTAR_FORMAT)[:124]
+        + b"%011o\0" % (65 << 20)
+        + tarfile.TarInfo("a.spdx.json").tobuf(tarfile.USTAR_FORMAT)[136:],
+        "over 64 MiB",
+    ),
+    "index naming a missing document": (b"", "'a.spdx.json' not in tar"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_SPDX22_MEMBERS)
+def test_hostile_spdx22_members_are_exit_2_naming_the_file(project: Path, alma, case: str) -> None:
+    body, needle = HOSTILE_SPDX22_MEMBERS[case]
+    d = build_deploy(project)
+    tail = b"" if body.startswith(_index("a.spdx.json")) else _index("a.spdx.json") + b"\0" * 1024
+    sf.write_spdx22(d.dir, LINK, raw=_frames(body + tail))
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2, (r.out, r.err)
+    assert f"{LINK}.spdx.tar.zst" in r.err and needle in r.err, r.err
+    assert "internal error" not in r.err and not manifest_path(project, "alma-image", MACHINE).exists()
+
+
+def test_a_tarball_inflating_past_the_budget_is_refused(project: Path, alma, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sbom, "MAX_TAR_BYTES", 1 << 20)
+    d = build_deploy(project)
+    sf.write_spdx22(d.dir, LINK, raw=_frames(*[_member(f"d{i}.spdx.json", b"{}" + b" " * 4000) for i in range(400)]))
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "inflates to more than 1 MiB; refused" in r.err, r.err
+
+
+@pytest.mark.slow
+def test_a_zstd_bomb_costs_bounded_memory_not_its_inflated_size(project: Path, tmp_path: Path) -> None:
+    """A ~50 KB .spdx.tar.zst that inflates to 1.2 GiB of valid (whitespace-padded) SPDX
+    documents: the real `alma verify` in its own process refuses it (exit 2) at the inflate
+    budget with a peak RSS far below the inflated size (the documents are streamed one at a
+    time; the reader that read the whole tar into memory first peaked over 1 GiB)."""
+    import os
+    import subprocess
+    import sys
+
+    d = build_deploy(project)
+    body = b'{"packages": []}' + b" " * ((60 << 20) - 16)  # 60 MiB: a multiple of 512, no padding
+    body_frame = _frames(body)  # compressed once; each member is its own header frame + this one
+    frames = b"".join(_frames(_member(f"d{i}.spdx.json", body)[:512]) + body_frame for i in range(21))
+    assert len(frames) < 200_000
+    sf.write_spdx22(d.dir, LINK, raw=frames)
+    env = dict(os.environ, ALMA_ROOT=str(project), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    err = tmp_path / "stderr"
+    with err.open("w") as fh:  # os.wait4: the rusage of this child alone, whatever ran before it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "alma", "verify", str(d.dir), "--root", str(project)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=fh,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    peak_mb = usage.ru_maxrss / 1024
+    assert proc.returncode == 2 and "inflates to more than 1024 MiB; refused" in err.read_text(), err.read_text()
+    assert peak_mb < 400, f"peak RSS {peak_mb:.0f} MB for a bomb"

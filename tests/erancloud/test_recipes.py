@@ -1,5 +1,5 @@
-"""The board side, statically (the real bitbake parse is in docs/erancloud.md's record and
-/work/yocto/check-layer.sh): eran-cloud and python3-nats-py are in alma-image only when the
+"""The board side, statically (the real bitbake parse is in docs/erancloud.md's record, done as
+docs/layer.md, "Checked with real bitbake", says): eran-cloud and python3-nats-py are in alma-image only when the
 kas feature sets ALMA_ERANCLOUD = "1"; both recipes build the PEP 517 way; the worker's own
 imports need nothing but the stdlib, numpy and nats (no scikit-learn on the board)."""
 

@@ -74,6 +74,10 @@ def test_fleet_add_refuses_a_duplicate_and_a_broken_file(tmp_path, alma):
     f.write_text("[[node]\n")
     code, _, err = alma("fleet", "add", "edge-02", "--ssh", "h2", "--fleet", str(f))
     assert code == 2 and "invalid TOML" in err and f.read_text() == "[[node]\n"
+    deep = "x = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n"  # tomllib's recursion: was exit 70
+    f.write_text(deep)
+    code, _, err = alma("fleet", "add", "edge-02", "--ssh", "h2", "--fleet", str(f))
+    assert code == 2 and "invalid TOML: nested too deeply" in err and f.read_text() == deep
 
 
 def test_loader_validates_host_key(tmp_path):

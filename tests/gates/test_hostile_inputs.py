@@ -47,6 +47,14 @@ def test_a_non_utf8_patterns_file_is_exit_2_naming_it(project: Path, alma) -> No
     assert "Traceback" not in r.out + r.err
 
 
+def test_a_patterns_file_nested_past_tomllibs_recursion_is_exit_2(project: Path, alma) -> None:
+    good, _ = _good_and(project, "unused.md")
+    (good.parent / "patterns.toml").write_text("x = " + "[" * 2000 + "]" * 2000 + "\n")
+    r = alma("gates", "check")
+    assert r.code == 2 and "patterns.toml" in r.out and "nested too deeply" in r.out, (r.out, r.err)
+    assert "Traceback" not in r.out + r.err
+
+
 def test_an_alias_bomb_in_front_matter_is_refused_before_it_expands(project: Path, alma) -> None:
     good, bad = _good_and(project, "b-bomb.md")
     bad.write_text(f"---\ngate: g\nmachine: {MACHINE}\nimage: {IMAGE}\na: &a [x, x, x, x, x, x, x, x, x]\n{BOMB}---\n")

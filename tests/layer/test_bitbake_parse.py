@@ -1,9 +1,10 @@
 """Real bitbake (2.8, scarthgap) parses alma-image with an admin key set (issue 14).
 
-Runs /work/yocto/check-layer.sh (bitbake -p and -g alma-image against oe-core, meta-oe and
-meta-tegra at their pinned commits, offline) with ALMA_ADMIN_KEYS in local.conf, then asks
-bitbake itself (bitbake-getvar) what reached the recipes. Skipped where that environment
-does not exist (it needs the Yocto checkouts and a non-root `builder` user)."""
+Runs the script $ALMA_CHECK_LAYER names (arguments: <checkout> <machine> <extra .conf>): stage 1
+of docs/layer.md, "Checked with real bitbake" (bitbake -p and -g alma-image against oe-core,
+meta-oe and meta-tegra at their pinned commits, offline, as a non-root `builder` user) with
+ALMA_ADMIN_KEYS in local.conf, then asks bitbake itself (bitbake-getvar) what reached the
+recipes. Skipped, saying so, where that environment does not exist."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ bitbake -m >/dev/null 2>&1
 @pytest.fixture(scope="module")
 def parsed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
     if not CHECK.is_file() or os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip(f"{CHECK} (the real bitbake environment) is not available here")
+        pytest.skip(
+            f"no real bitbake environment here ({CHECK} missing, or not root with runuser): set it up as "
+            "docs/layer.md, 'Checked with real bitbake', says and point ALMA_CHECK_LAYER at the script"
+        )
     conf = tmp_path_factory.mktemp("conf") / "keys.conf"
     conf.write_text(f'ALMA_ADMIN_KEYS = "{ADMIN_PUB}"\n')
     conf.parent.chmod(0o755)

@@ -1,5 +1,5 @@
 """Hostile YAML on every path the loader reads kas files by: the base file, a machine file, a
-feature, an included file and a lock file, through `alma lint` and `alma build --dry-run`.
+feature, an included file, a lock file and a --kas-file overlay, through `alma lint` and `alma build --dry-run`.
 Issue 22: an alias bomb whose shared node is reached first from another branch crashed the
 loader's node count (KeyError, exit 70). Each case must be a clear exit (lint 1 or 2, build 2)
 naming the file, never a traceback; the loader itself is exercised with generated trees."""
@@ -28,29 +28,42 @@ HOSTILE = {
     "unknown tag": ("_x: !custom 1\n", "YAML value refused"),
     "deep nesting": ("_x: " + "[" * 500 + "]" * 500 + "\n", "nested more than 100 levels"),
     "bad timestamp": ("_x: !!timestamp 2026-13-45\n", "YAML value refused"),
+    "duplicate key": ("_x: 1\n_x: 2\n", "duplicate key '_x'"),
+    # written with surrogateescape: \udce9 is the byte 0xe9 (latin-1 e-acute)
+    "not UTF-8": ("_x: caf\udce9\n", "not UTF-8 text (byte 0xe9"),
+    "huge scalar": ("_x: " + "a" * (20 << 20) + "\n", "over the 4 MiB a kas file may have"),
 }
 
 
 def _write_path(root: Path, where: str, body: str) -> tuple[list[str], str]:
     """Put ``body`` in the file ``where`` names; returns (build args, the file's relative path)."""
     kas = root / "kas"
+
+    def write(path: Path, text: str) -> None:
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+
     if where == "feature":
-        (kas / "features" / "release.yml").write_text(HEADER + body)
+        write(kas / "features" / "release.yml", HEADER + body)
         return ["--feature", "release"], "kas/features/release.yml"
+    if where == "kas-file":  # an overlay named on the command line (kas's colon semantics)
+        (kas / "local").mkdir(exist_ok=True)
+        write(kas / "local" / "mine.yml", HEADER + body)
+        return ["--kas-file", "kas/local/mine.yml"], "kas/local/mine.yml"
     if where == "machine":
-        (kas / "machines" / f"{M}.yml").write_text(
-            "header:\n  version: 14\n  includes:\n    - kas/alma.yml\n" + f"machine: {M}\n" + body
+        write(
+            kas / "machines" / f"{M}.yml",
+            "header:\n  version: 14\n  includes:\n    - kas/alma.yml\n" + f"machine: {M}\n" + body,
         )
         return [], f"kas/machines/{M}.yml"
     if where == "base":
-        (kas / "alma.yml").write_text((kas / "alma.yml").read_text() + body)
+        write(kas / "alma.yml", (kas / "alma.yml").read_text() + body)
         return [], "kas/alma.yml"
     if where == "include":
-        (kas / "common.yml").write_text(HEADER + body)
+        write(kas / "common.yml", HEADER + body)
         (kas / "features" / "release.yml").write_text("header:\n  version: 14\n  includes:\n    - kas/common.yml\n")
         return ["--feature", "release"], "kas/common.yml"
     if where == "lock":
-        (kas / "alma.lock.yml").write_text(HEADER + body)
+        write(kas / "alma.lock.yml", HEADER + body)
         return [], "kas/alma.lock.yml"
     raise AssertionError(where)
 
@@ -62,7 +75,7 @@ def _image(checkout: Path) -> None:
     (images / "alma-image.bb").write_text('SUMMARY = "ALMA-OS image"\nLICENSE = "MIT"\ninherit core-image\n')
 
 
-@pytest.mark.parametrize("where", ["feature", "machine", "base", "include", "lock"])
+@pytest.mark.parametrize("where", ["feature", "machine", "base", "include", "lock", "kas-file"])
 @pytest.mark.parametrize("case", HOSTILE)
 def test_hostile_yaml_is_a_clear_error_on_every_kas_path(checkout: Path, alma_cli, where: str, case: str) -> None:
     body, needle = HOSTILE[case]

@@ -21,7 +21,9 @@ The shapes are the ones oe-core scarthgap writes at the commit kas/alma.lock.yml
   no SPDX id becomes ``LicenseRef-<name>`` (``LicenseRef-Proprietary``).
 - SPDX 3.0.1 (create-spdx-3.0): ``<IMAGE_LINK_NAME>.spdx.json`` (meta/lib/oe/spdx30_tasks.py:
   1254-1290), JSON-LD ``{"@context": ..., "@graph": [...]}`` (meta/lib/oe/spdx30.py:1780-1797):
-  ``software_Package`` objects (``spdxId``, ``name``, ``software_packageVersion``), licences as
+  ``software_Package`` objects (``spdxId``, ``name``, ``software_packageVersion``; binary
+  packages have ``software_primaryPurpose: "install"``, spdx30_tasks.py:636, while source
+  downloads and the rootfs are software_Package with purpose source/patch/archive), licences as
   ``simplelicensing_LicenseExpression`` objects tied by ``Relationship`` objects (``from``,
   ``relationshipType`` hasDeclaredLicense / hasConcludedLicense, ``to``: [ids]).
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,9 +49,15 @@ from alma import loader
 from alma.errors import UserError
 
 MAX_JSON_BYTES = 256 << 20  # one SBOM/CVE document; a 1,500-package image's is ~10 MB
-MAX_TAR_BYTES = 1 << 30  # the SPDX 2.2 tarball, inflated
+MAX_TAR_BYTES = 1 << 30  # the SPDX 2.2 tarball, inflated (a budget of time: it is streamed)
+# one document inside it (a package's doc lists its files: ~25 MB for 50k files); it is held
+# in memory while parsed, so this bounds what a zstd bomb can cost
+MAX_MEMBER_BYTES = 64 << 20
 MAX_PAX_BYTES = 64 << 10  # one pax extended header (a long member name)
 STATUSES = ("Patched", "Unpatched", "Ignored")
+# SPDX 3 software_Package objects that are not installed packages: a recipe's sources and
+# patches (spdx30_tasks.py:373-376, 415-424) and the image's rootfs archive (1089-1094)
+SOURCE_PURPOSES = frozenset({"source", "patch", "archive"})
 SEVERITIES = ("critical", "high", "medium", "low", "none")
 NVD_DB = Path("CVE_CHECK") / "nvdcve_2-2.db"
 _CVE_ID = re.compile(r"^CVE-\d{4}-\d{4,}$")
@@ -220,9 +229,13 @@ def read_spdx3(path: Path) -> Sbom:
             _want(oid not in ids, path, f"@graph[{n}]: spdxId {oid} appears twice")
             ids.add(oid)
         if typ == "software_Package":
-            name = obj.get("name")
+            name, purpose = obj.get("name"), obj.get("software_primaryPurpose")
             _want(isinstance(name, str) and isinstance(oid, str), path, f"@graph[{n}]: package without name/spdxId")
-            packages[oid] = name
+            _want(purpose is None or isinstance(purpose, str), path, f"@graph[{n}]: primary purpose {purpose!r}")
+            # a recipe's source downloads and the rootfs are software_Package too: only what
+            # the image installs counts (SOURCE_PURPOSES, docs/formats.md)
+            if purpose not in SOURCE_PURPOSES and "software_downloadLocation" not in obj:
+                packages[oid] = name
         elif typ == "simplelicensing_LicenseExpression":
             expr = obj.get("simplelicensing_licenseExpression")
             _want(isinstance(expr, str) and isinstance(oid, str), path, f"@graph[{n}]: licence expression {expr!r}")
@@ -241,75 +254,126 @@ def read_spdx3(path: Path) -> Sbom:
     return sbom
 
 
-def _tar_members(data: bytes, path: Path) -> dict[str, bytes]:
-    """Regular files of an uncompressed tar (ustar/pax), by name; links and devices refused,
-    pax headers bounded. Nothing is written anywhere."""
-    out: dict[str, bytes] = {}
+class _Inflated:
+    """The SBOM tarball's zstd stream, read in order, every frame (pzstd, which bitbake uses
+    when BB_NUMBER_THREADS > 1, writes one frame per chunk: bitbake lib/bb/compress/zstd.py),
+    with a budget on the total inflated: a zstd bomb costs time up to the budget, never memory."""
+
+    def __init__(self, fh: Any, path: Path) -> None:
+        import zstandard
+
+        self.reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+        self.path, self.total, self.error = path, 0, zstandard.ZstdError
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (fewer only at the end of the stream)."""
+        chunks: list[bytes] = []
+        want = n
+        while want > 0:
+            try:
+                chunk = self.reader.read(min(want, 1 << 20))
+            except self.error as exc:
+                raise SbomError(self.path, f"not a zstd stream: {exc}") from None
+            if not chunk:
+                break
+            self.total += len(chunk)
+            _want(self.total <= MAX_TAR_BYTES, self.path, f"inflates to more than {MAX_TAR_BYTES >> 20} MiB; refused")
+            chunks.append(chunk)
+            want -= len(chunk)
+        return b"".join(chunks)
+
+    def skip(self, n: int) -> None:
+        while n > 0:
+            got = len(self.read(min(n, 1 << 20)))
+            if not got:
+                return
+            n -= got
+
+
+def _tar_documents(stream: _Inflated, path: Path) -> Iterator[tuple[str, bytes]]:
+    """(name, body) of each regular file of an uncompressed tar (ustar/pax), in order, one at a
+    time; links and devices refused, headers and bodies bounded. Nothing is written anywhere."""
+    seen: set[str] = set()
     pos, long_name = 0, None
-    while pos + 512 <= len(data):
-        head = data[pos : pos + 512]
-        if head == b"\0" * 512:
-            break
+    while True:
+        head = stream.read(512)
+        if len(head) < 512 or head == b"\0" * 512:
+            return
         try:
             size = int(head[124:136].split(b"\0")[0].strip() or b"0", 8)
         except ValueError:
             raise SbomError(path, f"tar header at {pos}: bad size field") from None
         kind = head[156:157]
-        body = data[pos + 512 : pos + 512 + size]
+        padded = (size + 511) // 512 * 512
+        if kind in (b"x", b"g", b"L"):
+            _want(size <= MAX_PAX_BYTES, path, f"tar extended header of {size} bytes (limit {MAX_PAX_BYTES})")
+        name = long_name or head[0:100].split(b"\0")[0].decode("utf-8", "replace")
+        prefix = head[345:500].split(b"\0")[0].decode("utf-8", "replace") if head[257:262] == b"ustar" else ""
+        if prefix and not long_name:
+            name = f"{prefix}/{name}"
+        if kind in (b"0", b"\0"):
+            _want(
+                size <= MAX_MEMBER_BYTES, path, f"tar member {name!r}: {size} bytes, over {MAX_MEMBER_BYTES >> 20} MiB"
+            )
+        elif kind not in (b"x", b"g", b"L"):
+            raise SbomError(path, f"tar member {name!r} is not a regular file (type {kind!r})")
+        body = stream.read(size)
         _want(len(body) == size, path, f"tar member at {pos} is truncated")
-        pos += 512 + (size + 511) // 512 * 512
+        stream.skip(padded - size)
+        pos += 512 + padded
         if kind == b"x":
-            _want(size <= MAX_PAX_BYTES, path, f"tar pax header of {size} bytes (limit {MAX_PAX_BYTES})")
             for rec in body.decode("utf-8", "replace").split("\n"):
                 key, _, value = rec.partition(" ")[2].partition("=")
                 if key == "path":
                     long_name = value
             continue
-        if kind in (b"g", b"L"):
-            _want(size <= MAX_PAX_BYTES, path, f"tar extended header of {size} bytes")
-            if kind == b"L":
-                long_name = body.rstrip(b"\0").decode("utf-8", "replace")
+        if kind == b"L":
+            long_name = body.rstrip(b"\0").decode("utf-8", "replace")
             continue
-        name = long_name or head[0:100].split(b"\0")[0].decode("utf-8", "replace")
-        prefix = head[345:500].split(b"\0")[0].decode("utf-8", "replace") if head[257:262] == b"ustar" else ""
-        if prefix and not long_name:
-            name = f"{prefix}/{name}"
+        if kind == b"g":
+            continue
         long_name = None
-        _want(kind in (b"0", b"\0"), path, f"tar member {name!r} is not a regular file (type {kind!r})")
-        _want("/" not in name.strip("./") and name not in out, path, f"tar member {name!r}: nested or twice")
-        out[name] = body
+        _want("/" not in name.strip("./") and name not in seen, path, f"tar member {name!r}: nested or twice")
+        seen.add(name)
+        yield name, body
+
+
+def _spdx22_packages(doc: Any, path: Path, fname: str) -> dict[str, str]:
+    _want(isinstance(doc, dict) and isinstance(doc.get("packages", []), list), path, f"{fname}: not SPDX 2.2")
+    out: dict[str, str] = {}
+    for pkg in doc.get("packages", []):
+        _want(isinstance(pkg, dict), path, f"{fname}: a package is not an object")
+        sid, name = pkg.get("SPDXID"), pkg.get("name")
+        if isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
+            _want(isinstance(name, str), path, f"{fname}: package {sid} has no name")
+            out[name] = _licence(pkg.get("licenseDeclared"))
     return out
 
 
 def read_spdx22(path: Path) -> Sbom:
-    import zstandard
-
+    """The tarball streamed member by member: each document is parsed as it passes (only its
+    packages' names and licences are kept), so memory is one document, whatever the tar holds;
+    index.json (written last, create-spdx-2.2.bbclass:1159-1170) then says which count."""
+    docs: dict[str, dict[str, str]] = {}
+    index: Any = None
     try:
         with path.open("rb") as fh:
-            reader = zstandard.ZstdDecompressor().stream_reader(fh)
-            data = reader.read(MAX_TAR_BYTES + 1)
+            for name, body in _tar_documents(_Inflated(fh, path), path):
+                parsed = _parse_json(body, f"{path}:{name}")
+                if name == "index.json":
+                    index = parsed
+                else:
+                    docs[name] = _spdx22_packages(parsed, path, name)
     except OSError as exc:
         raise SbomError(path, f"cannot read: {exc.strerror}") from None
-    except zstandard.ZstdError as exc:
-        raise SbomError(path, f"not a zstd stream: {exc}") from None
-    _want(len(data) <= MAX_TAR_BYTES, path, f"inflates to more than {MAX_TAR_BYTES >> 20} MiB; refused")
-    members = _tar_members(data, path)
-    _want("index.json" in members, path, "no index.json in the SBOM tarball")
-    index = _parse_json(members["index.json"], f"{path}:index.json")
+    _want(index is not None, path, "no index.json in the SBOM tarball")
     _want(isinstance(index, dict) and isinstance(index.get("documents"), list), path, "index.json: no documents list")
     sbom = Sbom(path, "SPDX-2.2")
     for n, entry in enumerate(index["documents"]):
         fname = entry.get("filename") if isinstance(entry, dict) else None
-        _want(isinstance(fname, str) and fname in members, path, f"index.json documents[{n}]: {fname!r} not in tar")
+        _want(isinstance(fname, str) and fname in docs, path, f"index.json documents[{n}]: {fname!r} not in tar")
         assert isinstance(fname, str)
-        doc = _parse_json(members[fname], f"{path}:{fname}")
-        _want(isinstance(doc, dict) and isinstance(doc.get("packages", []), list), path, f"{fname}: not SPDX 2.2")
-        for pkg in doc.get("packages", []):
-            _want(isinstance(pkg, dict), path, f"{fname}: a package is not an object")
-            sid, name = pkg.get("SPDXID"), pkg.get("name")
-            if isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
-                _want(isinstance(name, str), path, f"{fname}: package {sid} has no name")
-                sbom.licences[name] = _licence(pkg.get("licenseDeclared"))
+        sbom.licences.update(docs[fname])
     return sbom
 
 

@@ -37,11 +37,11 @@ from __future__ import annotations
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alma import loader
 from alma.errors import ConfigError
 
 ROLES = ("board", "cluster", "desktop")
@@ -293,11 +293,8 @@ def _parse_ssh(raw: Any, src: _Source, base: Path) -> SshConfig:
 
 def parse_fleet(text: str, path: Path) -> Fleet:
     src = _Source(path, text)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # tomllib's message already carries "(at line N, column M)".
-        raise ConfigError(f"{path}: invalid TOML: {exc}", hint=f"fix the TOML syntax in {path}") from exc
+    # tomllib's message already carries "(at line N, column M)"; deep nesting is refused too
+    data = loader.loads_toml(text, path, hint=f"fix the TOML syntax in {path}", label="invalid TOML")
 
     known_top = {"ssh", "health", "panel", "node", "alert"}
     unknown = sorted(set(data) - known_top)

@@ -21,13 +21,13 @@ import fcntl
 import os
 import re
 import sys
-import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alma import loader
 from alma.errors import ConfigError, UserError
 from alma.flash.identity import check_hostname
 from alma.fleet.inventory import ROLES, Node, SshConfig, parse_fleet
@@ -155,10 +155,8 @@ def _add_locked(path: Path, entry: NodeEntry) -> None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
     if text.strip():
-        try:  # a new fleet file may hold only [ssh]/[health] settings and no node yet
-            current = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}", hint=f"fix the TOML syntax in {path}") from exc
+        # a new fleet file may hold only [ssh]/[health] settings and no node yet
+        current = loader.loads_toml(text, path, hint=f"fix the TOML syntax in {path}", label="invalid TOML")
         nodes = current.get("node", [])
         taken = {str(n.get("name")).lower(): n.get("name") for n in nodes if isinstance(n, dict)} if isinstance(
             nodes, list) else {}  # fmt: skip

@@ -74,7 +74,7 @@ def read(path: Path) -> KasFile:
     """One kas file: loaded safely, then kas's schema and header version, every problem kept."""
     kf = KasFile(Path(path))
     try:
-        text = loader.read_text(kf.path, what="kas file")
+        text = loader.read_text(kf.path, what="kas file", max_bytes=loader.MAX_CONFIG_BYTES)
     except loader.LoadError as exc:
         kf.problems.append(KasProblem(kf.path, exc.line, exc.why, UNREADABLE))
         return kf
