@@ -191,3 +191,24 @@ def test_a_record_under_another_name_does_not_mark_that_board_mid_update(tmp_pat
     assert set(R.updating(tmp_path / "records")) == {"b1"}
     path.rename(path.with_name("b9.json"))  # b1's record copied under b9's name
     assert R.updating(tmp_path / "records") == {}
+
+
+# ---- two runs at once ---------------------------------------------------------------------------
+
+
+def test_two_runs_of_one_swu_on_one_desktop_the_second_is_refused(tmp_path: Path, swu: Path) -> None:
+    """The board refuses a second run by its lock (test_failure_model.py); on the desktop a
+    flock per .swu refuses the second process before it asks any board anything."""
+    import os
+    import subprocess
+    import sys
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[node]]\nname = "b1"\nssh = "nobody@192.0.2.1"\nrole = "board"\n')
+    state = tmp_path / "state"
+    with R.CampaignLock(R.campaign_dir(state / "alma" / "update", read_swu(swu).sha256)):
+        r = subprocess.run([sys.executable, "-m", "alma", "update", str(swu), "--fleet", str(fleet)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "XDG_STATE_HOME": str(state), "HOME": str(tmp_path)})  # fmt: skip
+    assert r.returncode == 2 and "another alma update of this .swu is running" in r.stderr, r.stderr
+    assert not list((state / "alma" / "update").glob("*/b1.json"))  # nothing recorded, nobody asked
