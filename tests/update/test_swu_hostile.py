@@ -168,3 +168,37 @@ def test_reader_refuses_hostile_cpio_framing(tmp_path: Path, case: str) -> None:
     p.write_bytes(data)
     with pytest.raises(S.SwuError, match=why):
         S.read_swu(p)
+
+
+def test_the_layers_sw_description_template_passes_the_reader_and_the_agent(
+    tmp_path: Path, signer: tuple[bytes, bytes]
+) -> None:
+    """What meta-swupdate makes of layers/meta-alma's template (capsule included) is not refused
+    by the allowlists above: the desktop reader and the board agent's pre-SWUpdate check."""
+    template = (Path(__file__).resolve().parents[2] / "layers/meta-alma/dynamic-layers/swupdate/recipes-core/images"
+                / "files/sw-description").read_text()  # fmt: skip
+    rootfs_name = f"alma-image-{MACHINE}.rootfs.ext4"
+    files = {rootfs_name: rootfs_image(tmp_path / "r.ext4", "2.0.0").read_bytes(), "tegra-bl.cap": b"CAPSULE 36.5.0"}
+    text = template.replace("@@MACHINE@@", MACHINE).replace("@@ALMA_OTA_VERSION@@", "2.0.0")
+    text = text.replace("@@ALMA_OTA_LOWEST_BOOTLOADER@@", "36.4.0").replace("@@L4T_VERSION@@", "36.5.0")
+    for name, data in files.items():
+        text = text.replace(f"$swupdate_get_sha256({name})", hashlib.sha256(data).hexdigest())
+    desc = text.encode()
+    sig = S.sign_detached(desc, *signer)
+    out = tmp_path / "layer.swu"
+    with out.open("wb") as f:
+        S._write_member(f, S.DESCRIPTION, len(desc), 1, iter([desc]))
+        S._write_member(f, S.SIGNATURE, len(sig), 2, iter([sig]))
+        for ino, (name, data) in enumerate(files.items(), start=3):
+            S._write_member(f, name, len(data), ino, iter([data]))
+        S._write_member(f, S.TRAILER, 0, 0, iter(()))
+    info = S.read_swu(out)
+    assert info.capsule is not None and info.capsule.version == "36.5.0"
+    sys.path.insert(0, str(AGENT.parent))
+    try:
+        from almaota import agent as A
+    finally:
+        sys.path.remove(str(AGENT.parent))
+    sw = A._description(out)
+    for target in ("a", "b"):
+        assert [im["type"] for im in A._slot_images(sw, MACHINE, target)] == ["raw", "rawfile"]
