@@ -212,3 +212,13 @@ def test_two_runs_of_one_swu_on_one_desktop_the_second_is_refused(tmp_path: Path
                            env={**os.environ, "XDG_STATE_HOME": str(state), "HOME": str(tmp_path)})  # fmt: skip
     assert r.returncode == 2 and "another alma update of this .swu is running" in r.stderr, r.stderr
     assert not list((state / "alma" / "update").glob("*/b1.json"))  # nothing recorded, nobody asked
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", ".hidden", "x\x1b[2J", "", "a" * 64, "campaign/.."])
+def test_a_node_name_that_could_reach_a_path_never_leaves_the_fleet_file(tmp_path: Path, name: str) -> None:
+    """Record and log paths are <campaign>/<node>.json|.log: the fleet file's name grammar
+    (letters, digits, '.', '_', '-', starting alphanumeric, <= 63) is what keeps them inside."""
+    from alma.fleet.inventory import parse_fleet
+
+    with pytest.raises(ConfigError):
+        parse_fleet(f"[[node]]\nname = {json.dumps(name)}\nssh = \"x\"\nrole = \"board\"\n", tmp_path / "f.toml")
