@@ -33,10 +33,10 @@ alias = "Board three"
 """
 
 
-def _record(root: Path, node: str, result: str, phase: str) -> None:
+def _record(root: Path, node: str, result: str, phase: str, started: str | None = None) -> None:
     rec = R.UpdateRecord(node=node, run="r1", swu_sha256=SHA, swu_version="1.1.0", machine="m",
                          started=R.now(), result=result)  # fmt: skip
-    rec.phases.append(R.Phase(phase, R.now()))
+    rec.phases.append(R.Phase(phase, started or R.now()))
     R.save(root, rec)
 
 
@@ -82,3 +82,20 @@ def test_a_finished_update_no_longer_marks_the_board(tmp_path: Path, monkeypatch
         r = H.NodeResult("b1", "board", None, Severity.CRITICAL, "thermal CRITICAL")
         H._mark_updating([r])
         assert r.status is Severity.CRITICAL and not r.updating
+
+
+@pytest.mark.parametrize("hours", [13, -13])
+def test_an_abandoned_update_record_does_not_mask_a_critical_board_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hours: int
+) -> None:
+    """LOST 13 h ago and never resumed (or dated 13 h ahead: a clock jump): the board's real
+    status again; a fresh one (11 h) still counts as mid-update."""
+    from datetime import timedelta
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    now = datetime.now(UTC)
+    _record(R.default_dir(), "b1", R.LOST, "wait", started=R.utc_iso(now - timedelta(hours=hours)))
+    _record(R.default_dir(), "b2", R.LOST, "wait", started=R.utc_iso(now - timedelta(hours=11)))
+    rs = [H.NodeResult(n, "board", None, Severity.CRITICAL, "thermal CRITICAL") for n in ("b1", "b2")]
+    H._mark_updating(rs)
+    assert [(r.status, r.updating) for r in rs] == [(Severity.CRITICAL, False), (Severity.WARNING, True)]

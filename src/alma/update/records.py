@@ -15,11 +15,12 @@ import fcntl
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
 from alma.errors import ConfigError, UserError
-from alma.ground import utc_iso, write_atomic
+from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 from alma.loader import load_json
 
 SCHEMA = "alma.update-record/1"
@@ -175,9 +176,16 @@ def load_existing(root: Path, swu_sha256: str, node: str) -> UpdateRecord | None
     return load(path) if path.exists() else None
 
 
-def updating(root: Path | None = None) -> dict[str, str]:
-    """node -> "phase since" for every board some record shows mid-update (for fleet health)."""
+# A record older than this (its last phase's start) no longer marks its board mid-update: an
+# abandoned run must not mask a real CRITICAL forever (run the same command again to resume).
+MID_UPDATE_MAX_S = 12 * 3600
+
+
+def updating(root: Path | None = None, *, now: datetime | None = None) -> dict[str, str]:
+    """node -> "phase since" for every board some record shows mid-update (for fleet health):
+    IN_PROGRESS, INTERRUPTED or LOST, its last phase started within MID_UPDATE_MAX_S of now."""
     root = root or default_dir()
+    now = now or utc_now()
     out: dict[str, str] = {}
     if not root.is_dir():
         return out
@@ -190,7 +198,12 @@ def updating(root: Path | None = None) -> dict[str, str]:
             continue
         if rec.result in (IN_PROGRESS, INTERRUPTED, LOST) and rec.phases:
             p = rec.phases[-1]
-            out[rec.node] = f"update to {rec.swu_version} {rec.result.lower()} in phase {p.name} since {p.started}"
+            try:
+                age = (now - parse_utc(p.started)).total_seconds()
+            except ValueError:
+                continue
+            if abs(age) <= MID_UPDATE_MAX_S:  # nor one dated far ahead (a clock jump)
+                out[rec.node] = f"update to {rec.swu_version} {rec.result.lower()} in phase {p.name} since {p.started}"
     return out
 
 
