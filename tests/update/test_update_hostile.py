@@ -222,3 +222,24 @@ def test_a_node_name_that_could_reach_a_path_never_leaves_the_fleet_file(tmp_pat
 
     with pytest.raises(ConfigError):
         parse_fleet(f"[[node]]\nname = {json.dumps(name)}\nssh = \"x\"\nrole = \"board\"\n", tmp_path / "f.toml")
+
+
+def test_a_final_record_is_printed_without_its_escapes(tmp_path: Path, swu: Path) -> None:
+    """The terminal is the last line of defence: a (hand-edited) final record's reason is
+    printed with its escapes made visible; the board is not asked anything (final)."""
+    import os
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    info = read_swu(swu)
+    rec = R.UpdateRecord(node="b1", run="r", swu_sha256=info.sha256, swu_version=info.version, machine=MACHINE,
+                         started=R.now(), result=R.FAILED, reason="refused " + ESC + "done")  # fmt: skip
+    R.save(state / "alma" / "update", rec)
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[node]]\nname = "b1"\nssh = "nobody@192.0.2.1"\nrole = "board"\n')
+    r = subprocess.run([sys.executable, "-m", "alma", "update", str(swu), "--fleet", str(fleet)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "XDG_STATE_HOME": str(state), "HOME": str(tmp_path)})  # fmt: skip
+    assert r.returncode == 1 and "refused" in r.stdout, r.stdout + r.stderr
+    assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
