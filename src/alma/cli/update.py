@@ -143,7 +143,7 @@ def update(
                 click.echo(
                     f"wave {r['wave']}  {r['node']:<16} {r.get('action'):<7} "
                     f"{r.get('current_slot', '?')} -> {r.get('target_slot', '?')}  running {r.get('running')}  "
-                    f"capsule: {r.get('capsule', '-')}  {r.get('why', '')}".rstrip()
+                    f"capsule: {r.get('capsule', '-')}  {E.board_text(r.get('why', ''), 600)}".rstrip()
                 )
         return
     if not as_json:
@@ -168,7 +168,7 @@ def update(
     else:
         for r in report.records:
             took = sum(p.duration_s or 0 for p in r.phases)
-            click.echo(f"{r.node:<16} {r.result:<12} {took:6.1f} s  {r.reason or ''}")
+            click.echo(f"{r.node:<16} {r.result:<12} {took:6.1f} s  {E.board_text(r.reason or '', 600)}")
         if is_tty():
             click.echo(f"exit {report.exit_code}")
     sys.exit(report.exit_code)

@@ -94,9 +94,12 @@ class NodeResult:
     report_time: str | None = None
     duration_s: float = 0.0
     reachable: bool = True
+    updating: bool = False  # issue 23: an `alma update` record shows it mid-update
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if not self.updating:
+            del d["updating"]  # only the mid-update board carries the key
         d["status"] = self.status.name
         d["code"] = self.status.code
         for c in d["checks"]:
@@ -372,9 +375,12 @@ def _mark_updating(results: list[NodeResult]) -> None:
 
     busy = updating()
     for r in results:
-        if r.name in busy and r.status in (Severity.CRITICAL, Severity.UNKNOWN):
+        if r.name not in busy:
+            continue
+        r.updating = True
+        if r.status in (Severity.CRITICAL, Severity.UNKNOWN):
             r.status = Severity.WARNING
-            r.summary = f"mid-update: {busy[r.name]}; {r.summary}"
+        r.summary = f"mid-update: {busy[r.name]}; {r.summary}"
 
 
 # ---- Nagios output -----------------------------------------------------------------------

@@ -60,7 +60,8 @@ STATUS_SCHEMA = "alma.status/1"
 _STATUS_KEYS = ("schema", "alma.status", "generated_at", "data_time", "stale_after_s", "stale", "stale_reason",
                 "status", "last_known_status", "nodes", "alias", "role", "checks", "name", "uptime_percent",
                 "figures", "label", "value", "unit", "old", "future", "feed", "entry", "title", "updated",
-                "link", "href", "rel", "alternate", "author", "summary", "urn", "alma-os", "change")  # fmt: skip
+                "link", "href", "rel", "alternate", "author", "summary", "urn", "alma-os", "change",
+                "updating")  # fmt: skip
 # Data this far in the future of the reader's clock is still "now" (NTP-level skew);
 # beyond it the clocks disagree and the page cannot vouch for the data's age: stale.
 CLOCK_SKEW_S = 60
@@ -214,6 +215,7 @@ class Row:
     name: str = ""  # internal: joins the history; never rendered
     uptime: dict[str, str] | None = None  # window -> "99.5 %" / "no data"
     uptime_raw: dict[str, float | None] | None = None
+    updating: bool = False  # issue 23: mid-update (alma update), shown beside the status
 
 
 def _checks_of(n: dict[str, Any]) -> list[dict[str, Any]]:
@@ -250,7 +252,10 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
             if ch.get("stale") is True:  # the report is too old to vouch for it: grey "stale"
                 stale_checks.add(ch.get("name"))
                 got[ch.get("name")] = Severity.UNKNOWN
-        if not any(name in got for name in PUBLIC_CHECKS):
+        updating = n.get("updating") is True
+        if updating:  # rebooting into a new slot or being judged: amber "updating", not red or grey
+            st = Severity.WARNING if st in (Severity.CRITICAL, Severity.UNKNOWN) else st
+        elif not any(name in got for name in PUBLIC_CHECKS):
             st = Severity.UNKNOWN  # nothing verified is not OK: grey, never green
         statuses.append(st)
         role = cfg.role if cfg else str(n.get("role", "node"))
@@ -270,7 +275,7 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
         h = history.nodes.get(name) if history else None
         raw_up = dict(h.uptime) if h else dict.fromkeys(WINDOWS)
         rows.append(Row(label, role, st.name, CSS_CLASS[st], cells, name,
-                        {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up))  # fmt: skip
+                        {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up, updating))  # fmt: skip
     overall = worst(statuses) if statuses else Severity.UNKNOWN
     aliases = {r.name: r.label for r in rows}
     changes = []
@@ -439,6 +444,7 @@ def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, 
                 "status": r.status,
                 "checks": [{"name": c.label, "status": c.status} for c in r.cells],
                 "uptime_percent": r.uptime_raw,
+                **({"updating": True} if r.updating else {}),
             }
             for r in view["rows"]
         ],

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import text as T
+
 from alma import runner
 from alma.errors import Interrupted, UserError
 from alma.fleet.health import node_from_remote
@@ -48,6 +50,33 @@ AGENT = "alma-ota"
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1  # some board rolled back, refused, failed or skipped; every board known-good
 EXIT_LOST = 4  # some board did not come back: its state is unknown
+SLOTS = ("a", "b")
+MAX_TEXT = 300  # characters of one board-given string kept (records, reasons, the terminal)
+MAX_DEPTH = 6  # the agent's answers are flat; deeper is hostile and dropped
+
+
+def board_text(v: object, limit: int = MAX_TEXT) -> str:
+    """Text a board (or its ssh) gave us, safe for a terminal and a record: escapes made
+    visible (almaboard.text.terminal), clipped to ``limit`` characters."""
+    t = T.terminal(v)
+    return t if len(t) <= limit else t[: limit - 1] + "\u2026"
+
+
+def _clean(v: Any, depth: int = 0) -> Any:
+    """A board's JSON answer with every string made safe, containers bounded."""
+    if isinstance(v, str):
+        return board_text(v)
+    if depth >= MAX_DEPTH:
+        return None
+    if isinstance(v, dict):
+        return {board_text(k, 64): _clean(x, depth + 1) for k, x in list(v.items())[:64]}
+    if isinstance(v, list):
+        return [_clean(x, depth + 1) for x in v[:64]]
+    return v if v is None or isinstance(v, (bool, int, float)) else None
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
 
 
 @dataclass
@@ -107,6 +136,7 @@ class _Stop(Exception):
 
 class _StepError(Exception):
     def __init__(self, reason: str, res: RemoteResult | None = None, code: int | None = None) -> None:
+        reason = board_text(reason, 2 * MAX_TEXT)  # ssh's and the board's words: made safe here, once
         super().__init__(reason)
         self.reason = reason
         self.res = res
@@ -132,9 +162,9 @@ class BoardUpdate:
         with self.log_path.open("a", encoding="utf-8") as f:
             f.write(f"$ {res.command}  [exit {res.returncode}, {res.duration_s:.2f} s, {res.error or 'ran'}]\n")
             for ln in res.lines[-200:]:
-                f.write(f"  {ln}\n")
+                f.write(f"  {board_text(ln, 2000)}\n")
             for ln in res.stderr[-50:]:
-                f.write(f"  stderr: {ln}\n")
+                f.write(f"  stderr: {board_text(ln, 2000)}\n")
 
     def _check_cancel(self) -> None:
         if self.ctx.cancel.expired():
@@ -161,8 +191,8 @@ class BoardUpdate:
         for ln in reversed(res.lines):
             if ln.startswith("{"):
                 try:
-                    doc = json.loads(ln)
-                except ValueError:
+                    doc = _clean(json.loads(ln))
+                except (ValueError, RecursionError):
                     doc = None
                 break
         if res.error is not None:
@@ -218,8 +248,17 @@ class BoardUpdate:
         self.ctx.event(self.node.name, self.rec.result)
         return self.rec
 
-    def _status(self) -> dict[str, Any]:
-        return self.call("status")
+    def _status(self, timeout: float | None = None) -> dict[str, Any]:
+        """``alma-ota status``, every field the flow reads of the type it expects."""
+        st = self.call("status", timeout=timeout)
+        if st.get("current_slot") not in SLOTS:
+            raise _StepError(f"status: the board names no valid current slot ({str(st.get('current_slot'))[:40]})")
+        for k in ("lock", "pending", "slots"):
+            st[k] = _dict(st.get(k))
+        for k in ("machine", "version", "boot_id", "guard"):
+            if not isinstance(st.get(k), str):
+                st[k] = None
+        return st
 
     def _flow(self) -> None:
         info, run = self.ctx.info, self.ctx.run
@@ -252,7 +291,12 @@ class BoardUpdate:
         self.step("lock", lambda: self.call(f"begin --run {run} --host {socket.gethostname()[:60] or 'desktop'}"))
         self.step("push", self._push)
         out = self.step("install", lambda: self.call(f"install --run {run}", timeout=self.ctx.opts.push_timeout))
-        self.rec.to_slot, self.rec.capsule = out.get("slot"), out.get("capsule")
+        if out.get("slot") not in SLOTS or out.get("slot") == self.rec.from_slot:
+            raise _Stop(R.FAILED, f"install: the board answered target slot {str(out.get('slot'))[:40]} "
+                                  f"while running {self.rec.from_slot}: not rebooting it")  # fmt: skip
+        self.rec.to_slot = out["slot"]
+        cap = _dict(out.get("capsule"))
+        self.rec.capsule = {k: cap[k] for k in ("version", "armed", "why") if k in cap} or None
         self.save()
         self._reboot_and_judge()
 
@@ -271,8 +315,10 @@ class BoardUpdate:
 
     def _resume(self, st: dict[str, Any], pend: dict[str, Any]) -> None:
         """The board holds an installed, uncommitted update of this run: continue from its state."""
+        if pend.get("slot") not in SLOTS:
+            raise _Stop(R.FAILED, f"the board's pending update names no valid slot ({str(pend.get('slot'))[:40]})")
         self.rec.to_slot = pend.get("slot")
-        self.rec.from_slot = self.rec.from_slot or pend.get("from")
+        self.rec.from_slot = self.rec.from_slot or (pend.get("from") if pend.get("from") in SLOTS else None)
         if pend.get("rolling_back"):
             if st.get("current_slot") == pend.get("slot"):
                 self._reboot_step()
@@ -287,7 +333,7 @@ class BoardUpdate:
 
     def _baseline(self) -> list[str]:
         r = self._health()
-        return sorted(c.name for c in r.checks if c.status is Severity.WARNING)
+        return sorted(board_text(c.name, 64) for c in r.checks if c.status is Severity.WARNING)
 
     def _push(self) -> str:
         size = self.ctx.swu.stat().st_size
@@ -312,7 +358,7 @@ class BoardUpdate:
         while time.monotonic() < deadline:
             self._check_cancel()
             try:
-                st = self.call("status", timeout=min(30.0, self.ctx.opts.step_timeout))
+                st = self._status(timeout=min(30.0, self.ctx.opts.step_timeout))
             except _StepError as exc:
                 last = exc.reason
             else:
@@ -338,7 +384,7 @@ class BoardUpdate:
         raise _Stop(
             R.ROLLED_BACK,
             f"the new slot {self.rec.to_slot} did not boot: the bootloader fell back to "
-            f"slot {cur} (capsule status {st.get('slots', {}).get('capsule_status')})",
+            f"slot {cur} (capsule status {_dict(st.get('slots')).get('capsule_status')})",
         )
 
     def _health(self) -> Any:
@@ -358,17 +404,20 @@ class BoardUpdate:
         if st.get("guard") != "active":
             return f"the guard is not running ({st.get('guard')})"
         h = self._health()
-        self.rec.health = {"status": h.status.name, "summary": h.summary}
+        summary = board_text(h.summary)
+        self.rec.health = {"status": h.status.name, "summary": summary}
         if h.status is Severity.OK:
             return None
         if h.status is Severity.WARNING:
             new = sorted(
-                c.name for c in h.checks if c.status is Severity.WARNING and c.name not in self.rec.baseline_warnings
+                board_text(c.name, 64)
+                for c in h.checks
+                if c.status is Severity.WARNING and board_text(c.name, 64) not in self.rec.baseline_warnings
             )
             if not new and not any(c.status is Severity.CRITICAL for c in h.checks):
                 return None
-            return f"health WARNING, new since the update: {', '.join(new)} ({h.summary})"
-        return f"health {h.status.name}: {h.summary}"
+            return f"health WARNING, new since the update: {', '.join(new)[:MAX_TEXT]} ({summary})"
+        return f"health {h.status.name}: {summary}"
 
     def _judge(self, st: dict[str, Any]) -> None:
         deadline = time.monotonic() + self.ctx.opts.health_timeout
@@ -388,7 +437,7 @@ class BoardUpdate:
                 return self._rollback(why)
             self._sleep(self.ctx.opts.poll_s)
             try:
-                st = self.call("status")
+                st = self._status()
             except _StepError as exc:
                 why = exc.reason
         out = self.step("commit", lambda: self.call(f"commit --run {self.ctx.run}"))
@@ -410,7 +459,7 @@ class BoardUpdate:
     def _reboot_step(self) -> None:
         p = self.phase("reboot")
         try:
-            st = self.call("status")
+            st = self._status()
             self.rec.boot_id = st.get("boot_id")
             self.call(f"reboot --run {self.ctx.run}", timeout=30)
         except _StepError as exc:
@@ -449,14 +498,16 @@ def _failed(rec: R.UpdateRecord) -> bool:
 def run_update(ctx: Context, nodes: list[Node]) -> RunReport:
     """Update ``nodes`` in waves; records are written as it goes (see the module docstring)."""
     waves = plan_waves(nodes, ctx.opts.canary, ctx.opts.batch)
+    # Every record read (and checked) before any board is touched: a bad one stops the run here.
+    start = {n.name: _start_record(ctx, n, w) for w, wave in enumerate(waves, start=1) for n in wave}
     out: dict[str, R.UpdateRecord] = {}
     failures = 0
     with ThreadPoolExecutor(max_workers=max(1, max((len(w) for w in waves), default=1))) as pool:
-        for i, wave in enumerate(waves, start=1):
+        for wave in waves:
             stop = failures > ctx.opts.max_failures or ctx.cancel.expired()
             futures = {}
             for n in wave:
-                rec = _start_record(ctx, n, i)
+                rec = start[n.name]
                 if rec.final:
                     out[n.name] = rec
                     continue
@@ -517,14 +568,14 @@ def dry_run(ctx: Context, nodes: list[Node]) -> list[dict[str, Any]]:
             probe = BoardUpdate(ctx, n, _start_record(ctx, n, i))
             probe.log_path = None
             try:
-                st = probe.call("status")
+                st = probe._status()
             except _StepError as exc:
                 row.update(action="unknown", why=exc.reason)
                 rows.append(row)
                 continue
             cur = st.get("current_slot")
             row.update(current_slot=cur, target_slot="b" if cur == "a" else "a", running=st.get("version"))
-            bl = (st.get("slots") or {}).get("bootloader_version")
+            bl = st["slots"].get("bootloader_version")
             if cap is None:
                 row["capsule"] = "none in the .swu"
             elif cap.version == bl:

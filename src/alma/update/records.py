@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
 from alma.errors import ConfigError, UserError
-from alma.ground import utc_iso, write_atomic
+from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 from alma.loader import load_json
 
 SCHEMA = "alma.update-record/1"
@@ -103,15 +105,70 @@ def save(root: Path, rec: UpdateRecord) -> Path:
     return path
 
 
+RESULTS = (*FINAL, LOST, INTERRUPTED, IN_PROGRESS)
+PHASES = ("check", "lock", "push", "install", "reboot", "wait", "health", "commit", "rollback")
+_STR = ("node", "run", "swu_sha256", "swu_version", "machine", "started")
+_OPT_STR = ("reason", "finished", "from_version", "boot_id", "log")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _problem(data: dict[str, Any], path: Path) -> str | None:
+    """Why ``data`` (a record read back, maybe edited by hand or by something else) is not one
+    we wrote; None when it is. Its node and .swu must be the file's own: they make the path
+    the record is saved to again."""
+    for k in _STR:
+        if not isinstance(data.get(k), str):
+            return f"{k} is not a string"
+    for k in _OPT_STR:
+        if data.get(k) is not None and not isinstance(data[k], str):
+            return f"{k} is not a string"
+    sha = data["swu_sha256"]
+    if data["node"] != path.stem or not _SHA.fullmatch(sha) or sha[:16] != path.parent.name:
+        return "node or .swu does not match the record's own path"
+    if data.get("result") not in RESULTS:
+        return f"unknown result {str(data.get('result'))[:40]!r}"
+    for k in ("from_slot", "to_slot"):
+        if data.get(k) not in (None, "a", "b"):
+            return f"{k} is not a or b"
+    if not isinstance(data.get("wave", 0), int) or isinstance(data.get("wave"), bool):
+        return "wave is not a number"
+    for k in ("capsule", "health"):
+        if data.get(k) is not None and not isinstance(data[k], dict):
+            return f"{k} is not a table"
+    bw = data.get("baseline_warnings", [])
+    if not isinstance(bw, list) or not all(isinstance(x, str) for x in bw):
+        return "baseline_warnings is not a list of names"
+    phases = data.get("phases", [])
+    if not isinstance(phases, list):
+        return "phases is not a list"
+    for ph in phases:
+        if not isinstance(ph, dict) or ph.get("name") not in PHASES or not isinstance(ph.get("started"), str):
+            return "a phase is not one alma update writes"
+        if ph.get("result") not in (None, "ok", "failed", "timeout", "interrupted"):
+            return "a phase has an unknown result"
+        d = ph.get("duration_s")
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1e9):
+            return "a phase has a bad duration"
+        if any(ph.get(k) is not None and not isinstance(ph[k], str) for k in ("finished", "detail")):
+            return "a phase has non-text fields"
+    return None
+
+
 def load(path: Path) -> UpdateRecord:
-    data = load_json(path, hint="delete the record to start this board over")
+    """A record read back and checked (``_problem``): a hand-edited or foreign file is a
+    ConfigError naming it, never a crash or a path elsewhere."""
+    hint = "delete it to start this board over"
+    data = load_json(path, hint=hint)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ConfigError(f"{path} is not an {SCHEMA} record", hint="delete it to start this board over")
+        raise ConfigError(f"{path} is not an {SCHEMA} record", hint=hint)
+    why = _problem(data, path)
+    if why is not None:
+        raise ConfigError(f"{path} is not a record alma update wrote: {why}", hint=hint)
     try:
         phases = [Phase(**p) for p in data.pop("phases", [])]
         return UpdateRecord(**data, phases=phases)
     except TypeError as exc:
-        raise ConfigError(f"{path}: {exc}", hint="delete it to start this board over") from None
+        raise ConfigError(f"{path}: {exc}", hint=hint) from None
 
 
 def load_existing(root: Path, swu_sha256: str, node: str) -> UpdateRecord | None:
@@ -119,9 +176,16 @@ def load_existing(root: Path, swu_sha256: str, node: str) -> UpdateRecord | None
     return load(path) if path.exists() else None
 
 
-def updating(root: Path | None = None) -> dict[str, str]:
-    """node -> "phase since" for every board some record shows mid-update (for fleet health)."""
+# A record older than this (its last phase's start) no longer marks its board mid-update: an
+# abandoned run must not mask a real CRITICAL forever (run the same command again to resume).
+MID_UPDATE_MAX_S = 12 * 3600
+
+
+def updating(root: Path | None = None, *, now: datetime | None = None) -> dict[str, str]:
+    """node -> "phase since" for every board some record shows mid-update (for fleet health):
+    IN_PROGRESS, INTERRUPTED or LOST, its last phase started within MID_UPDATE_MAX_S of now."""
     root = root or default_dir()
+    now = now or utc_now()
     out: dict[str, str] = {}
     if not root.is_dir():
         return out
@@ -134,7 +198,12 @@ def updating(root: Path | None = None) -> dict[str, str]:
             continue
         if rec.result in (IN_PROGRESS, INTERRUPTED, LOST) and rec.phases:
             p = rec.phases[-1]
-            out[rec.node] = f"update to {rec.swu_version} {rec.result.lower()} in phase {p.name} since {p.started}"
+            try:
+                age = (now - parse_utc(p.started)).total_seconds()
+            except ValueError:
+                continue
+            if abs(age) <= MID_UPDATE_MAX_S:  # nor one dated far ahead (a clock jump)
+                out[rec.node] = f"update to {rec.swu_version} {rec.result.lower()} in phase {p.name} since {p.started}"
     return out
 
 

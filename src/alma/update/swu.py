@@ -161,7 +161,9 @@ def description(
     """The JSON ``sw-description`` (module docstring). ``root`` prefixes every target path
     ("/" on a board; "" makes them relative, for a simulated board's directory)."""
     version_tuple(version)
-    prefix = root.rstrip("/") + "/" if root else ""
+    if root not in ("/", ""):
+        raise SwuError(f"root {root!r}: targets are '/'-rooted (a board) or relative (a simulated board)")
+    prefix = root
     sets: dict[str, Any] = {}
     for slot in SLOTS:
         images: list[dict[str, Any]] = []
@@ -172,7 +174,7 @@ def description(
                         "filename": p.filename,
                         "type": "raw",
                         "sha256": p.sha256,
-                        "device": f"{prefix}dev/disk/by-partlabel/{PARTLABEL[slot]}",
+                        "device": prefix + slot_target("raw", slot),
                     }
                 )
             else:
@@ -181,7 +183,7 @@ def description(
                         "filename": p.filename,
                         "type": "rawfile",
                         "sha256": p.sha256,
-                        "path": f"{prefix}{CAPSULE_STAGING}",
+                        "path": prefix + slot_target("rawfile", slot),
                         "version": p.version,
                     }
                 )
@@ -374,6 +376,27 @@ def read_swu(path: Path, *, hashes: bool = True) -> SwuInfo:
         return info
 
 
+_IMAGE_KEYS = {
+    "raw": {"filename", "type", "sha256", "device"},
+    "rawfile": {"filename", "type", "sha256", "path", "version"},
+}
+
+
+def slot_target(kind: str, slot: str) -> str:
+    """Where an image of ``kind`` for ``slot`` may go, relative to the board's root."""
+    return f"dev/disk/by-partlabel/{PARTLABEL[slot]}" if kind == "raw" else CAPSULE_STAGING
+
+
+def _target_of(im: dict[str, Any], slot: str) -> str | None:
+    """The image's target when it is exactly its slot's own (``/``-rooted or relative), else None."""
+    kind = im.get("type")
+    if kind not in _IMAGE_KEYS or not set(im) <= _IMAGE_KEYS[kind]:
+        return None
+    where = im.get("device" if kind == "raw" else "path")
+    want = slot_target(kind, slot)
+    return want if where in (want, "/" + want) else None
+
+
 def _info(doc: Any, path: Path, members: dict[str, _Member]) -> SwuInfo:
     def bad(why: str) -> SwuError:
         return SwuError(f"{path}: sw-description: {why}", hint="build the .swu with the ALMA-OS image (feature ota)")
@@ -395,18 +418,35 @@ def _info(doc: Any, path: Path, members: dict[str, _Member]) -> SwuInfo:
     hw = sw.get("hardware-compatibility")
     if not isinstance(hw, list) or not hw or not all(isinstance(x, str) for x in hw):
         raise bad("no hardware-compatibility list")
-    sets = sw.get(machine, {}).get(SELECTION) if isinstance(sw.get(machine), dict) else None
+    # Only what our writer puts there: SWUpdate acts on more (scripts, files, bootenv,
+    # partitions, embedded-script, other selections), and none of it may ride along.
+    extra = set(sw) - {"version", "description", "hardware-compatibility", "alma", machine}
+    extra |= {f"alma.{k}" for k in set(alma) - {"machine", "built", "lowest-bootloader"}}
+    if extra:
+        raise bad(f"sections SWUpdate would act on that ALMA-OS never writes: {', '.join(sorted(extra))[:200]}")
+    section = sw.get(machine)
+    sets = section.get(SELECTION) if isinstance(section, dict) and set(section) == {SELECTION} else None
     if not isinstance(sets, dict) or set(sets) != {f"slot-{s}" for s in SLOTS}:
-        raise bad(f"no slot-a/slot-b sets for {machine}")
+        raise bad(f"no slot-a/slot-b sets for {machine} (and nothing else)")
     payloads: dict[str, Payload] = {}
     for slot in SLOTS:
         images = sets[f"slot-{slot}"].get("images") if isinstance(sets[f"slot-{slot}"], dict) else None
-        if not isinstance(images, list) or not images:
-            raise bad(f"slot-{slot} has no images")
+        if not isinstance(images, list) or not images or set(sets[f"slot-{slot}"]) != {"images"}:
+            raise bad(f"slot-{slot} has no images (or more than images)")
+        kinds = [im.get("type") for im in images if isinstance(im, dict)]
+        if kinds.count("raw") != 1 or kinds.count("rawfile") > 1:
+            raise bad(f"slot-{slot} must hold one rootfs image and at most one capsule")
         for im in images:
             if not isinstance(im, dict):
                 raise bad("an image is not a table")
             name, sha, kind = im.get("filename"), im.get("sha256"), im.get("type")
+            target = _target_of(im, slot)
+            if target is None:
+                raise bad(
+                    f"slot-{slot} image {str(name)[:100]!r} writes outside slot {slot}'s "
+                    f"{'partition ' + PARTLABEL[slot] if kind == 'raw' else 'capsule staging path'} "
+                    "(or carries attributes ALMA-OS never writes)"
+                )
             if not isinstance(name, str) or name not in members:
                 raise bad(f"image {name!r} is not in the archive")
             if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):

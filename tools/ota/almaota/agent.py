@@ -250,15 +250,78 @@ def _readback(device: Path, size: int) -> str:
     return h.hexdigest()
 
 
+MAX_DESCRIPTION = 256 * 1024
+MAX_MEMBERS = 64
+_SW_KEYS = {"version", "description", "hardware-compatibility", "alma"}
+_IMAGE_KEYS = {
+    "raw": {"filename", "type", "sha256", "device"},
+    "rawfile": {"filename", "type", "sha256", "path", "version"},
+}
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key appears twice")
+    return out
+
+
 def _description(swu: Path) -> dict[str, Any]:
-    """sw-description from the received file (only after SWUpdate verified its signature)."""
+    """The ``software`` section of the received file's sw-description (bounded: at most
+    MAX_DESCRIPTION bytes, a JSON object without duplicate keys)."""
     with swu.open("rb") as f:
         head = f.read(110)
-        size, namesize = int(head[54:62], 16), int(head[94:102], 16)
+        try:
+            size, namesize = int(head[54:62], 16), int(head[94:102], 16)
+        except ValueError:
+            raise UserError("the received file is not a .swu (bad cpio header)") from None
+        name = f.read(namesize)
+        if head[:6] != b"070701" or name != b"sw-description\0" or size > MAX_DESCRIPTION:
+            raise UserError("the received file does not start with a bounded sw-description")
         f.seek(110 + namesize + (-(110 + namesize) % 4))
-        doc = json.loads(f.read(size))
-    sw = doc["software"]
-    return sw if isinstance(sw, dict) else {}
+        try:
+            doc = json.loads(f.read(size), object_pairs_hook=_no_duplicates)
+        except (ValueError, RecursionError) as exc:
+            raise UserError(f"sw-description is not valid JSON: {str(exc)[:100]}") from None
+    sw = doc.get("software") if isinstance(doc, dict) else None
+    if not isinstance(sw, dict):
+        raise UserError("sw-description has no software section")
+    return sw
+
+
+def _slot_images(sw: dict[str, Any], machine: str, target: str) -> list[dict[str, Any]]:
+    """The images SWUpdate will install for ``-e alma,slot-<target>``, each proven to write
+    only the target slot's own partition or the capsule staging file; anything else the
+    description asks SWUpdate to do (scripts, files, bootenv, other selections) is refused.
+    Checked BEFORE SWUpdate runs: the running slot is never written, whoever signed it."""
+    section = sw.get(machine)
+    extra = set(sw) - _SW_KEYS - {machine}
+    alma = sw.get("alma")
+    if isinstance(alma, dict):
+        extra |= {f"alma.{k}" for k in set(alma) - {"machine", "built", "lowest-bootloader"}}
+    if extra or not isinstance(section, dict) or set(section) != {"alma"} or not isinstance(section["alma"], dict):
+        what = ", ".join(sorted(extra))[:120]
+        raise UserError(f"this .swu asks SWUpdate for more than slot images ({what}): refused")
+    sets = section["alma"]
+    chosen = sets.get(f"slot-{target}")
+    if set(sets) != {"slot-a", "slot-b"} or not isinstance(chosen, dict) or set(chosen) != {"images"}:
+        raise UserError(f"this .swu has no plain slot-{target} image set for {machine}: refused")
+    images = chosen["images"]
+    if not isinstance(images, list) or not images:
+        raise UserError(f"slot-{target} has no images: refused")
+    for im in images:
+        kind = im.get("type") if isinstance(im, dict) else None
+        if kind not in _IMAGE_KEYS or not set(im) <= _IMAGE_KEYS[kind]:
+            raise UserError(f"slot-{target}: an image with handler or attributes ALMA-OS never writes: refused")
+        want = f"dev/disk/by-partlabel/{PARTLABEL[target]}" if kind == "raw" else CAPSULE_STAGING
+        where = im.get("device" if kind == "raw" else "path")
+        if where not in (want, "/" + want):
+            raise UserError(f"slot-{target}: {str(where)[:80]!r} is not slot {target}'s {want}: refused")
+        if not isinstance(im.get("filename"), str) or not _HEX64.fullmatch(str(im.get("sha256"))):
+            raise UserError(f"slot-{target}: an image without filename or sha256: refused")
+    if [im["type"] for im in images].count("raw") != 1 or [im["type"] for im in images].count("rawfile") > 1:
+        raise UserError(f"slot-{target} must hold one rootfs image and at most one capsule: refused")
+    return images
 
 
 def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -281,6 +344,8 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         "-i",
         str(swu),
     ]
+    sw = _description(swu)
+    images = _slot_images(sw, machine, target)  # before SWUpdate: refuse what writes outside the slot
     running = cmd_status(b, a).get("version")
     if running:
         argv += ["-N", running]  # SWUpdate refuses a version <= the running one by itself
@@ -296,8 +361,6 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     if failed:
         errors = [ln.split("ERROR :", 1)[-1].strip() for ln in log.splitlines() if "ERROR" in ln and "ERROR :" in ln]
         raise StepFailed("SWUpdate refused the update: " + ("; ".join(errors[:3]) or f"exit {r.returncode}"))
-    sw = _description(swu)
-    images = sw[machine]["alma"][f"slot-{target}"]["images"]
     out: dict[str, Any] = {"slot": target, "from": cur, "version": sw.get("version"), "capsule": None}
     for im in images:
         if im["type"] == "raw":
@@ -316,11 +379,16 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 def _member_size(swu: Path, name: str) -> int:
     with swu.open("rb") as f:
         pos = 0
-        while True:
+        for _ in range(MAX_MEMBERS + 2):
             f.seek(pos)
             head = f.read(110)
-            size, namesize = int(head[54:62], 16), int(head[94:102], 16)
-            got = f.read(namesize)[:-1].decode()
+            if len(head) < 110 or head[:6] != b"070701":
+                break
+            try:
+                size, namesize = int(head[54:62], 16), int(head[94:102], 16)
+            except ValueError:
+                break
+            got = f.read(min(namesize, 256))[:-1].decode(errors="replace")
             data = pos + 110 + namesize
             data += -data % 4
             if got == name:
@@ -328,6 +396,7 @@ def _member_size(swu: Path, name: str) -> int:
             if got == "TRAILER!!!":
                 raise StepFailed(f"{name} is not in the update")
             pos = data + size + (-(data + size) % 4)
+    raise StepFailed(f"{name} is not in the update")
 
 
 def _arm_capsule(b: Board, im: dict[str, Any], sw: dict[str, Any]) -> dict[str, Any]:
