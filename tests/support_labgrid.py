@@ -98,7 +98,9 @@ class Lab:
     def start_exporter(self, name: str = "station-1", usb_path: str = "1-3", device: str = "apx-7523-orin-nano-8gb",
                        **station_env: str) -> None:  # fmt: skip
         cfg = self.base / f"{name}.yaml"
-        group = {"location": "loopback", "AlmaRecoveryBoard": {"usb_path": usb_path}}
+        # same host: the client's bundles are shared with the exporter (used in place, not uploaded)
+        board = {"usb_path": usb_path, "bundle_dirs": [str(self.client.base / "deploy")]}
+        group = {"location": "loopback", "AlmaRecoveryBoard": board}
         cfg.write_text(yaml.safe_dump({"bench-1": group}))
         env = self.station.env(**station_env)
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -113,7 +115,6 @@ class Lab:
         )  # fmt: skip
         self.procs.append(self.bus)
         self.exporter_pid = int(self._bus_reply()["exporter"])
-        wait_for(f"{name}'s board on the coordinator", lambda: self.resource(name, avail=True))
         wait_for(f"{name}'s board on the coordinator", lambda: self.resource(name, avail=True))
 
     def _bus_reply(self) -> dict[str, Any]:

@@ -53,6 +53,8 @@ class AlmaRecoveryBoardExport(lg_exporter.ResourceExport):
         cmd = [sys.executable, "-m", "alma.labgrid", "--board", usb_path]  # the flash service
         if self.local.console:
             cmd += ["--console", self.local.console]
+        for d in self.local.bundle_dirs:
+            cmd += ["--bundle-dir", d]
         self.child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.child.stdout is not None
         fd = self.child.stdout.fileno()
