@@ -34,13 +34,13 @@ def bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return b
 
 
-def _driver(service_port: int | None, **published: Any) -> AlmaFlashDriver:
+def _driver(service_port: int | None, connect_timeout: float = 10, **published: Any) -> AlmaFlashDriver:
     t = Target("hostile")
     res = NetworkAlmaRecoveryBoard(t, name=None, host="127.0.0.1", busnum=1, devnum=2, path="1-3",
                                    vendor_id=0x955, model_id=0x7523, usb_path="1-3", port=service_port)  # fmt: skip
     for k, v in published.items():
         setattr(res, k, v)  # as RemotePlaceManager.poll() does: no validator runs
-    drv = AlmaFlashDriver(t, name=None, connect_timeout=10)
+    drv = AlmaFlashDriver(t, name=None, connect_timeout=connect_timeout)
     drv.state = BindingState.active  # no coordinator here to activate through
     return drv
 
@@ -156,3 +156,12 @@ def test_a_success_from_the_service_is_returned(bundle: Path, fake: list[FakeSer
     fake.append(svc)
     rec = _driver(svc.port).flash(bundle)
     assert rec.result == "SUCCESS" and rec.board == {"usb_instance": "1-3"}
+
+
+def test_a_service_that_never_answers_is_a_clear_busy_error(bundle: Path) -> None:
+    """Connected (queued by the kernel) but never served, as while the service runs another flash."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:  # listens, never accepts
+        drv = _driver(busy.getsockname()[1], connect_timeout=1)
+        with pytest.raises(AlmaError) as ei:
+            drv.flash(bundle)
+    assert "did not answer within 1 s" in ei.value.message and "nothing was flashed" in ei.value.message

@@ -33,6 +33,7 @@ class Pair(NamedTuple):
     peer: socket.socket
     result: dict[str, Any]
     thread: threading.Thread
+    config: dict[str, Any]  # Service keyword arguments, read when the thread starts
 
 
 @pytest.fixture
@@ -42,9 +43,10 @@ def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
     monkeypatch.setenv("ALMA_FLASH_WORKDIR", str(work))
     ours, peer = socket.socketpair()
     result: dict[str, Any] = {}
+    config: dict[str, Any] = {}
 
     def serve() -> None:
-        svc = service.Service("1-3", ours, Interruption())
+        svc = service.Service("1-3", ours, Interruption(), **config)
         t0 = time.monotonic()
         try:
             svc.handle(ours)
@@ -54,7 +56,7 @@ def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
 
     thread = threading.Thread(target=serve, daemon=True)
     try:
-        yield Pair(work, peer, result, thread)
+        yield Pair(work, peer, result, thread, config)
     finally:
         peer.close()
         thread.join(30)
@@ -151,3 +153,36 @@ def test_an_upload_larger_than_the_free_space_is_refused_before_a_byte(
     final = _answer(pair.peer, reader)
     assert "no room for the 1073741824 byte bundle" in final["error"], final
     assert not _uploads(pair.work)
+
+
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        client = socket.create_connection(srv.getsockname(), timeout=10)
+        ours, _ = srv.accept()
+    ours.settimeout(10)
+    return ours, client
+
+
+def test_a_client_gone_before_the_flash_gets_no_flash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that gave up while queued (its request already sent, then closed) is not flashed
+    for: a flash nobody watches could leave the board half-written with no one told."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    bundle = deploy / NAME
+    bundle.write_bytes(b"b" * 1000)
+    flashed: list[Path] = []
+    monkeypatch.setattr(service.Service, "_flash", lambda self, conn, req, b: flashed.append(b))
+    req = json.loads(_request(1000))
+    req["path"] = str(bundle)
+    line = json.dumps(req).encode() + b"\n"
+    for gone in (True, False):
+        ours, client = _tcp_pair()
+        with ours, client:
+            client.sendall(line)
+            if gone:
+                client.close()  # FIN: our "upload: false" still goes out, the flash must not
+                time.sleep(0.2)
+            service.Service("1-3", ours, Interruption(), bundle_dirs=[str(deploy)]).handle(ours)
+        assert flashed == ([] if gone else [bundle])

@@ -214,7 +214,15 @@ class AlmaFlashDriver(Driver):
         service.send(sock, request)
         reader = service.LineReader(sock)
         sock.settimeout(self.connect_timeout)
-        answer = reader.read()
+        try:
+            answer = reader.read()
+        except TimeoutError:
+            # connected (the kernel queued us) but never served: one flash at a time per service
+            raise UserError(
+                f"the flash service on {where} did not answer within {self.connect_timeout:.0f} s: "
+                "busy with another flash of this board, or stuck; nothing was flashed",
+                hint="wait for the other flash (labgrid-client -v resources shows 'flashing'), then retry",
+            ) from None
         if answer is None:
             raise service.ProtocolError("the service closed the connection")
         if "error" in answer:

@@ -277,6 +277,10 @@ class Service:
             else:
                 send(conn, {"upload": True})
                 upload = bundle = self._receive(conn, reader, req)
+            if _peer_gone(conn):
+                # A client that gave up (e.g. it waited out its timeout while we served another)
+                # must not get a flash nobody watches: nothing touches the board.
+                raise ProtocolError("the client left before the flash began; nothing was flashed")
             self._flash(conn, req, bundle)
         except (AlmaError, OSError) as exc:
             with contextlib.suppress(OSError, ProtocolError):
@@ -373,6 +377,20 @@ class Service:
             with conn:
                 conn.settimeout(IDLE_S)  # a client that stalls mid-request is dropped
                 self.handle(conn)
+
+
+def _peer_gone(conn: socket.socket) -> bool:
+    """Has the peer closed or reset the connection? (It sends nothing after its request/upload.)"""
+    timeout = conn.gettimeout()
+    conn.setblocking(False)  # with a timeout set, recv would wait for data first
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.settimeout(timeout)
 
 
 def _tell_exporter(line: str) -> None:
