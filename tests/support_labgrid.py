@@ -6,6 +6,7 @@ labgrid-client processes. Every process is started here, on free ports, with bou
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shlex
@@ -96,10 +97,15 @@ class Lab:
             return s.connect_ex(("127.0.0.1", int(self.address.rsplit(":", 1)[1]))) == 0
 
     def start_exporter(self, name: str = "station-1", usb_path: str = "1-3", device: str = "apx-7523-orin-nano-8gb",
-                       **station_env: str) -> None:  # fmt: skip
+                       groups: tuple[str, ...] = ("bench-1",), **station_env: str) -> None:  # fmt: skip
+        """The exporter on its umockdev bus; each of ``groups`` exports the same board (more than
+        one: a misconfigured lab where two places reach one board)."""
         cfg = self.base / f"{name}.yaml"
-        group = {"location": "loopback", "AlmaRecoveryBoard": {"usb_path": usb_path}}
-        cfg.write_text(yaml.safe_dump({"bench-1": group}))
+        # same host: the client's bundles are shared with the exporter (used in place, not uploaded)
+        board = {"usb_path": usb_path, "bundle_dirs": [str(self.client.base / "deploy")]}
+        # a copy per group: YAML aliases would make labgrid's per-group edits land in all of them
+        config = {g: {"location": "loopback", "AlmaRecoveryBoard": copy.deepcopy(board)} for g in groups}
+        cfg.write_text(yaml.safe_dump(config))
         env = self.station.env(**station_env)
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
         wrapper = require_tool("umockdev-wrapper")
@@ -113,8 +119,8 @@ class Lab:
         )  # fmt: skip
         self.procs.append(self.bus)
         self.exporter_pid = int(self._bus_reply()["exporter"])
-        wait_for(f"{name}'s board on the coordinator", lambda: self.resource(name, avail=True))
-        wait_for(f"{name}'s board on the coordinator", lambda: self.resource(name, avail=True))
+        for g in groups:
+            wait_for(f"{name}'s board on the coordinator", lambda g=g: self.resource(name, avail=True, group=g))
 
     def _bus_reply(self) -> dict[str, Any]:
         assert self.bus is not None and self.bus.stdout is not None
@@ -149,18 +155,18 @@ class Lab:
         return r.stdout
 
     # -- what the coordinator says ------------------------------------------------------
-    def resource(self, exporter: str, *, avail: bool) -> bool:
+    def resource(self, exporter: str, *, avail: bool, group: str = "bench-1") -> bool:
         """Does the coordinator list ``exporter``'s board as (un)available?"""
         r = self.client_cmd("-vv", "resources")  # -vv: unavailable ones too
-        name = f"{exporter}/bench-1/NetworkAlmaRecoveryBoard"
+        name = f"{exporter}/{group}/NetworkAlmaRecoveryBoard"
         if r.returncode != 0 or name not in r.stdout:
             return False
-        block = r.stdout.split(name, 1)[1].split("Exporter '", 1)[0]
+        block = r.stdout.split(name, 1)[1].split("Exporter '", 1)[0].split("Group '", 1)[0]
         return ("'avail': True" in block) is avail
 
-    def place(self, name: str = "jetson-1", exporter: str = "station-1") -> str:
+    def place(self, name: str = "jetson-1", exporter: str = "station-1", group: str = "bench-1") -> str:
         self.ok("-p", name, "create")
-        self.ok("-p", name, "add-match", f"{exporter}/bench-1/NetworkAlmaRecoveryBoard")
+        self.ok("-p", name, "add-match", f"{exporter}/{group}/NetworkAlmaRecoveryBoard")
         return name
 
     def env_file(

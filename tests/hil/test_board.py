@@ -22,10 +22,9 @@ def board(target: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def shell(target: Any, board: Any) -> Any:
-    strategy = board
     """off → recovery → flashed (the env's images: bundle) → booted → shell, once per run."""
-    strategy.transition("shell")
-    assert strategy.record is not None and strategy.record.result == "SUCCESS"
+    board.transition("shell")
+    assert board.record is not None and board.record.result == "SUCCESS"
     return target.get_driver("AlmaSSHDriver")
 
 

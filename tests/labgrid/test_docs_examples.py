@@ -53,3 +53,18 @@ def test_exporter_examples_render_for_each_station(file: str, name: str, groups:
             cls = (params or {}).get("cls", res)
             assert cls in lg_exporter.exports or cls in target_factory.resources, cls
         assert group["AlmaRecoveryBoard"]["usb_path"]
+
+
+def test_env_example_drivers_bind_to_what_the_station_exports() -> None:
+    """Every driver of station.env.yaml finds its resources among those station.exporter.yaml
+    exports (a place holds exactly those): an env whose power driver has no port on the
+    station is a doc that fails on its first `-s flashed`."""
+    export.register()
+    data = ResourceConfig(str(DOCS / "station.exporter.yaml"), {"env": {}, "isolated": False, "hostname": "station-1",
+                                                                "name": "station-1"}).data  # fmt: skip
+    resources = [{k: v} for group in data.values() for k, v in group.items() if k != "location"]
+    (target,) = Config(str(DOCS / "station.env.yaml")).get_targets().values()
+    t = target_factory.make_target("doc", {"resources": resources, "drivers": target["drivers"]})
+    bound = {type(d).__name__ for d in t.drivers}
+    assert {"AlmaRecoveryDriver", "AlmaFlashDriver", "AlmaSSHDriver", "AlmaStrategy"} <= bound
+    t.cleanup()

@@ -56,6 +56,7 @@ def test_flash_through_the_coordinator_end_to_end(lab: Lab) -> None:
     assert rec["result"] == "SUCCESS" and rec["final_status"] == "SUCCESS"
     assert rec["board"]["usb_instance"] == "1-3" and rec["tool"] == "alma flash"
     assert rec["bundle_sha256"] == sha256(bundle)  # verified on the exporter against the client's facts
+    assert rec["bundle_path"] == str(bundle)  # in the exporter's bundle_dirs: used in place, not uploaded
     assert "flashed USB 1-3: record" in r.stderr
     # the strategy went through recovery: line held during a power cycle, released after
     assert (lab.base / "power.log").read_text().split() == ["off", "on"]

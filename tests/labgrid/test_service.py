@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,7 +55,8 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Station
     umockdev = require_tool("umockdev-run")
     proc = subprocess.Popen(
         [umockdev, "--device", str(DEVICES / "apx-7523-orin-nano-8gb.umockdev"), "--",
-         sys.executable, "-m", "alma.labgrid", "--board", "1-3", "--listen", "127.0.0.1"],
+         sys.executable, "-m", "alma.labgrid", "--board", "1-3", "--listen", "127.0.0.1",
+         "--bundle-dir", str(station.base / "deploy")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=station.env(), cwd=station.base,
     )  # fmt: skip
     try:
@@ -125,6 +127,58 @@ def test_a_shared_path_is_used_in_place(svc: tuple[int, Station]) -> None:
     final = peer.last()
     peer.close()
     assert final["result"]["result"] == "SUCCESS" and final["result"]["bundle_path"] == str(bundle)
+
+
+def _outside(station: Station, bundle: Path) -> list[str]:
+    """Paths a peer might name that are not bundles in the exporter's bundle_dirs."""
+    elsewhere = station.base / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    copy = elsewhere / bundle.name
+    copy.write_bytes(bundle.read_bytes())
+    link = bundle.parent / ("link-" + bundle.name.split("-", 1)[1])  # a bundle name inside, pointing out
+    link.unlink(missing_ok=True)
+    link.symlink_to(copy)
+    secret = bundle.parent / "not-a-bundle.key"  # inside, same size, not named like a bundle
+    secret.write_bytes(b"k" * bundle.stat().st_size)
+    return [str(copy), str(link), str(secret), f"{bundle.parent}/../../elsewhere/{bundle.name}"]
+
+
+def test_a_path_outside_the_bundle_dirs_is_neither_used_nor_probed(svc: tuple[int, Station]) -> None:
+    """Only bundles in the exporter's own bundle_dirs are used in place; any other path (a copy
+    elsewhere, a symlink out, a file not named like a bundle, a ../ walk, a system file) gets the
+    answer a missing file gets: send the bytes. Nothing is flashed from it, nothing recorded."""
+    port, station = svc
+    bundle = station.bundle("probe")
+    before = len(station.records_list())
+    passwd = Path("/etc/passwd")
+    asks = [(p, bundle.stat().st_size) for p in _outside(station, bundle)] + [(str(passwd), passwd.stat().st_size)]
+    for path, size in asks:
+        peer = Peer(port)
+        peer.send(_request(bundle, path=path, size=size))
+        assert peer.read() == {"upload": True}, path
+        peer.close()
+    assert len(station.records_list()) == before
+    wait_for("no upload directory left", lambda: not _uploads(station))
+
+
+def test_a_client_vanishing_mid_upload_leaves_nothing_and_the_service_serves_on(svc: tuple[int, Station]) -> None:
+    port, station = svc
+    bundle = station.bundle("vanish")
+    before = len(station.records_list())
+    peer = Peer(port)
+    peer.send(_request(bundle))
+    assert peer.read() == {"upload": True}
+    peer.sock.sendall(bundle.read_bytes()[:5000])
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.close()  # a reset, not a clean end: the client process died
+    wait_for("the partial upload to be removed", lambda: not _uploads(station))
+    assert len(station.records_list()) == before
+    peer = Peer(port)  # the next client is served as usual
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    final = peer.last()
+    peer.close()
+    assert final["result"]["result"] == "SUCCESS", final
 
 
 def test_an_upload_cut_short_flashes_nothing(svc: tuple[int, Station]) -> None:

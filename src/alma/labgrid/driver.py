@@ -34,12 +34,12 @@ from labgrid.step import step
 from labgrid.util.proxy import proxymanager
 
 from alma import runner, settings
-from alma.errors import ToolError, UserError
+from alma.errors import ConfigError, ToolError, UserError
 from alma.flash.flasher import FlashArgs
 from alma.flash.records import FlashRecord
 from alma.flash.session import FlashOptions, FlashSession, resolve_bundle
 from alma.labgrid import service
-from alma.labgrid.resource import NetworkAlmaRecoveryBoard
+from alma.labgrid.resource import USB_PATH, NetworkAlmaRecoveryBoard
 from alma.sshkeys import FINGERPRINT, BadKey, parse_host_key, parse_public_key
 
 KEYSCAN_TIMEOUT_S = 10
@@ -116,14 +116,15 @@ class AlmaFlashDriver(Driver):
         else:
             rec, where = self._flash_local(opts)
         self.last_record = rec
+        usb = terminal(str(rec.board.get("usb_instance", "?")))
         if rec.result != "SUCCESS":
             raise FlashFailed(
-                f"flash of {choice.path.name} onto USB {rec.board.get('usb_instance', '?')} {rec.result}: "
+                f"flash of {choice.path.name} onto USB {usb} {terminal(rec.result)}: "
                 f"{terminal(rec.reason or 'no reason recorded')}",
                 rec,
-                hint=f"the flash record is {where}",
+                hint=f"the flash record is {terminal(where)}",
             )
-        self.logger.info("flashed USB %s: record %s", rec.board.get("usb_instance"), where)
+        self.logger.info("flashed USB %s: record %s", usb, terminal(where))
         return rec
 
     def _flash_local(self, opts: FlashOptions) -> tuple[FlashRecord, str]:
@@ -149,13 +150,31 @@ class AlmaFlashDriver(Driver):
 
     def _flash_remote(self, path: Path, opts: FlashOptions) -> tuple[FlashRecord, str]:
         res = self.board
+        # Everything below came from the exporter through the coordinator, and labgrid updates a
+        # remote resource's attributes without running their validators: checked here, at use.
+        exporter = terminal(str(res.host))
+        usb_path = res.usb_path
+        if not isinstance(usb_path, str) or not USB_PATH.fullmatch(usb_path):
+            raise UserError(
+                f"the exporter on {exporter} published no valid usb_path for its board ({terminal(repr(usb_path))})",
+                hint="its exporter config must name the board's USB path (alma boards); is it alma-labgrid-exporter?",
+            )
         if res.port is None:
             raise UserError(
-                f"the exporter on {res.host} runs no flash service for USB {res.usb_path}",
+                f"the exporter on {exporter} runs no flash service for USB {usb_path}",
                 hint="acquire the place first (labgrid-client -p PLACE acquire); exporter: alma-labgrid-exporter",
             )
-        host, port = proxymanager.get_host_and_port(res)
-        where = f"{res.host}:{res.port}"
+        try:
+            host, port = proxymanager.get_host_and_port(res)
+        except ValueError:  # a host that is no host[:port]
+            host, port = None, None
+        if not _is_port(res.port) or not _is_port(port) or not isinstance(host, str) or not host:
+            raise UserError(
+                f"the exporter on {exporter} published no valid address for the flash service of USB {usb_path} "
+                f"({terminal(repr(res.host))}, port {terminal(repr(res.port))})",
+                hint="is it alma-labgrid-exporter of this version? labgrid-client -v resources shows what it published",
+            )
+        where = f"{exporter}:{port}"
         size = path.stat().st_size
         request: dict[str, Any] = {
             "proto": service.PROTO,
@@ -174,9 +193,10 @@ class AlmaFlashDriver(Driver):
             request["path"] = str(path.resolve())
         try:
             sock = socket.create_connection((host, port), timeout=self.connect_timeout)
+            _keepalive(sock)  # the flash can be silent for minutes: a vanished exporter host must still show
         except OSError as exc:
             raise UserError(
-                f"cannot reach the flash service of USB {res.usb_path} on {where}: {exc.strerror or exc}",
+                f"cannot reach the flash service of USB {usb_path} on {where}: {exc.strerror or exc}",
                 hint="is the exporter running and the place still acquired? labgrid-client -p PLACE show",
             ) from None
         with sock:
@@ -187,18 +207,26 @@ class AlmaFlashDriver(Driver):
                     f"lost the flash service on {where} mid-flash ({getattr(exc, 'message', None) or exc}): "
                     "the exporter stopped or its host went away; its record there says what was done",
                     None,
-                    hint=f"look at the flash records on {res.host}; release the place: labgrid-client release",
+                    hint=f"look at the flash records on {exporter}; release the place: labgrid-client release",
                 ) from None
 
     def _talk(self, sock: socket.socket, request: dict[str, Any], path: Path, where: str) -> tuple[FlashRecord, str]:
         service.send(sock, request)
         reader = service.LineReader(sock)
         sock.settimeout(self.connect_timeout)
-        answer = reader.read()
+        try:
+            answer = reader.read()
+        except TimeoutError:
+            # connected (the kernel queued us) but never served: one flash at a time per service
+            raise UserError(
+                f"the flash service on {where} did not answer within {self.connect_timeout:.0f} s: "
+                "busy with another flash of this board, or stuck; nothing was flashed",
+                hint="wait for the other flash (labgrid-client -v resources shows 'flashing'), then retry",
+            ) from None
         if answer is None:
             raise service.ProtocolError("the service closed the connection")
         if "error" in answer:
-            raise UserError(f"{where}: {terminal(answer['error'])}", hint=answer.get("hint"))
+            raise _peer_error(where, answer)
         if answer.get("upload"):
             with open(path, "rb") as fh:
                 while chunk := fh.read(service.CHUNK):
@@ -209,14 +237,58 @@ class AlmaFlashDriver(Driver):
             if msg is None:
                 raise service.ProtocolError("the connection closed before the flash record came")
             if msg.get("event") == "line":
-                self.logger.debug("%s", terminal(msg.get("text", "")))
+                self.logger.debug("%s", terminal(str(msg.get("text", ""))))
                 continue
             if "result" in msg:
-                rec = FlashRecord.from_dict(msg["result"])
-                return rec, f"{msg.get('record_path')} on {where.rsplit(':', 1)[0]}"
+                rec = _peer_record(msg["result"])
+                return rec, f"{terminal(str(msg.get('record_path')))} on {where.rsplit(':', 1)[0]}"
             if "error" in msg:
-                raise UserError(f"{where}: {terminal(msg['error'])}", hint=msg.get("hint"))
+                raise _peer_error(where, msg)
             raise service.ProtocolError("unexpected message from the flash service")
+
+
+def _is_port(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 65536
+
+
+def _keepalive(sock: socket.socket) -> None:
+    """TCP keepalive: a peer host gone without a word is noticed in about a minute."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+def _peer_error(where: str, msg: dict[str, Any]) -> UserError:
+    hint = msg.get("hint")
+    return UserError(f"{where}: {terminal(str(msg['error']))}", hint=terminal(hint) if isinstance(hint, str) else None)
+
+
+def _peer_record(data: Any) -> FlashRecord:
+    """The flash service's record, checked to the shape this side relies on (the peer is an
+    exporter: its words are data, never trusted structure)."""
+    try:
+        rec = FlashRecord.from_dict(data)
+    except ConfigError as exc:
+        raise service.ProtocolError(f"the flash service sent no flash record: {exc.message}") from None
+    if (
+        not isinstance(rec.result, str)
+        or not isinstance(rec.reason, str | None)
+        or not isinstance(rec.board, dict)
+        or not isinstance(rec.final_status, str | None)
+        or (rec.boot is not None and not _boot_ok(rec.boot))
+    ):
+        raise service.ProtocolError("the flash service sent a malformed flash record")
+    return rec
+
+
+def _boot_ok(boot: Any) -> bool:
+    strs = (boot.console, boot.reason, boot.login_prompt, boot.identity_problem)
+    return (
+        isinstance(boot.seen, bool)
+        and all(isinstance(v, str | None) for v in strs)
+        and (boot.board is None or (isinstance(boot.board, dict) and isinstance(boot.board.get("hostkey"), str)))
+    )
 
 
 @target_factory.reg_driver

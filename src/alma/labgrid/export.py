@@ -53,6 +53,8 @@ class AlmaRecoveryBoardExport(lg_exporter.ResourceExport):
         cmd = [sys.executable, "-m", "alma.labgrid", "--board", usb_path]  # the flash service
         if self.local.console:
             cmd += ["--console", self.local.console]
+        for d in self.local.bundle_dirs:
+            cmd += ["--bundle-dir", d]
         self.child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.child.stdout is not None
         fd = self.child.stdout.fileno()
@@ -77,7 +79,8 @@ class AlmaRecoveryBoardExport(lg_exporter.ResourceExport):
             line, self._out = self._out.split(b"\n", 1)
             text = line.decode("ascii", "replace").strip()
             if text.startswith("listening ") and text[10:].isdigit():
-                self.port = int(text[10:])
+                if self.port is None and 0 < int(text[10:]) < 65536:  # once: later lines cannot move it
+                    self.port = int(text[10:])
             elif text == "flash-start":
                 self.flashing = True
             elif text == "flash-end":

@@ -30,6 +30,11 @@ def _check_usb_path(instance: Any, attribute: Any, value: str | None) -> None:
         raise ValueError(f"{attribute.name}: {value!r} is not a USB path like 1-8.4 (see `alma boards`)")
 
 
+def _check_dirs(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, list) or not all(isinstance(d, str) and d.startswith("/") for d in value):
+        raise ValueError(f"{attribute.name}: a list of absolute directories expected, not {value!r}")
+
+
 @target_factory.reg_resource
 @attr.s(eq=False)
 class AlmaRecoveryBoard(USBResource):
@@ -38,6 +43,9 @@ class AlmaRecoveryBoard(USBResource):
     usb_path = attr.ib(default=None, validator=_check_usb_path)
     # The board's USB serial console on the station ("auto": the one next to it, or a port).
     console = attr.ib(default=None, validator=attr.validators.optional(attr.validators.instance_of(str)))
+    # Exporter only: directories whose bundles the flash service may use in place when a client
+    # names them by path (the same path on both hosts: shared storage). Empty: always uploaded.
+    bundle_dirs = attr.ib(factory=list, validator=_check_dirs)
 
     def __attrs_post_init__(self) -> None:
         self.match["SUBSYSTEM"] = "usb"

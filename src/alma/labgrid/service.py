@@ -18,9 +18,12 @@ Protocol ``alma-flash/1`` (one TCP connection per flash; JSON lines, each at mos
 Threat model (docs/labgrid.md#threat-model): whoever reaches the port can ask for a flash of
 *a bundle whose hash they name*; they cannot choose the board (fixed at start), a path on the
 exporter (uploads go to a fresh private directory under a name that matched the bundle-name
-grammar), options beyond initrd-flash's recorded ones, or bypass the verification (the
-session hashes every byte against the sha256 before anything touches the board). Messages
-are bounded; a malformed one ends the connection with an error and nothing written. The
+grammar; a ``path`` is used in place only inside the exporter's configured ``bundle_dirs``,
+anything else is answered like a missing file), options beyond initrd-flash's recorded ones,
+or bypass the verification (the session hashes every byte against the sha256 before anything
+touches the board). Messages are bounded in size and time (the request within REQUEST_S, an
+upload at UPLOAD_MIN_RATE after a grace); a malformed or late one ends the connection with an
+error and nothing written. The
 service stops (and an interrupted flash gets its INTERRUPTED record) when the exporter goes
 away (its stdin pipe closes), on SIGTERM/SIGINT, and when the client's connection drops.
 """
@@ -34,9 +37,11 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,12 @@ PROTO = "alma-flash/1"
 MAX_MESSAGE = 64 * 1024
 MAX_BUNDLE = 64 << 30  # a real bundle is ~1.6 GB; anything past this is not one
 UPLOAD_MARGIN = 256 << 20  # keep this much free after an upload
+IDLE_S = 60.0  # a peer that sends nothing for this long is dropped
+REQUEST_S = 30.0  # the whole request line arrives within this
+# An upload may take UPLOAD_GRACE_S plus one second per UPLOAD_MIN_RATE bytes: a peer trickling
+# bytes (or naming a huge size and sending little) cannot hold the service for the place holder.
+UPLOAD_GRACE_S = 30.0
+UPLOAD_MIN_RATE = 1 << 20  # bytes/s: 8 Mbit/s; slower links share the bundle's directory instead
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -74,11 +85,22 @@ class LineReader:
         self.sock = sock
         self.buf = b""
 
-    def read(self) -> dict[str, Any] | None:
+    def read(self, deadline: float | None = None) -> dict[str, Any] | None:
+        """The next message; with ``deadline`` (time.monotonic()), all of it by then."""
         while b"\n" not in self.buf:
             if len(self.buf) > MAX_MESSAGE:
                 raise ProtocolError(f"message longer than {MAX_MESSAGE} bytes")
-            chunk = self.sock.recv(65536)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ProtocolError("the message did not arrive in time")
+                self.sock.settimeout(min(left, IDLE_S))
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ProtocolError("the message did not arrive in time") from None
+                raise
             if not chunk:
                 if self.buf:
                     raise ProtocolError("connection closed in the middle of a message")
@@ -146,12 +168,44 @@ def parse_request(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 class Service:
-    def __init__(self, board: str, sock: socket.socket, stop: Interruption, console: str | None = None) -> None:
+    def __init__(
+        self,
+        board: str,
+        sock: socket.socket,
+        stop: Interruption,
+        console: str | None = None,
+        bundle_dirs: list[str] | tuple[str, ...] = (),
+    ) -> None:
         self.board = board
         self.sock = sock
         self.stop = stop
         self.console = console
+        # where a peer may point us at a bundle in place (shared storage); resolved once, here
+        self.bundle_dirs = [os.path.realpath(d) for d in bundle_dirs]
         self.flash_cancel: threading.Event | None = None
+
+    def shared_bundle(self, req: dict[str, Any]) -> Path | None:
+        """The request's ``path`` if it names a bundle we may use in place, else None (upload it).
+
+        Only a regular file of the announced size, named like a bundle, whose real path lies
+        inside one of ``bundle_dirs`` (the exporter's configuration, never the peer's): any other
+        path on the exporter gets the same answer as a missing one, so a peer can neither
+        flash nor probe (exists? that size?) files elsewhere. The session re-hashes it anyway."""
+        path = req["path"]
+        if path is None or not self.bundle_dirs:
+            return None
+        real = os.path.realpath(path)
+        if not any(os.path.commonpath([real, d]) == d for d in self.bundle_dirs):
+            return None
+        if parse_name(os.path.basename(real)) is None:
+            return None
+        try:
+            st = os.stat(real)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != req["size"]:
+            return None
+        return Path(real)
 
     def _upload_dir(self) -> Path:
         base = Path(
@@ -173,18 +227,33 @@ class Service:
             )
         path = updir / req["name"]
         left = req["size"]
+        deadline = time.monotonic() + UPLOAD_GRACE_S + req["size"] / UPLOAD_MIN_RATE
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 first = reader.take_raw(left)
                 fh.write(first)
                 left -= len(first)
+                heard = time.monotonic()
                 while left > 0:
                     if self.stop.interrupted:
                         raise UserError("the exporter stopped during the upload; nothing was flashed")
-                    chunk = conn.recv(min(CHUNK, left))
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise ProtocolError(
+                            f"upload too slow: {left} of {req['size']} bytes still missing after "
+                            f"{UPLOAD_GRACE_S + req['size'] / UPLOAD_MIN_RATE:.0f} s; nothing was flashed"
+                        )
+                    if now - heard >= IDLE_S:
+                        raise ProtocolError(f"upload stalled: nothing for {IDLE_S:.0f} s; nothing was flashed")
+                    conn.settimeout(max(0.01, min(1.0, deadline - now)))  # short: the stop flag is seen
+                    try:
+                        chunk = conn.recv(min(CHUNK, left))
+                    except TimeoutError:
+                        continue
                     if not chunk:
                         raise ProtocolError(f"upload ended {left} bytes short; nothing was flashed")
+                    heard = time.monotonic()
                     fh.write(chunk)
                     left -= len(chunk)
         except BaseException:
@@ -196,17 +265,22 @@ class Service:
         reader = LineReader(conn)
         upload: Path | None = None
         try:
-            msg = reader.read()
+            msg = reader.read(deadline=time.monotonic() + REQUEST_S)
+            conn.settimeout(IDLE_S)
             if msg is None:
                 return
             req = parse_request(msg)
-            shared = req["path"]
-            if shared is not None and os.path.isfile(shared) and os.path.getsize(shared) == req["size"]:
-                bundle = Path(shared)  # the same file (same host or shared storage): hashed by the session anyway
+            shared = self.shared_bundle(req)
+            if shared is not None:
+                bundle = shared  # the same file (same host or shared storage): hashed by the session anyway
                 send(conn, {"upload": False})
             else:
                 send(conn, {"upload": True})
                 upload = bundle = self._receive(conn, reader, req)
+            if _peer_gone(conn):
+                # A client that gave up (e.g. it waited out its timeout while we served another)
+                # must not get a flash nobody watches: nothing touches the board.
+                raise ProtocolError("the client left before the flash began; nothing was flashed")
             self._flash(conn, req, bundle)
         except (AlmaError, OSError) as exc:
             with contextlib.suppress(OSError, ProtocolError):
@@ -301,8 +375,22 @@ class Service:
             except TimeoutError:
                 continue
             with conn:
-                conn.settimeout(60)  # a client that stalls mid-request is dropped
+                conn.settimeout(IDLE_S)  # a client that stalls mid-request is dropped
                 self.handle(conn)
+
+
+def _peer_gone(conn: socket.socket) -> bool:
+    """Has the peer closed or reset the connection? (It sends nothing after its request/upload.)"""
+    timeout = conn.gettimeout()
+    conn.setblocking(False)  # with a timeout set, recv would wait for data first
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.settimeout(timeout)
 
 
 def _tell_exporter(line: str) -> None:
@@ -325,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", default="0.0.0.0", help="address to listen on (port: a free one, printed)")
     p.add_argument("--console", default=None, help="the board's serial console (a port, or auto)")
     p.add_argument("--no-stdin-watch", action="store_true", help="do not stop when stdin closes")
+    p.add_argument("--bundle-dir", action="append", default=[], metavar="DIR",
+                   help="a directory whose bundles a peer may name by path (shared storage); repeatable; "
+                        "without one every bundle is uploaded")  # fmt: skip
     args = p.parse_args(argv)
     if not USB_PATH.fullmatch(args.board):
         p.error(f"--board {args.board!r}: not a USB path like 1-8.4")
@@ -333,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_stdin_watch:
             threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
         print(f"listening {sock.getsockname()[1]}", flush=True)
-        Service(args.board, sock, stop, console=args.console).serve()
+        Service(args.board, sock, stop, console=args.console, bundle_dirs=args.bundle_dir).serve()
     return 0
 
 

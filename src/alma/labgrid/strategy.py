@@ -18,6 +18,7 @@ import enum
 from typing import Any
 
 import attr
+from almaboard.text import terminal
 from labgrid.exceptions import NoResourceFoundError
 from labgrid.factory import target_factory
 from labgrid.step import step
@@ -80,7 +81,9 @@ class AlmaStrategy(Strategy):
         if rec.boot is None:
             raise StrategyError("booted: the flash watched no console; give the AlmaRecoveryBoard a console:")
         if not rec.boot.seen:
-            raise StrategyError(f"booted: no login prompt on {rec.boot.console}: {rec.boot.reason}")
+            raise StrategyError(
+                f"booted: no login prompt on {terminal(str(rec.boot.console))}: {terminal(str(rec.boot.reason))}"
+            )
         if not rec.boot.board:
             raise StrategyError("booted: the console showed no alma-board identity line (name, address, host key)")
         return rec.boot.board

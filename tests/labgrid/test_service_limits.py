@@ -1,0 +1,188 @@
+"""The flash service's limits in time and space, in-process over a socket pair (the limits are
+shrunk so a test takes seconds, not the minutes the real ones allow): a peer that trickles its
+request or its upload, that stalls, or that announces more than the exporter can hold, is
+dropped with an error naming why, and leaves no upload behind. Nothing here reaches a board:
+every case ends before the flash."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from alma.flash.interrupt import Interruption
+from alma.labgrid import service
+
+NAME = "alma-image-jetson-orin-nano-devkit.rootfs-20261130120000.tegraflash.tar.gz"
+
+
+def _request(size: int) -> bytes:
+    req = {"proto": service.PROTO, "op": "flash", "name": NAME, "size": size, "sha256": "0" * 64}
+    return json.dumps(req).encode() + b"\n"
+
+
+class Pair(NamedTuple):
+    work: Path
+    peer: socket.socket
+    result: dict[str, Any]
+    thread: threading.Thread
+    config: dict[str, Any]  # Service keyword arguments, read when the thread starts
+
+
+@pytest.fixture
+def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
+    """The service's handle() on one end of a socket pair (in a thread), the peer on the other."""
+    work = tmp_path / "work"
+    monkeypatch.setenv("ALMA_FLASH_WORKDIR", str(work))
+    ours, peer = socket.socketpair()
+    result: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+
+    def serve() -> None:
+        svc = service.Service("1-3", ours, Interruption(), **config)
+        t0 = time.monotonic()
+        try:
+            svc.handle(ours)
+        finally:
+            result["seconds"] = time.monotonic() - t0
+            ours.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    try:
+        yield Pair(work, peer, result, thread, config)
+    finally:
+        peer.close()
+        thread.join(30)
+
+
+def _answer(peer: socket.socket, reader: service.LineReader | None = None) -> dict[str, Any]:
+    """The service's last message (it may close with our unread bytes: a reset, then)."""
+    peer.settimeout(30)
+    reader = reader or service.LineReader(peer)
+    final: dict[str, Any] | None = None
+    with contextlib.suppress(ConnectionResetError):
+        while (msg := reader.read()) is not None:
+            final = msg
+    assert final is not None
+    return final
+
+
+def _trickle(peer: socket.socket, data: bytes, every: float, stop: threading.Event) -> threading.Thread:
+    def run() -> None:
+        for b in data:
+            if stop.wait(every):
+                return
+            try:
+                peer.sendall(bytes([b]))
+            except OSError:
+                return
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _uploads(work: Path) -> list[Path]:
+    return list(work.glob("upload-*")) if work.exists() else []
+
+
+def test_a_trickled_request_is_dropped_by_its_deadline(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "REQUEST_S", 1.0)
+    stop = threading.Event()
+    pair.thread.start()
+    _trickle(pair.peer, _request(1000), 0.2, stop)  # one byte every 0.2 s: never idle, never done
+    try:
+        final = _answer(pair.peer)
+    finally:
+        stop.set()
+    assert "did not arrive in time" in final["error"], final
+    pair.thread.join(10)
+    assert pair.result["seconds"] < 5
+
+
+def test_a_trickled_upload_is_dropped_at_its_minimum_rate(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each byte arrives well within the idle limit, but the upload as a whole is far below the rate."""
+    monkeypatch.setattr(service, "UPLOAD_GRACE_S", 1.0)
+    monkeypatch.setattr(service, "UPLOAD_MIN_RATE", 1000)  # 2000 bytes: 3 s allowed
+    stop = threading.Event()
+    pair.thread.start()
+    pair.peer.sendall(_request(2000))
+    try:
+        _trickle(pair.peer, b"x" * 2000, 0.05, stop)  # 20 bytes/s: 100 s if let run
+        final = _answer(pair.peer)
+    finally:
+        stop.set()
+    assert "upload too slow" in final["error"] and "nothing was flashed" in final["error"], final
+    pair.thread.join(10)
+    assert pair.result["seconds"] < 10
+    assert not _uploads(pair.work)
+
+
+def test_a_stalled_upload_is_dropped(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "IDLE_S", 1.0)
+    pair.thread.start()
+    pair.peer.sendall(_request(50 << 20) + b"x" * 1000)  # then nothing, connection kept open
+    final = _answer(pair.peer)
+    assert "upload stalled" in final["error"], final
+    pair.thread.join(10)
+    assert pair.result["seconds"] < 10
+    assert not _uploads(pair.work)
+
+
+def test_an_upload_larger_than_the_free_space_is_refused_before_a_byte(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = service.shutil.disk_usage
+
+    def small_disk(path: Any) -> Any:
+        u = real(path)
+        return type(u)(u.total, u.used, 100 << 20)  # 100 MiB free
+
+    monkeypatch.setattr(service.shutil, "disk_usage", small_disk)
+    pair.thread.start()
+    pair.peer.sendall(_request(1 << 30))  # 1 GiB announced
+    reader = service.LineReader(pair.peer)
+    assert reader.read() == {"upload": True}
+    final = _answer(pair.peer, reader)
+    assert "no room for the 1073741824 byte bundle" in final["error"], final
+    assert not _uploads(pair.work)
+
+
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        client = socket.create_connection(srv.getsockname(), timeout=10)
+        ours, _ = srv.accept()
+    ours.settimeout(10)
+    return ours, client
+
+
+def test_a_client_gone_before_the_flash_gets_no_flash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that gave up while queued (its request already sent, then closed) is not flashed
+    for: a flash nobody watches could leave the board half-written with no one told."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    bundle = deploy / NAME
+    bundle.write_bytes(b"b" * 1000)
+    flashed: list[Path] = []
+    monkeypatch.setattr(service.Service, "_flash", lambda self, conn, req, b: flashed.append(b))
+    req = json.loads(_request(1000))
+    req["path"] = str(bundle)
+    line = json.dumps(req).encode() + b"\n"
+    for gone in (True, False):
+        ours, client = _tcp_pair()
+        with ours, client:
+            client.sendall(line)
+            if gone:
+                client.close()  # FIN: our "upload: false" still goes out, the flash must not
+                time.sleep(0.2)
+            service.Service("1-3", ours, Interruption(), bundle_dirs=[str(deploy)]).handle(ours)
+        assert flashed == ([] if gone else [bundle])
