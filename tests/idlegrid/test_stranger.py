@@ -486,3 +486,41 @@ def test_a_setsid_daemon_of_a_stranger_job_dies_with_a_kill_9_of_the_agent_witho
             proc.wait()
         if daemon and _alive(daemon):
             os.kill(daemon, signal.SIGKILL)
+
+
+# -- (3b) the checkpoint directory is the job's: the agent never follows it elsewhere -------------
+SWAPPER = textwrap.dedent(
+    """
+    import os, sys, time
+    ck = os.environ["ERAN_GRID_CHECKPOINT_DIR"]
+    os.rename(ck, ck + "-mine")
+    os.symlink(sys.argv[1], ck)  # the agent packs "its checkpoint" from the agent's secrets
+    time.sleep(2.5)
+    print("done")
+    """
+)
+
+
+def test_a_checkpoint_dir_swapped_for_a_symlink_never_packs_the_agents_files(grid, tmp_path: Path) -> None:
+    """The job owns HOME, so it can replace its checkpoint directory with a symlink to a
+    directory only the agent can read (its NATS credentials, the state dir with queue.db):
+    the old agent packed those files into the job's checkpoint, handed back to the job at its
+    next attempt (and stored in the queue for everyone who reads it)."""
+    secrets = tmp_path / "agent-secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "nats.creds").write_text("SUAAGENTSEEDNEVERFORJOBS")
+    g = grid(lease_ttl=0.6)
+    job = g.queue.submit([sys.executable, "-c", SWAPPER, str(secrets)])
+    agent = g.agent()
+    agent.start()
+    seen: list[bytes] = []
+
+    def stored() -> bool:
+        row = g.queue._connect().execute("SELECT checkpoint FROM jobs WHERE id = ?", (job,)).fetchone()
+        if row and row[0]:
+            seen.append(bytes(row[0]))
+        return g.queue.counts()["done"] == 1
+
+    g.drive(agent, stored, timeout=60)
+    assert not any(b"nats.creds" in blob for blob in seen), seen[-1][:200]
+    assert any("checkpoint not saved" in line for line in g.lines), g.lines[-6:]
