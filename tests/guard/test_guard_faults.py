@@ -92,9 +92,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
         inf = float("inf")
         loose = {"no-range-check": {"min_c": -inf, "max_c": inf}, "no-rate-check": {"max_rate_c_per_s": inf}}[name]
         orig_prop = gc.GuardConfig.plausibility.fget  # type: ignore[attr-defined]
-        monkeypatch.setattr(
-            gc.GuardConfig, "plausibility", property(lambda self: replace(orig_prop(self), **loose))
-        )
+        monkeypatch.setattr(gc.GuardConfig, "plausibility", property(lambda self: replace(orig_prop(self), **loose)))
         if name == "no-range-check":
             monkeypatch.setattr(gc.GuardConfig, "plausible_min_c", -inf, raising=False)
             monkeypatch.setattr(gc.GuardConfig, "plausible_max_c", inf, raising=False)
@@ -229,7 +227,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
         monkeypatch.setattr(
             hl2,
             "load_state",
-            lambda path: ((lambda d: (d if isinstance(d, dict) else {}, {}))(hl2.read_json(path))),
+            lambda path: (lambda d: (d if isinstance(d, dict) else {}, {}))(hl2.read_json(path)),
         )
     elif name:
         raise ValueError(f"unknown mutant {name}")

@@ -93,8 +93,13 @@ def test_a_zone_that_appears_is_read_from_its_first_poll(board: FakeBoard) -> No
 
 
 # -- a failed thaw is retried, shown as an error ----------------------------------------------
+@pytest.mark.parametrize("err", [errno.EBUSY, errno.EIO, errno.EACCES, errno.EAGAIN, errno.EINTR])
 def test_a_failed_thaw_is_retried_until_thawed_and_reported_meanwhile(
-    board: FakeBoard, child_cgroup: Path, children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+    board: FakeBoard,
+    child_cgroup: Path,
+    children: list[subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    err: int,
 ) -> None:
     w = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
     children.append(w)
@@ -109,7 +114,7 @@ def test_a_failed_thaw_is_retried_until_thawed_and_reported_meanwhile(
     def flaky(path: Path, data: bytes) -> None:
         if data == b"0" and fails["n"] > 0:
             fails["n"] -= 1
-            raise OSError(errno.EBUSY, "Device or resource busy")
+            raise OSError(err, os.strerror(err))
         real(path, data)
 
     monkeypatch.setattr(pause, "_write_existing", flaky)
