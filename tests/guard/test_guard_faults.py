@@ -213,10 +213,15 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
 
         monkeypatch.setattr(g.Guard, "_blind", blind)
     elif name == "no-fd-budget":
-        monkeypatch.setattr(th.Reader, "KEEP_FDS", 10**9)
-        import resource
+        # The reader keeps a descriptor per zone, whatever the limit. (Patching getrlimit
+        # instead broke the EMFILE test's own setrlimit: a "catch" by the test crashing.)
+        real_init = th.Reader.__init__
 
-        monkeypatch.setattr(resource, "getrlimit", lambda what: (4 * 10**9, 4 * 10**9))
+        def unbudgeted(self: th.Reader, *a: Any, **kw: Any) -> None:
+            real_init(self, *a, **kw)
+            self.keep_fds = 10**9
+
+        monkeypatch.setattr(th.Reader, "__init__", unbudgeted)
     elif name == "no-stuck-flag":
         monkeypatch.setattr(g.Guard, "_track_stuck", lambda self, now, ok: False)
     elif name == "new-zone-waits-for-rediscovery":
