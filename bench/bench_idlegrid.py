@@ -18,11 +18,21 @@ polling intervals.
    same agent at BOINC's 1 s poll and a bare Python loop waking every 0.2 s; plus the CPU
    time of one step warm and after a 2 s sleep, which separates the agent's work from the
    machine's cost of waking a process. Target < 0.5 % of one core.
+4. One job's startup overhead (issue 19), over --startup jobs: the real JobProcess of today
+   (a stranger uid, no groups, ambient caps cleared, output pumped through capped pipes, a
+   FSIZE limit, a cgroup of its own) against the one of --old-rev (the agent's uid, output
+   to files), each run from its own git tree by this interpreter, same job (``date``), same
+   real cgroup v2 parent where one is writable. Two figures: spawn -> the job's first
+   instruction (the wall time ``date`` prints minus the spawn time) and spawn -> exit.json
+   written (start plus teardown). The stranger needs root here; without root (or with
+   --startup 0) the section is skipped. ``--only startup`` runs this section alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import random
 import shutil
@@ -93,6 +103,117 @@ def config(base: Path, root: Path, poll: float, queue: Path, **extra: object) ->
     path = base / f"eran-grid-{poll}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+STARTUP_CHILD = r"""
+import inspect, json, os, sys, time
+from pathlib import Path
+from erangrid.process import JobProcess
+base, n, cg = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+kw = {}
+params = inspect.signature(JobProcess).parameters
+if "stranger" in params:  # today's: the isolation the agent uses with job_user set
+    from erangrid.process import Limits, Stranger
+    kw = {"stranger": Stranger(61999, 61999), "limits": Limits(1 << 20, 1 << 16, 1 << 28)}
+if cg:
+    kw["cgroup_parent"] = Path(cg)
+first, total = [], []
+for i in range(n):
+    work = base / f"job{i}"
+    home = work / "home"
+    home.mkdir(parents=True)
+    os.chmod(work, 0o711)
+    (home / "input").write_bytes(b"")
+    (work / "input").write_bytes(b"")  # where the old wrapper reads it
+    if "stranger" in kw:
+        os.chown(home, -1, 61999)
+        os.chmod(home, 0o770)
+        os.chmod(home / "input", 0o644)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    t0 = time.time()
+    extra = {"home": home} if "home" in params else {}
+    proc = JobProcess(["/bin/date", "+%s.%N"], work, home / "input", env, **extra, **kw)
+    proc.popen.wait()
+    t1 = time.time()
+    rec = json.loads((work / "exit.json").read_bytes())
+    assert rec["exit_code"] == 0, rec
+    first.append(float((work / "stdout").read_text()) - t0)
+    total.append(t1 - t0)
+    if getattr(proc, "cgroup", None):
+        try:
+            os.rmdir(proc.cgroup)
+        except OSError:
+            pass
+print(json.dumps({"first": first, "total": total}))
+"""
+
+
+def startup_overhead(rev: str, n: int) -> dict[str, dict[str, list[float]]] | None:
+    """{"old": ..., "new": ...}: per job, spawn -> first instruction and spawn -> exit.json."""
+    if os.geteuid() != 0:
+        print("  skipped: the stranger uid needs root here")
+        return None
+    import io
+    import tarfile
+
+    try:
+        tar = subprocess.run(["git", "archive", rev, "tools/idlegrid"], cwd=REPO, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"  skipped: git {rev} not available: {exc}")
+        return None
+    base = Path(tempfile.mkdtemp(prefix="eran-startup-", dir="/tmp"))
+    os.chmod(base, 0o711)  # the stranger traverses to its HOME
+    mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    cg_mount = next((Path(f[1]) for f in mounts if f[2:3] == ["cgroup2"]), None)
+    cg: Path | None = None
+    if cg_mount is not None:
+        try:
+            cg = cg_mount / f"eran-startup-{os.getpid()}"
+            cg.mkdir()
+        except OSError:
+            cg = None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as tf:
+            tf.extractall(base / "old", filter="data")
+        out: dict[str, dict[str, list[float]]] = {}
+        for name, tools in (("old", base / "old" / "tools/idlegrid"), ("new", TOOLS)):
+            jobs = base / f"jobs-{name}"
+            jobs.mkdir(mode=0o711)
+            os.chmod(jobs, 0o711)
+            proc = subprocess.run(
+                [sys.executable, "-c", STARTUP_CHILD, str(jobs), str(n), str(cg or "")],
+                env={**os.environ, "PYTHONPATH": str(tools)},
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                print(f"  {name}: failed: {proc.stderr[-600:]}")
+                return None
+            out[name] = json.loads(proc.stdout)
+        out["cgroup"] = {"used": [1.0 if cg else 0.0]}
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        if cg is not None:
+            with contextlib.suppress(OSError):
+                cg.rmdir()
+
+
+def print_startup(rev: str, n: int) -> None:
+    print(f"one job's startup overhead, {n} jobs each, before (git {rev}) vs now ...", flush=True)
+    got = startup_overhead(rev, n)
+    if got is None:
+        return
+    where = "own cgroup under a real cgroup v2 parent" if got["cgroup"]["used"][0] else "no writable cgroup v2"
+    print(f"  ({where}; job: /bin/date)")
+    for key, what in (("first", "spawn -> job's first instruction"), ("total", "spawn -> exit.json written")):
+        old, new = got["old"][key], got["new"][key]
+        print(
+            f"  {what:34s} before p50 {pct(old, 50) * 1e3:6.1f} ms p95 {pct(old, 95) * 1e3:6.1f} ms   "
+            f"now p50 {pct(new, 50) * 1e3:6.1f} ms p95 {pct(new, 95) * 1e3:6.1f} ms   "
+            f"ratio p50 {pct(new, 50) / pct(old, 50):4.2f}x"
+        )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -315,7 +436,13 @@ def main() -> None:
     ap.add_argument("--claims", type=int, default=2000)
     ap.add_argument("--nats-claims", type=int, default=500)
     ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--startup", type=int, default=100, help="jobs per side for the startup overhead (0: skip)")
+    ap.add_argument("--old-rev", default="237c3d2", help="ERAN-GRID before issue 19 (git rev)")
+    ap.add_argument("--only", choices=["startup"], help="run one section alone")
     args = ap.parse_args()
+    if args.only == "startup":
+        print_startup(args.old_rev, args.startup)
+        return
 
     print(f"yield latency: {args.trials} trials at poll 0.2 s, {args.anchor_trials} at poll 1 s ...", flush=True)
     ours = yield_latency(0.2, args.trials)
@@ -373,6 +500,8 @@ def main() -> None:
     )
     worst = max(away, present)
     print(f"  target < 0.5 % of a core (measured): {'MET' if worst < 0.005 else 'MISSED'} (worst {worst * 100:.2f} %)")
+    if args.startup > 0:
+        print_startup(args.old_rev, args.startup)
 
 
 if __name__ == "__main__":

@@ -92,9 +92,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
         inf = float("inf")
         loose = {"no-range-check": {"min_c": -inf, "max_c": inf}, "no-rate-check": {"max_rate_c_per_s": inf}}[name]
         orig_prop = gc.GuardConfig.plausibility.fget  # type: ignore[attr-defined]
-        monkeypatch.setattr(
-            gc.GuardConfig, "plausibility", property(lambda self: replace(orig_prop(self), **loose))
-        )
+        monkeypatch.setattr(gc.GuardConfig, "plausibility", property(lambda self: replace(orig_prop(self), **loose)))
         if name == "no-range-check":
             monkeypatch.setattr(gc.GuardConfig, "plausible_min_c", -inf, raising=False)
             monkeypatch.setattr(gc.GuardConfig, "plausible_max_c", inf, raising=False)
@@ -215,10 +213,15 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
 
         monkeypatch.setattr(g.Guard, "_blind", blind)
     elif name == "no-fd-budget":
-        monkeypatch.setattr(th.Reader, "KEEP_FDS", 10**9)
-        import resource
+        # The reader keeps a descriptor per zone, whatever the limit. (Patching getrlimit
+        # instead broke the EMFILE test's own setrlimit: a "catch" by the test crashing.)
+        real_init = th.Reader.__init__
 
-        monkeypatch.setattr(resource, "getrlimit", lambda what: (4 * 10**9, 4 * 10**9))
+        def unbudgeted(self: th.Reader, *a: Any, **kw: Any) -> None:
+            real_init(self, *a, **kw)
+            self.keep_fds = 10**9
+
+        monkeypatch.setattr(th.Reader, "__init__", unbudgeted)
     elif name == "no-stuck-flag":
         monkeypatch.setattr(g.Guard, "_track_stuck", lambda self, now, ok: False)
     elif name == "new-zone-waits-for-rediscovery":
@@ -229,7 +232,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
         monkeypatch.setattr(
             hl2,
             "load_state",
-            lambda path: ((lambda d: (d if isinstance(d, dict) else {}, {}))(hl2.read_json(path))),
+            lambda path: (lambda d: (d if isinstance(d, dict) else {}, {}))(hl2.read_json(path)),
         )
     elif name:
         raise ValueError(f"unknown mutant {name}")

@@ -92,9 +92,34 @@ def test_a_zone_that_appears_is_read_from_its_first_poll(board: FakeBoard) -> No
     assert g.step(clock.t) == "shed"
 
 
+def test_a_zone_that_appears_in_a_gap_of_the_ids_is_read_from_its_first_poll(board: FakeBoard) -> None:
+    """The kernel gives a new zone the lowest free id (ida_alloc), not the highest plus one:
+    zones 2 and 3 gone before the guard started, a new hot zone is thermal_zone2. Probing
+    only thermal_zone5 saw it at the 30 s rediscovery."""
+    for kind in ("cpu-thermal", "gpu-thermal", "cv0-thermal", "cv1-thermal", "tj-thermal"):
+        board.add_zone(kind, 50.0)
+    remove_zone(board, "cv0-thermal", whole_dir=True)
+    remove_zone(board, "cv1-thermal", whole_dir=True)
+    clock = Clock()
+    g = make_guard(board, clock)
+    assert sorted(z.path.name for z in g.zones) == ["thermal_zone0", "thermal_zone1", "thermal_zone4"]
+    polls(g, clock, 2)
+    board.add_zone("late-thermal", 97.0)  # a free name for the setters' bookkeeping ...
+    late = board.p("/sys/class/thermal/thermal_zone2")
+    board._zones["late-thermal"].rename(late)  # ... at the id the kernel really allocates
+    board._zones["late-thermal"] = late
+    clock.t += 1.0
+    assert g.step(clock.t) == "shed"
+
+
 # -- a failed thaw is retried, shown as an error ----------------------------------------------
+@pytest.mark.parametrize("err", [errno.EBUSY, errno.EIO, errno.EACCES, errno.EAGAIN, errno.EINTR])
 def test_a_failed_thaw_is_retried_until_thawed_and_reported_meanwhile(
-    board: FakeBoard, child_cgroup: Path, children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+    board: FakeBoard,
+    child_cgroup: Path,
+    children: list[subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    err: int,
 ) -> None:
     w = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
     children.append(w)
@@ -109,7 +134,7 @@ def test_a_failed_thaw_is_retried_until_thawed_and_reported_meanwhile(
     def flaky(path: Path, data: bytes) -> None:
         if data == b"0" and fails["n"] > 0:
             fails["n"] -= 1
-            raise OSError(errno.EBUSY, "Device or resource busy")
+            raise OSError(err, os.strerror(err))
         real(path, data)
 
     monkeypatch.setattr(pause, "_write_existing", flaky)

@@ -130,6 +130,33 @@ def test_result_is_accepted_exactly_once(nats_server):
     q.close()
 
 
+def test_job_ids_that_differ_only_by_a_dot_never_share_a_result_or_a_checkpoint(nats_server):
+    """Ids are keys of subjects and KV entries; "a.b" and "a_b" used to map to one key, so a
+    queue writer's "a.b" finishing first forged honest "a_b"'s result (and shared its checkpoint)."""
+    q = _queue(nats_server)
+    q.open("a")
+
+    async def publish(job_id: str) -> None:
+        await q._connect()
+        await q._js.publish(q.subject, json.dumps({"id": job_id, "command": ["true"]}).encode())
+
+    for job_id in ("a_b", "a.b"):
+        q._run(publish(job_id))
+    leases = {}
+    for _ in range(20):
+        lease = q.claim("a")
+        if lease is not None:
+            leases[lease.job.id] = lease
+        if len(leases) == 2:
+            break
+    assert set(leases) == {"a_b", "a.b"}
+    q.heartbeat(leases["a.b"], b'{"files": {"planted": "eA=="}}')
+    assert q.complete(leases["a.b"], Outcome("done", b"FORGED", 0)) is True
+    assert q.complete(leases["a_b"], Outcome("done", b"honest", 0)) is True
+    assert q.result("a_b")[:2] == ("done", b"honest") and q.result("a.b")[:2] == ("done", b"FORGED")
+    q.close()
+
+
 def test_failures_dead_letter_but_yields_do_not(nats_server):
     q = _queue(nats_server, max_failures=2, backoff=0.0)
     q.open("a")

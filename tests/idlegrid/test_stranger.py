@@ -393,3 +393,134 @@ def test_the_one_place_a_job_id_becomes_a_path_is_job_dir() -> None:
     src = Path(__file__).resolve().parents[2] / "tools/idlegrid/erangrid"
     hits = [(p.name, line) for p in src.glob("*.py") for line in p.read_text().splitlines() if '"work" /' in line]
     assert hits == [("jobs.py", '    return state_dir / "work" / job_id')]
+
+
+# -- (2b) without a writable cgroup, the stranger's uid is the container ----------------------
+ESCAPER = textwrap.dedent(
+    """
+    import os, sys, time
+    shared = sys.argv[1]
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            open(os.path.join("/tmp", "i19-left-" + os.environ["ERAN_GRID_JOB_ID"]), "w").write("x" * 4096)
+            with open(os.path.join(shared, "daemon.pid"), "w") as fh:
+                fh.write(str(os.getpid()))
+            while True:
+                time.sleep(0.05)
+        os._exit(0)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(shared, "daemon.pid")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    print("job done")
+    """
+)
+
+
+def test_a_setsid_daemon_of_a_stranger_job_dies_with_the_job_without_a_cgroup_and_leaves_nothing_in_tmp(
+    grid, open_state: Path
+) -> None:
+    """No writable cgroup (job_cgroup = "", or a board without delegation): the process group
+    is all the old wrapper watched, and a double-fork + setsid daemon kept running as eran-job
+    after its job was recorded, free to ptrace or feed the next job of the same uid, and its
+    file in the shared /tmp stayed for the next job to read."""
+    _need_root()
+    script = open_state / "escaper.py"
+    script.write_text(ESCAPER)
+    os.chmod(script, 0o644)
+    shared = open_state / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = open_state / "state"
+    state.mkdir(mode=0o711)
+    g = grid(job_user=str(STRANGER_UID), job_cgroup="", state_dir=str(state), status_path=str(state / "s.json"),
+             queue={"backend": "sqlite", "path": str(state / "queue.db")})  # fmt: skip
+    job = g.queue.submit([JOB_PY, str(script), str(shared)])
+    left = Path("/tmp") / f"i19-left-{job}"
+    agent = g.agent()
+    agent.start()
+    daemon = 0
+    try:
+        g.drive(agent, lambda: g.queue.counts()["done"] == 1, timeout=60)
+        assert g.queue.result(job)[1] == b"job done\n"
+        daemon = int((shared / "daemon.pid").read_text())
+        _wait(lambda: not _alive(daemon), 10, "the stranger's daemon to die with its job")
+        assert not left.exists()  # what the stranger left in the shared /tmp went with it
+    finally:
+        if daemon and _alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            left.unlink()
+
+
+@pytest.mark.slow
+def test_a_setsid_daemon_of_a_stranger_job_dies_with_a_kill_9_of_the_agent_without_a_cgroup(
+    grid, eran_grid_cmd, open_state: Path
+) -> None:
+    """The agent killed (kill -9) while its job runs: the wrapper's death signal killed the
+    group only, and the old job's setsid daemon computed on, unowned."""
+    _need_root()
+    script = open_state / "daemon.py"
+    script.write_text(DAEMON)
+    os.chmod(script, 0o644)
+    shared = open_state / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = open_state / "state"
+    state.mkdir(mode=0o711)
+    g = grid(job_user=str(STRANGER_UID), job_cgroup="", state_dir=str(state), status_path=str(state / "s.json"),
+             queue={"backend": "sqlite", "path": str(state / "queue.db")}, lease_ttl=600)  # fmt: skip
+    g.queue.submit([JOB_PY, str(script), str(shared), "600"])
+    proc = subprocess.Popen([*eran_grid_cmd, "--config", str(g.config_file()), "run"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    daemon = 0
+    try:
+        _wait(lambda: (shared / "daemon.pid").exists() and (shared / "ticks").exists(), 60, "the daemon")
+        daemon = int((shared / "daemon.pid").read_text())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        _wait(lambda: not _alive(daemon), 15, "the daemon to die with the agent")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if daemon and _alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
+# -- (3b) the checkpoint directory is the job's: the agent never follows it elsewhere -------------
+SWAPPER = textwrap.dedent(
+    """
+    import os, sys, time
+    ck = os.environ["ERAN_GRID_CHECKPOINT_DIR"]
+    os.rename(ck, ck + "-mine")
+    os.symlink(sys.argv[1], ck)  # the agent packs "its checkpoint" from the agent's secrets
+    time.sleep(2.5)
+    print("done")
+    """
+)
+
+
+def test_a_checkpoint_dir_swapped_for_a_symlink_never_packs_the_agents_files(grid, tmp_path: Path) -> None:
+    """The job owns HOME, so it can replace its checkpoint directory with a symlink to a
+    directory only the agent can read (its NATS credentials, the state dir with queue.db):
+    the old agent packed those files into the job's checkpoint, handed back to the job at its
+    next attempt (and stored in the queue for everyone who reads it)."""
+    secrets = tmp_path / "agent-secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "nats.creds").write_text("SUAAGENTSEEDNEVERFORJOBS")
+    g = grid(lease_ttl=0.6)
+    job = g.queue.submit([sys.executable, "-c", SWAPPER, str(secrets)])
+    agent = g.agent()
+    agent.start()
+    seen: list[bytes] = []
+
+    def stored() -> bool:
+        row = g.queue._connect().execute("SELECT checkpoint FROM jobs WHERE id = ?", (job,)).fetchone()
+        if row and row[0]:
+            seen.append(bytes(row[0]))
+        return g.queue.counts()["done"] == 1
+
+    g.drive(agent, stored, timeout=60)
+    assert not any(b"nats.creds" in blob for blob in seen), seen[-1][:200]
+    assert any("checkpoint not saved" in line for line in g.lines), g.lines[-6:]

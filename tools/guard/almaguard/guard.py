@@ -164,15 +164,18 @@ class Guard:
         self._probe = self._next_zone_path()
 
     def _next_zone_path(self) -> str:
-        """Where the kernel puts the next zone (ids are allocated upwards): one stat of it per
-        poll sees a zone that appears at its very next poll, not at the 30 s rediscovery.
-        (A zone reusing a vanished one's id has that one's path: it is read in its place.)"""
-        top = -1
+        """Where the kernel puts the next zone: the lowest id no zone holds (thermal_core
+        allocates ids with ida_alloc, lowest free first, so a gap left before the guard
+        started is filled before max + 1). One stat of it per poll sees a zone that appears at
+        its very next poll, not at the 30 s rediscovery. (A zone reusing a vanished one's id
+        has that one's path, which stays on the list: it is read in its place.)"""
+        held = set()
         for z in self.zones:
             digits = z.path.name[len("thermal_zone") :]
             if digits.isdigit():
-                top = max(top, int(digits))
-        return os.path.join(self.paths.thermal, f"thermal_zone{top + 1}")
+                held.add(int(digits))
+        free = next(i for i in range(len(held) + 1) if i not in held)
+        return os.path.join(self.paths.thermal, f"thermal_zone{free}")
 
     def _add_zone(self, zone: thermal.Zone) -> None:
         self._set_zones([*self.zones, zone])

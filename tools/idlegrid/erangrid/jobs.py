@@ -141,29 +141,40 @@ def _safe_name(name: str) -> bool:
 
 def pack_checkpoint(directory: Path, max_bytes: int) -> bytes | None:
     """The checkpoint directory as bytes, or None when it is empty. Half-written files (names
-    starting with '.' or ending in '.tmp') are skipped: jobs write a temp file and rename."""
+    starting with '.' or ending in '.tmp') are skipped: jobs write a temp file and rename.
+
+    The directory and its files are the job's: a symlink is never followed, neither for a file
+    nor for the directory itself (a job can swap ``checkpoint`` for a link to the agent's
+    credentials); everything is opened relative to the directory's own descriptor."""
     files: dict[str, str] = {}
     total = 0
     try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    for entry in entries:
-        if not _safe_name(entry.name) or entry.name.endswith(".tmp") or not entry.is_file(follow_symlinks=False):
-            continue
-        try:  # O_NOFOLLOW: a job may swap a file for a symlink to the agent's own files
-            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(max_bytes - total + 1)
-        total += len(data)
-        if total > max_bytes:
-            raise UserError(
-                f"checkpoint in {directory} is larger than {max_bytes} bytes",
-                hint="raise checkpoint_max_bytes or make the job's checkpoint smaller",
-            )
-        files[entry.name] = base64.b64encode(data).decode()
+    except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where the directory was
+        raise UserError(f"checkpoint {directory} is not a directory ({exc.strerror}): not packed") from None
+    try:
+        with os.scandir(dfd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            if not _safe_name(entry.name) or entry.name.endswith(".tmp") or not entry.is_file(follow_symlinks=False):
+                continue
+            try:  # O_NOFOLLOW: a job may swap a file for a symlink to the agent's own files
+                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read(max_bytes - total + 1)
+            total += len(data)
+            if total > max_bytes:
+                raise UserError(
+                    f"checkpoint in {directory} is larger than {max_bytes} bytes",
+                    hint="raise checkpoint_max_bytes or make the job's checkpoint smaller",
+                )
+            files[entry.name] = base64.b64encode(data).decode()
+    finally:
+        os.close(dfd)
     if not files:
         return None
     return json.dumps({"files": files}, sort_keys=True).encode()

@@ -42,7 +42,10 @@ KV_VALUE_MAX = 1024 * 1024 - 4096  # JetStream's default max payload is 1 MiB
 
 
 def _key(job_id: str) -> str:
-    return job_id.replace(".", "_")
+    """A job id (or node name) as one subject token / KV key part, one-to-one: '_' becomes
+    '_5F' and '.' '_2E' (a token may not hold '.'). Mapping '.' to '_' alone let "a.b" and
+    "a_b" share one result subject, checkpoint and counters: the first result stood for both."""
+    return job_id.replace("_", "_5F").replace(".", "_2E")
 
 
 class NatsQueue:

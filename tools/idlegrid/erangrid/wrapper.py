@@ -18,8 +18,11 @@ agent, so the agent can read its checkpoint). Its stdout and stderr are pipes to
 writes them to agent-owned files and enforces ``--stdout-max``/``--stderr-max`` while the job
 runs: one byte over and the job is killed and the limit recorded in ``exit.json``
 (``"limit"``). ``--file-max`` is the job's RLIMIT_FSIZE (no single file larger). When the job
-has ended, everything left in its cgroup/group is killed and HOME is made removable by the
-agent (a forked child as the job's uid; the job may have made directories only it can open).
+has ended, everything left in its cgroup/group is killed and, in a forked child as the job's
+uid, every process of that uid (the container where no cgroup is writable: a setsid daemon
+leaves the group, never its uid), what the uid left in /tmp, /var/tmp and /dev/shm is
+removed, and HOME is made removable by the agent (the job may have made directories only it
+can open).
 
 If the agent dies while the job still runs (kill -9, OOM), the kernel tells the wrapper
 (PR_SET_PDEATHSIG) and the wrapper kills the job's whole group and cgroup, grandchildren
@@ -41,6 +44,7 @@ import json
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -50,7 +54,10 @@ SCHEMA = "alma.eran-grid-exit/1"
 _PR_SET_PDEATHSIG = 1
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
-_state: dict[str, Any] = {"job": None, "cgroup": None}
+_state: dict[str, Any] = {"job": None, "cgroup": None, "uid": None, "gid": None, "home": None}
+# Where a stranger can write besides its HOME (the unit's private /tmp and /var/tmp, the
+# shared memory fs): what its uid left there goes with the job.
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -84,13 +91,16 @@ def _libc() -> Any:
 
 
 def _kill_everything() -> None:
-    """The job's whole cgroup (cgroup.kill) and process group, this wrapper included."""
+    """The job's whole cgroup (cgroup.kill), every process of its uid (a stranger) and its
+    process group, this wrapper included."""
     if _state["cgroup"]:
         try:
             with open(os.path.join(_state["cgroup"], "cgroup.kill"), "w") as fh:
                 fh.write("1")
         except OSError:
             pass
+    if _state["uid"] is not None:
+        _as_job(_state["uid"], _state["gid"], _state["home"])
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
@@ -145,20 +155,80 @@ def _become(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _make_removable(home: str, uid: int, gid: int) -> None:
-    """As the job's uid (the owner of what it made): every directory rwx and every file rw for
-    the agent's shared group, so the agent can pack and remove HOME. Symlinks are not followed."""
+def _uid_alive(uid: int) -> bool:
+    """A process of ``uid`` that is not a zombie is still there (as seen by that uid)."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if os.stat(f"/proc/{name}").st_uid != uid or int(name) == os.getpid():
+                    continue
+                with open(f"/proc/{name}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                        return True
+    return False
+
+
+def _remove_tree(top: str) -> None:
+    """Remove ``top`` (a file, or a directory and all below it, made searchable first);
+    symlinks are removed, never followed. Iterative: no depth is too deep."""
+    stack = [(top, False)]
+    while stack:
+        path, listed = stack.pop()
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        elif listed:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        else:
+            with contextlib.suppress(OSError):
+                os.chmod(path, 0o700)
+            stack.append((path, True))
+            with contextlib.suppress(OSError):
+                stack.extend((os.path.join(path, name), False) for name in os.listdir(path))
+
+
+def _as_job(uid: int, gid: int, home: str | None, timeout: float = 5.0) -> None:
+    """In a child that becomes the job's uid (the owner of what the job made and ran):
+
+    1. kill every process of that uid (kill(-1) reaches exactly the processes the caller may
+       signal: its own uid's). The cgroup holds a setsid/double-fork daemon where one is
+       writable; without one this is what does: the uid is the job's alone (one job at a time);
+    2. remove what the uid left in the shared temp directories (SHARED_TMP), so nothing
+       carries over to the next job of the same uid and nothing accumulates there;
+    3. make HOME removable by the agent: every directory rwx and every file rw for the group
+       the two share (the job may have made directories only it can open). Symlinks are not
+       followed."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         code = 0
         try:
             _become(uid, gid)
-            for dirpath, dirs, files in os.walk(home):
-                for name in dirs + files:
-                    with contextlib.suppress(OSError):
-                        path = os.path.join(dirpath, name)
-                        if not os.path.islink(path):
-                            os.chmod(path, 0o770 if name in dirs else 0o660)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+                if not _uid_alive(uid):
+                    break  # zombies only: their parents (or init) reap them
+                time.sleep(0.01)
+            if home is not None:
+                for base in SHARED_TMP:
+                    with contextlib.suppress(OSError), os.scandir(base) as it:
+                        mine = [e.path for e in it if e.stat(follow_symlinks=False).st_uid == uid]
+                    for path in mine:
+                        _remove_tree(path)
+                for dirpath, dirs, files in os.walk(home):
+                    for name in dirs + files:
+                        with contextlib.suppress(OSError):
+                            path = os.path.join(dirpath, name)
+                            if not os.path.islink(path):
+                                os.chmod(path, 0o770 if name in dirs else 0o660)
         except OSError:
             code = 1
         os._exit(code)
@@ -245,6 +315,7 @@ def main(argv: list[str]) -> int:
         _join_cgroup(cgroup)
     _state["cgroup"] = cgroup
     if uid >= 0:
+        _state["uid"], _state["gid"], _state["home"] = uid, gid, home
         # The job must start with no capability: the agent's ambient set (CAP_SETUID, ...) is
         # cleared here, so the exec of the job (a non-root uid, no file caps) gets none.
         with contextlib.suppress(OSError, AttributeError):
@@ -301,7 +372,7 @@ def main(argv: list[str]) -> int:
         rc = job.wait()
     _kill_leftovers()
     if uid >= 0:
-        _make_removable(home, uid, gid)
+        _as_job(uid, gid, home)
     record = {
         "schema": SCHEMA,
         "exit_code": rc,
