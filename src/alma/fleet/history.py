@@ -82,7 +82,6 @@ CREATE TABLE IF NOT EXISTS changes (
     after TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS changes_epoch ON changes(epoch);
-""" + """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value REAL NOT NULL
@@ -102,7 +101,7 @@ CREATE TABLE IF NOT EXISTS perf_rollup (
 CREATE INDEX IF NOT EXISTS perf_rollup_hour ON perf_rollup(hour);
 """
 # Tables added within schema 2 (older alma ignores them): created by every writer.
-_DDL_ADDED = _DDL[_DDL.index("CREATE TABLE IF NOT EXISTS meta"):]
+_DDL_ADDED = _DDL[_DDL.index("CREATE TABLE IF NOT EXISTS meta") :]
 MAX_PERF_SERIES = 200  # perfdata series kept per node and run (a node cannot bloat the file)
 _STATUSES = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
 
@@ -301,7 +300,7 @@ def append(
             folder.flush(conn)
             conn.executemany(
                 'INSERT INTO perf_rollup (node, "check", label, hour, unit, n, total, lo, hi) '
-                "VALUES (?, ?, ?, ?, ?, 1, ?6, ?6, ?6) ON CONFLICT (node, \"check\", label, hour) DO UPDATE SET "
+                'VALUES (?, ?, ?, ?, ?, 1, ?6, ?6, ?6) ON CONFLICT (node, "check", label, hour) DO UPDATE SET '
                 "unit = excluded.unit, n = n + 1, total = total + excluded.total, "
                 "lo = MIN(lo, excluded.lo), hi = MAX(hi, excluded.hi)",
                 _perf_rows(report),
@@ -375,9 +374,7 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
             for node, ok, known in rows:
                 sums.setdefault(str(node), {})[name] = [float(ok or 0), float(known or 0)]
             # The current hour exactly (its rollup holds only closed intervals up to the last run).
-            for node, ok, known in conn.execute(
-                "SELECT node, ok_s, known_s FROM rollup WHERE hour = ?", (now_hour,)
-            ):
+            for node, ok, known in conn.execute("SELECT node, ok_s, known_s FROM rollup WHERE hour = ?", (now_hour,)):
                 acc = sums.setdefault(str(node), {}).setdefault(name, [0.0, 0.0])
                 acc[0] += float(ok)
                 acc[1] += float(known)
@@ -407,6 +404,7 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
             uptime[name] = round(100.0 * min(ok, known) / known, 2) if known > 0 else None
             coverage[name] = round(100.0 * known / span, 1)
         nodes[node] = NodeHistory(node, uptime, coverage)
+
     def valid(s: str) -> str:
         return s if s in _STATUSES else "UNKNOWN"
 
