@@ -109,9 +109,11 @@ def test_bidi_override_in_an_alias_is_isolated_and_visible(tmp_path: Path) -> No
     fl = parse_fleet(FLEET.replace('alias = "Edge A"', 'alias = "Edge 2 \\u202elive\\u202c"'), tmp_path / "f.toml")
     html = P.render(fl, snap(NOW), now=NOW)
     assert "\u202e" not in html
-    assert '<th scope="row"><bdi>Edge 2 &lt;U+202E&gt;live&lt;U+202C&gt;</bdi></th>' in html
-    for alias in re.findall(r'<th scope="row">(.*?)</th>', html):
+    assert ('<th scope="row"><a href="nodes/edge-2-u-202e-live-u-202c.html">'
+            "<bdi>Edge 2 &lt;U+202E&gt;live&lt;U+202C&gt;</bdi></a></th>") in html
+    for alias in re.findall(r'<th scope="row"><a href="nodes/[a-z0-9-]+\.html">(.*?)</a></th>', html):
         assert alias.startswith("<bdi>") and alias.endswith("</bdi>")
+    assert len(re.findall(r'<th scope="row">', html)) == len(re.findall(r'<th scope="row"><a href="nodes/', html))
 
 
 def test_a_node_with_no_checks_is_grey_never_green(fleet: Fleet) -> None:
@@ -165,7 +167,7 @@ def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path
     snap_path.write_text(json.dumps(snap(NOW)))
     out = tmp_path / "out"
     P.render_to(out, fleet, snap_path, now=NOW)
-    want = ["feed.atom", "index.html", "status.json", "problems.html", *P.BADGES]
+    want = ["feed.atom", "index.html", "status.json", "problems.html", "metrics.txt", "nodes", *P.BADGES]
     assert sorted(p.name for p in out.iterdir()) == sorted(want)
     badge = ET.fromstring((out / "badge.svg").read_text())
     assert badge.get("aria-label") == "fleet: critical" and "#cf222e" in (out / "badge.svg").read_text()
@@ -184,9 +186,12 @@ def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path
     html = (out / "index.html").read_text()
     assert '<td class="uptime" data-window="24h">50 %</td>' in html
     assert html.count("<li data-change=") == 3 and "<bdi>Desk</bdi> went from OK to" in html
+    assert len(list((out / "nodes").iterdir())) == 3
+    desk_page = (out / "nodes" / "desk.html").read_text()
+    assert desk_page.count("<li data-change=") == 3 and 'href="../index.html"' in desk_page
     for private in ("orin-01", "orin-02", "cockpit"):
-        for f in out.iterdir():
-            assert private not in f.read_text()
+        for f in out.rglob("*"):
+            assert f.is_dir() or private not in f.read_text()
     # stale data: a badge reading `status` sees UNKNOWN, the last state is kept apart
     P.render_to(out, fleet, snap_path, now=NOW + timedelta(hours=1))
     st = json.loads((out / "status.json").read_text())
