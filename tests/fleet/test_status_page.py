@@ -302,6 +302,15 @@ def write_case(out: Path, fl: Fleet, s: dict[str, Any], now: datetime) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     snap_path.write_text(json.dumps(s))
     db = Hist.default_history_path(snap_path)
+    for h in range(24):  # a day of hourly perfdata on the first node (its page's sparklines)
+        first = s["nodes"][0]["name"]
+        rep = run_at(now - timedelta(hours=24 - h), {first: "OK"})
+        rep.nodes[0].checks = [
+            H.Check("disk", Severity.OK, perfdata=[H.Perf("root_free_pct", 70 - 0.8 * h + (h % 3), "%")]),
+            H.Check("memory", Severity.OK, perfdata=[H.Perf("used_pct", 40 + 15 * ((h // 4) % 2), "%"),
+                                                     H.Perf("psi_some_avg10", 0.2 * (h % 5), "")]),
+        ]  # fmt: skip
+        Hist.append(db, rep)
     for i in range(6):  # a little history: one incident on the first node
         statuses = {n["name"]: ("CRITICAL" if (i == 3 and j == 0) else "OK") for j, n in enumerate(s["nodes"])}
         Hist.append(db, run_at(now - timedelta(minutes=5 * (6 - i)), statuses))
@@ -334,6 +343,12 @@ def test_chromium_screenshots_of_every_state(fleet: Fleet, tmp_path: Path) -> No
         chromium(tmp_path, page.as_uri(), f"--screenshot={dark}", "--force-dark-mode",
                  "--blink-settings=preferredColorScheme=0", size=size)  # fmt: skip
         assert dark.read_bytes() != shot.read_bytes()
+        if name == "30-nodes":  # a node page: its checks and the sparklines of its perfdata
+            node_page = page.parent / "nodes" / "edge-1.html"
+            assert node_page.read_text().count('<svg class="spark"') == 3
+            chromium(tmp_path, node_page.as_uri(), f"--screenshot={d / 'panel-node-page.png'}", size="1100,900")
+            chromium(tmp_path, node_page.as_uri(), f"--screenshot={d / 'panel-node-page-dark.png'}",
+                     "--force-dark-mode", "--blink-settings=preferredColorScheme=0", size="1100,900")  # fmt: skip
 
 
 AXE_PROBE = """<script>{axe}</script><script>
@@ -357,12 +372,14 @@ def axe_source() -> str:
 @pytest.mark.slow
 # 1000-nodes is screenshotted, not audited: its rows are the 30-node page's rows again, and axe over
 # 8000 cells needs minutes of Chromium on a loaded CI machine.
-@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node"])
+@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node", "node-page"])
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_axe_core_finds_no_serious_or_critical_violation(fleet: Fleet, tmp_path: Path, case: str, scheme: str) -> None:
     axe = axe_source()
-    fl, s, now = page_cases(fleet, tmp_path)[case]
+    fl, s, now = page_cases(fleet, tmp_path)["30-nodes" if case == "node-page" else case]
     page = write_case(tmp_path / case, fl, s, now)
+    if case == "node-page":
+        page = page.parent / "nodes" / "edge-1.html"
     html = page.read_text()
     # A test-only copy: the page's CSP (rightly) blocks any script but its own.
     probe = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html)
