@@ -109,8 +109,10 @@ def test_bidi_override_in_an_alias_is_isolated_and_visible(tmp_path: Path) -> No
     fl = parse_fleet(FLEET.replace('alias = "Edge A"', 'alias = "Edge 2 \\u202elive\\u202c"'), tmp_path / "f.toml")
     html = P.render(fl, snap(NOW), now=NOW)
     assert "\u202e" not in html
-    assert ('<th scope="row"><a href="nodes/edge-2-u-202e-live-u-202c.html">'
-            "<bdi>Edge 2 &lt;U+202E&gt;live&lt;U+202C&gt;</bdi></a></th>") in html
+    assert (
+        '<th scope="row"><a href="nodes/edge-2-u-202e-live-u-202c.html">'
+        "<bdi>Edge 2 &lt;U+202E&gt;live&lt;U+202C&gt;</bdi></a></th>"
+    ) in html
     for alias in re.findall(r'<th scope="row"><a href="nodes/[a-z0-9-]+\.html">(.*?)</a></th>', html):
         assert alias.startswith("<bdi>") and alias.endswith("</bdi>")
     assert len(re.findall(r'<th scope="row">', html)) == len(re.findall(r'<th scope="row"><a href="nodes/', html))
