@@ -116,7 +116,7 @@ def test_figures_exact_and_aliases_only(fleet: Fleet) -> None:
     assert '<span class="value">0</span>' in html
     assert '<span class="value">12.50</span> <span class="unit">h</span>' in html
     for alias in ("Edge A", "Cluster B", "Desk", "Node 3"):
-        assert f'<bdi>{alias}</bdi></a></th>' in html
+        assert f"<bdi>{alias}</bdi></a></th>" in html
     for private in ("orin-01", "orin-03", "lab.internal", "operator", "cockpit", "eth1", "10.20.0.11"):
         assert private not in html
     assert not IPV4.search(html) and not IPV6.search(html)
