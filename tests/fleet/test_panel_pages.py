@@ -74,14 +74,16 @@ def site(tmp_path: Path) -> tuple[Path, Fleet, Path]:
 
 
 def test_node_page_has_a_sparkline_per_perfdata_series_and_no_private_text(site: tuple[Path, Fleet, Path]) -> None:
-    out, _, _ = site
+    out, _, snap_path = site
     assert sorted(p.name for p in (out / "nodes").iterdir()) == ["edge-a.html", "edge-b.html"]
     page = (out / "nodes" / "edge-a.html").read_text()
     assert "<title>Edge A · ALMA-OS lab status</title>" in page
     [svg] = re.findall(r'<svg class="spark"[^>]*>.*?</svg>', page)
-    assert 'aria-label="root_free_pct, 6 hourly means from' in svg
+    now = datetime.fromisoformat(json.loads(snap_path.read_text())["time"].replace("Z", "+00:00"))
+    hours = len({int((now - timedelta(minutes=30 * (11 - k))).timestamp()) // 3600 for k in range(12)})  # 6 or 7
+    assert f'aria-label="root_free_pct, {hours} hourly means from' in svg
     points = re.search(r'points="([^"]+)"', svg)
-    assert points is not None and len(points.group(1).split()) == 6  # six hours of means
+    assert points is not None and len(points.group(1).split()) == hours  # one mean per hour
     ys = [float(p.split(",")[1]) for p in points.group(1).split()]
     assert ys == sorted(ys)  # free space fell: the line goes down (SVG y grows downwards)
     # perfdata labels naming an address or a node, and sentences, are never published
