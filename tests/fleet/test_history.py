@@ -172,6 +172,8 @@ def test_perfdata_is_kept_as_hourly_rollups_per_check(tmp_path: Path) -> None:
     stale checks and non-finite values are not stored."""
     db = tmp_path / "h.sqlite"
     now = datetime.now(UTC).replace(minute=30, second=0, microsecond=0)
+    if now > datetime.now(UTC):  # half past of the current hour is still ahead: the previous one
+        now -= timedelta(hours=1)
     for k in range(6):  # three hours, two runs an hour
         rep = run_at(now - timedelta(minutes=30 * (5 - k)), {"n1": "OK", "n2": "OK"})
         rep.nodes[0].checks = [H.Check("disk", Severity.OK, perfdata=[H.Perf("root_free_pct", 10.0 + k, "%"),
