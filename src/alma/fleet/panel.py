@@ -623,7 +623,9 @@ def write_panel(out_dir: Path, html: str | Published) -> Path:
         try:
             if "/" in name:
                 (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(out_dir / name, text)
+            # Node pages: atomic but not fsynced (re-rendered every interval; 1000 fsyncs took
+            # 20+ s on a busy disk); the index, status.json, feed and badges stay durable.
+            write_atomic(out_dir / name, text, durable=not name.startswith(f"{NODES_DIR}/"))
         except OSError as exc:
             raise UserError(f"cannot write {out_dir / name}: {exc.strerror or exc}",
                             hint="pick a writable --out directory") from exc  # fmt: skip
