@@ -20,9 +20,11 @@ from almaboard.files import write_atomic as board_write_atomic
 from alma.errors import UserError
 
 
-def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+def write_atomic(path: Path, text: str, mode: int | None = None, *, durable: bool = True) -> None:
     """Write ``text`` to ``path`` atomically and durably (temp file, fsync, rename, fsync of
     the directory) with the board library's one implementation, shared with the on-board tools.
+    ``durable=False`` leaves out the fsyncs (still atomic: a reader never sees half a file)
+    for files that are re-derived anyway, where 1000 fsyncs would cost more than the work.
 
     The file keeps the mode of the file it replaces, else ``mode``, else 0644 less the
     umask (a 0600 temp file would hide committed manifests and served pages from readers).
@@ -30,7 +32,7 @@ def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     if mode is None:
         with contextlib.suppress(FileNotFoundError):
             mode = path.stat().st_mode & 0o7777
-    board_write_atomic(path, text.encode("utf-8"), durable=True, mode=mode)
+    board_write_atomic(path, text.encode("utf-8"), durable=durable, mode=mode)
 
 
 class NotARegularFile(UserError):

@@ -65,13 +65,18 @@ def test_a_run_far_ahead_of_the_wall_clock_erases_nothing(tmp_path: Path) -> Non
 def test_pruning_keeps_the_retention_window(tmp_path: Path) -> None:
     db = tmp_path / "h.sqlite"
     now = datetime.now(UTC)
-    for days in (100, 95, 91, 89, 10, 0):  # steps under JUMP_S prune; the first big gaps do not
+    for days in (100, 95, 91, 89, 10):  # gaps of days: each pair is a new, unconfirmed timeline
         t = now - timedelta(days=days)
         Hist.append(db, run_at(t, {"n1": "OK"}))
         Hist.append(db, run_at(t + timedelta(minutes=1), {"n1": "OK"}))
-    # the two runs of each day; once the newest run is plausible (a step < 1 day), what is
-    # older than 90 days before it goes, nothing else
-    assert Hist.load(db, now, max_gap=900).runs == 6
+    assert Hist.load(db, now, max_gap=900).runs == 10  # nothing pruned by a timeline of minutes
+    for k in range(14):  # runs every two hours for 26 h up to now: the timeline is confirmed
+        Hist.append(db, run_at(now - timedelta(hours=26 - 2 * k), {"n1": "OK"}))
+        if k < 12:
+            assert Hist.load(db, now, max_gap=900).runs == 11 + k, k
+    # once the newest run is plausible (its timeline spans a day), what is older than 90 days
+    # before it goes (the pairs at 100, 95 and 91 days), nothing else
+    assert Hist.load(db, now, max_gap=900).runs == 4 + 14
 
 
 def test_a_locked_history_waits_then_says_retry_never_move_it_away(tmp_path: Path) -> None:
@@ -142,3 +147,42 @@ def test_a_schema_1_history_is_folded_in_once(tmp_path: Path) -> None:
     assert h.runs == 5 and [(c.before, c.after) for c in h.changes] == [("CRITICAL", "OK"), ("OK", "CRITICAL")]
     assert h.nodes["n1"].uptime["24h"] == pytest.approx(reference_uptime(samples, now.timestamp(), 900)["24h"])
     assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == Hist.SCHEMA_VERSION
+
+
+def test_a_clock_that_stays_ahead_for_several_runs_erases_nothing(tmp_path: Path) -> None:
+    """Issue 21 #3, a new instance: the wall clock itself jumps 91 days ahead and STAYS there
+    for a few runs (a bad NTP answer, a wrong RTC). The first jumped run pruned nothing, but the
+    second one was a step of minutes from it, counted as plausible, and pruned all 120 real runs.
+    A new timeline prunes only once it has held for CONFIRM_S of runs."""
+    db = tmp_path / "h.sqlite"
+    now = datetime.now(UTC).replace(microsecond=0)
+    for i in range(120):
+        Hist.append(db, run_at(now - timedelta(hours=2 * (120 - i)), {"n1": "OK"}), max_gap=7200)
+    ahead = now + timedelta(days=91)
+    for k in range(6):  # an hour of runs on the wrong clock
+        t = ahead + timedelta(minutes=10 * k)
+        Hist.append(db, run_at(t, {"n1": "OK"}), wall=lambda t=t: t.timestamp(), max_gap=7200)
+    Hist.append(db, run_at(now, {"n1": "OK"}), max_gap=7200)  # the clock is fixed
+    assert Hist.load(db, now, max_gap=7200).runs == 127
+    assert Hist.load(db, now, max_gap=7200).nodes["n1"].coverage["7d"] == 100.0
+
+
+def test_perfdata_is_kept_as_hourly_rollups_per_check(tmp_path: Path) -> None:
+    """Per-check perfdata history (for the node pages' sparklines): hourly mean, min and max;
+    stale checks and non-finite values are not stored."""
+    db = tmp_path / "h.sqlite"
+    now = datetime.now(UTC).replace(minute=30, second=0, microsecond=0)
+    if now > datetime.now(UTC):  # half past of the current hour is still ahead: the previous one
+        now -= timedelta(hours=1)
+    for k in range(6):  # three hours, two runs an hour
+        rep = run_at(now - timedelta(minutes=30 * (5 - k)), {"n1": "OK", "n2": "OK"})
+        rep.nodes[0].checks = [H.Check("disk", Severity.OK, perfdata=[H.Perf("root_free_pct", 10.0 + k, "%"),
+                                                                       H.Perf("bad", None)])]  # fmt: skip
+        rep.nodes[1].checks = [H.Check("disk", Severity.UNKNOWN, stale=True, perfdata=[H.Perf("x", 1.0)])]
+        Hist.append(db, rep)
+    h = Hist.load(db, now, max_gap=900)
+    [series] = h.perf["n1"]
+    assert (series.check, series.label, series.unit) == ("disk", "root_free_pct", "%")
+    assert [v for _, v in series.points] == [10.5, 12.5, 14.5] and series.last == 14.5
+    assert (series.lo, series.hi) == (10.0, 15.0)
+    assert "n2" not in h.perf

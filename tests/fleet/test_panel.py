@@ -116,7 +116,7 @@ def test_figures_exact_and_aliases_only(fleet: Fleet) -> None:
     assert '<span class="value">0</span>' in html
     assert '<span class="value">12.50</span> <span class="unit">h</span>' in html
     for alias in ("Edge A", "Cluster B", "Desk", "Node 3"):
-        assert f'<th scope="row"><bdi>{alias}</bdi></th>' in html
+        assert f"<bdi>{alias}</bdi></a></th>" in html
     for private in ("orin-01", "orin-03", "lab.internal", "operator", "cockpit", "eth1", "10.20.0.11"):
         assert private not in html
     assert not IPV4.search(html) and not IPV6.search(html)
@@ -364,7 +364,7 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
         s.write_text(json.dumps(snap))
         for _ in range(50):
             body = opener.open(url, timeout=5).read().decode()
-            row = r"<th scope=\"row\"><bdi>Edge A</bdi></th>\s*<td class=\"role\">board</td>\s*<td[^>]*CRITICAL"
+            row = r"<th scope=\"row\"><a [^>]*><bdi>Edge A</bdi></a></th>\s*<td class=\"role\">board</td>\s*<td[^>]*CRITICAL"
             if re.search(row, body):
                 break
             time.sleep(0.2)

@@ -109,9 +109,13 @@ def test_bidi_override_in_an_alias_is_isolated_and_visible(tmp_path: Path) -> No
     fl = parse_fleet(FLEET.replace('alias = "Edge A"', 'alias = "Edge 2 \\u202elive\\u202c"'), tmp_path / "f.toml")
     html = P.render(fl, snap(NOW), now=NOW)
     assert "\u202e" not in html
-    assert '<th scope="row"><bdi>Edge 2 &lt;U+202E&gt;live&lt;U+202C&gt;</bdi></th>' in html
-    for alias in re.findall(r'<th scope="row">(.*?)</th>', html):
+    assert (
+        '<th scope="row"><a href="nodes/edge-2-u-202e-live-u-202c.html">'
+        "<bdi>Edge 2 &lt;U+202E&gt;live&lt;U+202C&gt;</bdi></a></th>"
+    ) in html
+    for alias in re.findall(r'<th scope="row"><a href="nodes/[a-z0-9-]+\.html">(.*?)</a></th>', html):
         assert alias.startswith("<bdi>") and alias.endswith("</bdi>")
+    assert len(re.findall(r'<th scope="row">', html)) == len(re.findall(r'<th scope="row"><a href="nodes/', html))
 
 
 def test_a_node_with_no_checks_is_grey_never_green(fleet: Fleet) -> None:
@@ -165,7 +169,7 @@ def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path
     snap_path.write_text(json.dumps(snap(NOW)))
     out = tmp_path / "out"
     P.render_to(out, fleet, snap_path, now=NOW)
-    want = ["feed.atom", "index.html", "status.json", "problems.html", *P.BADGES]
+    want = ["feed.atom", "index.html", "status.json", "problems.html", "metrics.txt", "nodes", *P.BADGES]
     assert sorted(p.name for p in out.iterdir()) == sorted(want)
     badge = ET.fromstring((out / "badge.svg").read_text())
     assert badge.get("aria-label") == "fleet: critical" and "#cf222e" in (out / "badge.svg").read_text()
@@ -184,9 +188,12 @@ def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path
     html = (out / "index.html").read_text()
     assert '<td class="uptime" data-window="24h">50 %</td>' in html
     assert html.count("<li data-change=") == 3 and "<bdi>Desk</bdi> went from OK to" in html
+    assert len(list((out / "nodes").iterdir())) == 3
+    desk_page = (out / "nodes" / "desk.html").read_text()
+    assert desk_page.count("<li data-change=") == 3 and 'href="../index.html"' in desk_page
     for private in ("orin-01", "orin-02", "cockpit"):
-        for f in out.iterdir():
-            assert private not in f.read_text()
+        for f in out.rglob("*"):
+            assert f.is_dir() or private not in f.read_text()
     # stale data: a badge reading `status` sees UNKNOWN, the last state is kept apart
     P.render_to(out, fleet, snap_path, now=NOW + timedelta(hours=1))
     st = json.loads((out / "status.json").read_text())
@@ -297,6 +304,15 @@ def write_case(out: Path, fl: Fleet, s: dict[str, Any], now: datetime) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     snap_path.write_text(json.dumps(s))
     db = Hist.default_history_path(snap_path)
+    for h in range(24):  # a day of hourly perfdata on the first node (its page's sparklines)
+        first = s["nodes"][0]["name"]
+        rep = run_at(now - timedelta(hours=24 - h), {first: "OK"})
+        rep.nodes[0].checks = [
+            H.Check("disk", Severity.OK, perfdata=[H.Perf("root_free_pct", 70 - 0.8 * h + (h % 3), "%")]),
+            H.Check("memory", Severity.OK, perfdata=[H.Perf("used_pct", 40 + 15 * ((h // 4) % 2), "%"),
+                                                     H.Perf("psi_some_avg10", 0.2 * (h % 5), "")]),
+        ]  # fmt: skip
+        Hist.append(db, rep)
     for i in range(6):  # a little history: one incident on the first node
         statuses = {n["name"]: ("CRITICAL" if (i == 3 and j == 0) else "OK") for j, n in enumerate(s["nodes"])}
         Hist.append(db, run_at(now - timedelta(minutes=5 * (6 - i)), statuses))
@@ -329,6 +345,12 @@ def test_chromium_screenshots_of_every_state(fleet: Fleet, tmp_path: Path) -> No
         chromium(tmp_path, page.as_uri(), f"--screenshot={dark}", "--force-dark-mode",
                  "--blink-settings=preferredColorScheme=0", size=size)  # fmt: skip
         assert dark.read_bytes() != shot.read_bytes()
+        if name == "30-nodes":  # a node page: its checks and the sparklines of its perfdata
+            node_page = page.parent / "nodes" / "edge-1.html"
+            assert node_page.read_text().count('<svg class="spark"') == 3
+            chromium(tmp_path, node_page.as_uri(), f"--screenshot={d / 'panel-node-page.png'}", size="1100,900")
+            chromium(tmp_path, node_page.as_uri(), f"--screenshot={d / 'panel-node-page-dark.png'}",
+                     "--force-dark-mode", "--blink-settings=preferredColorScheme=0", size="1100,900")  # fmt: skip
 
 
 AXE_PROBE = """<script>{axe}</script><script>
@@ -352,12 +374,14 @@ def axe_source() -> str:
 @pytest.mark.slow
 # 1000-nodes is screenshotted, not audited: its rows are the 30-node page's rows again, and axe over
 # 8000 cells needs minutes of Chromium on a loaded CI machine.
-@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node"])
+@pytest.mark.parametrize("case", ["fresh", "stale", "future", "all-grey", "30-nodes", "stale-node", "node-page"])
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_axe_core_finds_no_serious_or_critical_violation(fleet: Fleet, tmp_path: Path, case: str, scheme: str) -> None:
     axe = axe_source()
-    fl, s, now = page_cases(fleet, tmp_path)[case]
+    fl, s, now = page_cases(fleet, tmp_path)["30-nodes" if case == "node-page" else case]
     page = write_case(tmp_path / case, fl, s, now)
+    if case == "node-page":
+        page = page.parent / "nodes" / "edge-1.html"
     html = page.read_text()
     # A test-only copy: the page's CSP (rightly) blocks any script but its own.
     probe = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html)

@@ -22,8 +22,10 @@ Invariants (tests/fleet/test_history.py):
 
 - A clock cannot erase the history: a run more than ``FUTURE_LIMIT_S`` ahead of this
   machine's wall clock is refused; pruning removes only what is older than ``KEEP_DAYS``
-  before the newest *plausible* run, and a run that jumps more than ``JUMP_S`` past the
-  previous newest one is stored without pruning anything.
+  before the newest *plausible* run. A run more than ``JUMP_S`` after the previous one, or
+  before it, starts a new timeline; a timeline prunes only once its runs span
+  ``CONFIRM_S`` (so a wall clock that stays wrong for a few runs, not only one, erases
+  nothing; after a real gap of days pruning resumes a day later).
 - A locked history (another run writing) is waited for (``BUSY_TIMEOUT_S``), then a clear
   "another alma run is writing; retry", never advice to move the file away.
 """
@@ -36,7 +38,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -49,7 +51,8 @@ KEEP_DAYS = 90  # older runs, rollups and changes are pruned on append: the file
 WINDOWS = {"24h": 86400.0, "7d": 7 * 86400.0, "30d": 30 * 86400.0}
 BUCKET_S = 3600  # rollup granularity; a window's first hour is prorated
 FUTURE_LIMIT_S = 600.0  # a run this far ahead of the wall clock is refused
-JUMP_S = 86400.0  # a run this far past the previous newest is kept, but prunes nothing
+JUMP_S = 86400.0  # a run this far past the previous one starts a new timeline
+CONFIRM_S = 86400.0  # a timeline prunes once its runs span this long
 BUSY_TIMEOUT_S = 10.0
 DEFAULT_MAX_GAP = 900.0  # the panel's default staleness limit
 _DDL = """
@@ -79,7 +82,27 @@ CREATE TABLE IF NOT EXISTS changes (
     after TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS changes_epoch ON changes(epoch);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS perf_rollup (
+    node TEXT NOT NULL,
+    "check" TEXT NOT NULL,
+    label TEXT NOT NULL,
+    hour INTEGER NOT NULL,
+    unit TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    total REAL NOT NULL,
+    lo REAL NOT NULL,
+    hi REAL NOT NULL,
+    PRIMARY KEY (node, "check", label, hour)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS perf_rollup_hour ON perf_rollup(hour);
 """
+# Tables added within schema 2 (older alma ignores them): created by every writer.
+_DDL_ADDED = _DDL[_DDL.index("CREATE TABLE IF NOT EXISTS meta") :]
+MAX_PERF_SERIES = 200  # perfdata series kept per node and run (a node cannot bloat the file)
 _STATUSES = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
 
 
@@ -113,6 +136,8 @@ def _connect(path: Path, *, create: bool, busy_timeout: float = BUSY_TIMEOUT_S) 
                 conn.executescript(_DDL + f"PRAGMA user_version = {SCHEMA_VERSION};")
             elif version == 1:
                 _migrate_v1(conn)
+            if create:
+                conn.executescript(_DDL_ADDED)
             yield conn
     except sqlite3.Error as exc:
         if _locked(exc):
@@ -187,6 +212,25 @@ def _prune(conn: sqlite3.Connection, epoch: float) -> None:
     conn.execute("DELETE FROM changes WHERE epoch < ?", (cutoff,))
     conn.execute("DELETE FROM rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
     conn.execute("DELETE FROM node_state WHERE epoch < ?", (cutoff,))
+    conn.execute("DELETE FROM perf_rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
+
+
+def _perf_rows(report: FleetReport) -> list[tuple[str, str, str, int, str, float]]:
+    """(node, check, label, hour, unit, value) for every fresh, finite perfdata value."""
+    hour = math.floor(parse_utc(report.time).timestamp() / BUCKET_S)
+    out = []
+    for n in report.nodes:
+        seen: set[tuple[str, str]] = set()
+        for c in n.checks:
+            if c.stale:
+                continue
+            for p in c.perfdata:
+                key = (c.name, p.label)
+                if p.value is None or not math.isfinite(p.value) or key in seen or len(seen) >= MAX_PERF_SERIES:
+                    continue
+                seen.add(key)
+                out.append((n.name, c.name, p.label, hour, p.uom, float(p.value)))
+    return out
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -244,12 +288,24 @@ def append(
     with _connect(path, create=True, busy_timeout=busy_timeout) as conn:
         conn.execute("BEGIN IMMEDIATE")  # take the write lock now: wait for it, then fail clearly
         try:
-            newest = conn.execute("SELECT MAX(epoch) FROM runs").fetchone()[0]
+            prev = conn.execute("SELECT epoch FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+            row = conn.execute("SELECT value FROM meta WHERE key = 'timeline_start'").fetchone()
+            start = float(row[0]) if row else (float(prev[0]) if prev else epoch)
+            if prev is not None and not 0 <= epoch - float(prev[0]) <= JUMP_S:
+                start = epoch  # a jump (either way): a new timeline, unconfirmed
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('timeline_start', ?)", (start,))
             last = {n: (float(e), str(s)) for n, e, s in conn.execute("SELECT node, epoch, status FROM node_state")}
             folder = Folder(last, max_gap)
             folder.feed(epoch, report.status.name, nodes)
             folder.flush(conn)
-            if newest is None or epoch - float(newest) <= JUMP_S:
+            conn.executemany(
+                'INSERT INTO perf_rollup (node, "check", label, hour, unit, n, total, lo, hi) '
+                'VALUES (?, ?, ?, ?, ?, 1, ?6, ?6, ?6) ON CONFLICT (node, "check", label, hour) DO UPDATE SET '
+                "unit = excluded.unit, n = n + 1, total = total + excluded.total, "
+                "lo = MIN(lo, excluded.lo), hi = MAX(hi, excluded.hi)",
+                _perf_rows(report),
+            )
+            if epoch - start >= CONFIRM_S:
                 _prune(conn, epoch)
         except BaseException:
             conn.rollback()
@@ -276,10 +332,27 @@ class NodeHistory:
 
 
 @dataclass
+class Series:
+    """One perfdata series of a node's check: hourly means over the last ``PERF_HOURS``."""
+
+    check: str
+    label: str
+    unit: str
+    points: list[tuple[int, float]]  # (hour since the epoch, mean of the hour), oldest first
+    lo: float
+    hi: float
+    last: float  # the newest hour's mean
+
+
+PERF_HOURS = 48
+
+
+@dataclass
 class History:
     nodes: dict[str, NodeHistory]
     changes: list[Change]  # newest first
     runs: int
+    perf: dict[str, list[Series]] = field(default_factory=dict)  # node -> series (check, label order)
 
 
 def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> History:
@@ -301,9 +374,7 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
             for node, ok, known in rows:
                 sums.setdefault(str(node), {})[name] = [float(ok or 0), float(known or 0)]
             # The current hour exactly (its rollup holds only closed intervals up to the last run).
-            for node, ok, known in conn.execute(
-                "SELECT node, ok_s, known_s FROM rollup WHERE hour = ?", (now_hour,)
-            ):
+            for node, ok, known in conn.execute("SELECT node, ok_s, known_s FROM rollup WHERE hour = ?", (now_hour,)):
                 acc = sums.setdefault(str(node), {}).setdefault(name, [0.0, 0.0])
                 acc[0] += float(ok)
                 acc[1] += float(known)
@@ -313,6 +384,7 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
             (t_now, limit),
         ).fetchall()
         runs = int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+        perf = _perf_series(conn, now_hour - PERF_HOURS + 1, now_hour)
     for node, epoch, status in states:  # the last state holds until now, at most max_gap
         end = min(t_now, float(epoch) + max_gap)
         for name, span in WINDOWS.items():
@@ -332,8 +404,30 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
             uptime[name] = round(100.0 * min(ok, known) / known, 2) if known > 0 else None
             coverage[name] = round(100.0 * known / span, 1)
         nodes[node] = NodeHistory(node, uptime, coverage)
+
     def valid(s: str) -> str:
         return s if s in _STATUSES else "UNKNOWN"
 
     changes = [Change(str(n), utc_iso(float(e)), float(e), valid(b), valid(a)) for n, e, b, a in change_rows]
-    return History(nodes, changes, runs)
+    return History(nodes, changes, runs, perf)
+
+
+def _perf_series(conn: sqlite3.Connection, first: int, last: int) -> dict[str, list[Series]]:
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'perf_rollup'").fetchone() is None:
+        return {}  # written by an alma before perfdata history
+    out: dict[str, list[Series]] = {}
+    rows = conn.execute(
+        'SELECT node, "check", label, hour, unit, total / n, lo, hi FROM perf_rollup WHERE hour >= ? AND hour <= ? '
+        'ORDER BY node, "check", label, hour',
+        (first, last),
+    )
+    cur: Series | None = None
+    cur_node = ""
+    for node, check, label, hour, unit, mean, lo, hi in rows:
+        if cur is None or (node, check, label) != (cur_node, cur.check, cur.label):
+            cur = Series(str(check), str(label), str(unit), [], float(lo), float(hi), float(mean))
+            cur_node = str(node)
+            out.setdefault(cur_node, []).append(cur)
+        cur.points.append((int(hour), float(mean)))
+        cur.lo, cur.hi, cur.last, cur.unit = min(cur.lo, float(lo)), max(cur.hi, float(hi)), float(mean), str(unit)
+    return out

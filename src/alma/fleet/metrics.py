@@ -13,6 +13,7 @@ internal nodes: it is for the operator's own Prometheus, never published by `alm
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from almaboard import text as T
@@ -23,6 +24,18 @@ from alma.ground import parse_utc, write_atomic
 MAX_PERF_PER_NODE = 200
 
 
+@dataclass
+class PublicNode:
+    """One node as the public panel shows it."""
+
+    alias: str
+    role: str
+    code: int
+    checks: list[tuple[str, str, int]]  # (check, page word, Nagios code)
+    uptime: dict[str, float | None]
+    perf: list[tuple[str, str, str, float]]  # (check, label, unit, value)
+
+
 def _label(v: object) -> str:
     return T.terminal(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -31,13 +44,17 @@ def _labels(**kv: object) -> str:
     return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in kv.items()) + "}"
 
 
+def _family(lines: list[str], name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} gauge")
+    lines.extend(f"{name}{labels} {value:.17g}" for labels, value in samples if math.isfinite(value))
+
+
 def exposition(report: FleetReport) -> str:
     lines: list[str] = []
 
     def family(name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} gauge")
-        lines.extend(f"{name}{labels} {value:.17g}" for labels, value in samples if math.isfinite(value))
+        _family(lines, name, help_text, samples)
 
     family("alma_fleet_status", "Worst node state, Nagios code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).",
            [("", float(report.exit_code))])  # fmt: skip
@@ -69,3 +86,31 @@ def exposition(report: FleetReport) -> str:
 def write_textfile(path: Path, report: FleetReport) -> None:
     """Atomically (temp file + rename): the textfile collector must never see half a file."""
     write_atomic(path, exposition(report))
+
+
+def public_exposition(
+    *, data_epoch: float, stale: bool, overall_code: int, nodes: list[PublicNode]
+) -> str:  # fmt: skip
+    """`alma panel`'s ``/metrics``: the PUBLIC state (aliases, never node names; the project's
+    check names; perfdata of the fixed grammar the page shows), the same format as above.
+    States of stale data are reported as UNKNOWN (3), as the page shows them."""
+    lines: list[str] = []
+    _family(lines, "alma_panel_data_timestamp_seconds", "When the published data was taken (Unix time).",
+            [("", data_epoch)])  # fmt: skip
+    _family(lines, "alma_panel_stale", "1 when the published data is older than the page's limit (or from the future).",
+            [("", float(stale))])  # fmt: skip
+    _family(lines, "alma_panel_fleet_status", "Worst node state, Nagios code (3 UNKNOWN when stale).",
+            [("", 3.0 if stale else float(overall_code))])  # fmt: skip
+    _family(lines, "alma_panel_node_status", "Node state by public alias, Nagios code.",
+            [(_labels(node=n.alias, role=n.role), 3.0 if stale else float(n.code)) for n in nodes])  # fmt: skip
+    _family(lines, "alma_panel_check_status",
+            "Check state, Nagios code; state is the page's word (stale, not reported: 3).",
+            [(_labels(node=n.alias, check=c, state=word), 3.0 if stale else float(code))
+             for n in nodes for c, word, code in n.checks])  # fmt: skip
+    _family(lines, "alma_panel_uptime_ratio", "Share of the checked time the node was OK (0..1), per window.",
+            [(_labels(node=n.alias, window=w), v / 100.0) for n in nodes for w, v in n.uptime.items()
+             if v is not None])  # fmt: skip
+    _family(lines, "alma_panel_perfdata", "A check's performance value (unit in the unit label).",
+            [(_labels(node=n.alias, check=c, label=lab, unit=u), v)
+             for n in nodes for c, lab, u, v in n.perf])  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -11,8 +11,12 @@ sanitizer); column headers only from the project's fixed check names, never from
 no check summaries (they name interfaces and peers); a final scan refuses to write a page,
 status.json or feed containing an IP address (in any numeric spelling) or an internal name.
 
-Three files are written (atomically, each): ``index.html``, ``status.json`` (current state
-for scripts and badges, docs/formats.md) and ``feed.atom`` (state changes from the history).
+Files written (atomically, each): ``index.html``, ``problems.html`` (the same table filtered
+and sorted, no JavaScript needed), ``status.json`` (current state for scripts and badges,
+docs/formats.md), ``feed.atom`` (state changes from the history), SVG badges, ``metrics.txt``
+(served as ``/metrics``: the public state in the Prometheus text format, aliases only) and
+one ``nodes/<alias>.html`` per node (its checks, uptime, state changes and a sparkline per
+perfdata series from the history). All of them pass the same leak scan.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import getpass
 import hashlib
 import http.server
 import ipaddress
+import math
 import re
 import socket
 import sys
@@ -40,7 +45,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from alma.errors import ConfigError, UserError
 from alma.fleet.desktop import CHECK_NAME as DESKTOP_CHECK
 from alma.fleet.health import KNOWN_CHECKS
-from alma.fleet.history import WINDOWS, History
+from alma.fleet.history import PERF_HOURS, WINDOWS, History
 from alma.fleet.inventory import ROLES, Figure, Fleet
 from alma.fleet.severity import Severity, worst
 from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
@@ -50,8 +55,11 @@ STATUS = "status.json"
 FEED = "feed.atom"
 BADGES = ("badge.svg", *(f"badge-uptime-{w}.svg" for w in WINDOWS))
 PROBLEMS = "problems.html"
+METRICS = "metrics.txt"  # served as /metrics
+NODES_DIR = "nodes"
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 FILES = {PAGE: "text/html; charset=utf-8", PROBLEMS: "text/html; charset=utf-8", STATUS: "application/json",
-         FEED: "application/atom+xml",
+         FEED: "application/atom+xml", METRICS: "text/plain; version=0.0.4; charset=utf-8",
          **dict.fromkeys(BADGES, "image/svg+xml")}  # fmt: skip
 # Badge colours: the page's own (amber WARNING is not red CRITICAL), white or dark text (AA contrast).
 _BADGE_COLOUR = {"OK": ("#1a7f37", "#fff"), "WARNING": ("#d4a72c", "#1f2328"), "CRITICAL": ("#cf222e", "#fff"),
@@ -169,33 +177,44 @@ _TOKEN = re.compile(r"[\w.-]+")
 _NAME_CHARS = re.compile(r"^[\w.-]+$")
 
 
-def leaks(html: str, forbidden: set[str]) -> list[str]:
-    r"""IP addresses and internal names in ``html``: ONE linear pass, whatever the fleet size.
+class LeakScanner:
+    r"""IP addresses and internal names in a text: ONE linear pass, whatever the fleet size.
 
     A name counts where it stands alone: not inside a longer word, though a trailing dot
-    (a sentence's end, or a domain: ``edge-01.lab``) still counts. The page is cut into
+    (a sentence's end, or a domain: ``edge-01.lab``) still counts. The text is cut into
     ``[\w.-]+`` tokens once; the token and every prefix of it that ends before a dot
-    (``edge-01``, ``edge-01.lab``) are looked up in a set. The rare name with other characters is matched by one regex.
+    (``edge-01``, ``edge-01.lab``) are looked up in a set. The rare name with other
+    characters is matched by one regex. The sets and the regex are built once per render
+    (building them per scanned text made 1000 node pages quadratic: 1000 x 3000 names).
     """
-    out = [f"IP address {ip}" for ip in find_ips(html)]
-    plain = {n.lower() for n in forbidden if _NAME_CHARS.match(n)}
-    found: set[str] = set()
-    for tok in set(_TOKEN.findall(html.lower())):  # each distinct token once (C speed for the scan)
-        if tok in plain:
-            found.add(tok)
-        cut = tok.find(".")
-        while cut != -1:  # a name ends where the token does or at a dot (never before \w or -)
-            if tok[:cut] in plain:
-                found.add(tok[:cut])
-            cut = tok.find(".", cut + 1)
-    other = sorted(n for n in forbidden if not _NAME_CHARS.match(n))
-    if other:
+
+    def __init__(self, forbidden: set[str]) -> None:
+        self.plain = {n.lower() for n in forbidden if _NAME_CHARS.match(n)}
+        other = sorted(n for n in forbidden if not _NAME_CHARS.match(n))
         alternation = "|".join(re.escape(n) for n in sorted(other, key=len, reverse=True))
-        for m in re.finditer(rf"(?<![\w.-])(?:{alternation})(?![\w-])", html, re.IGNORECASE):
-            found.add(m.group(0).lower())
-    by_lower = {n.lower(): n for n in forbidden}
-    out += [f"internal name {by_lower.get(n, n)!r}" for n in sorted(found)]
-    return out
+        self.other = re.compile(rf"(?<![\w.-])(?:{alternation})(?![\w-])", re.IGNORECASE) if other else None
+        self.by_lower = {n.lower(): n for n in forbidden}
+
+    def __call__(self, html: str) -> list[str]:
+        out = [f"IP address {ip}" for ip in find_ips(html)]
+        found: set[str] = set()
+        plain = self.plain
+        for tok in set(_TOKEN.findall(html.lower())):  # each distinct token once (C speed for the scan)
+            if tok in plain:
+                found.add(tok)
+            cut = tok.find(".")
+            while cut != -1:  # a name ends where the token does or at a dot (never before \w or -)
+                if tok[:cut] in plain:
+                    found.add(tok[:cut])
+                cut = tok.find(".", cut + 1)
+        if self.other is not None:
+            found.update(m.group(0).lower() for m in self.other.finditer(html))
+        return out + [f"internal name {self.by_lower.get(n, n)!r}" for n in sorted(found)]
+
+
+def leaks(html: str, forbidden: set[str]) -> list[str]:
+    """IP addresses and internal names in ``html`` (:class:`LeakScanner`, built for one text)."""
+    return LeakScanner(forbidden)(html)
 
 
 @dataclass
@@ -216,6 +235,66 @@ class Row:
     uptime: dict[str, str] | None = None  # window -> "99.5 %" / "no data"
     uptime_raw: dict[str, float | None] | None = None
     updating: bool = False  # issue 23: mid-update (alma update), shown beside the status
+    slug: str = ""  # nodes/<slug>.html, from the public label
+    perf: list[Spark] = field(default_factory=list)  # public perfdata series (node page)
+    perf_now: list[tuple[str, str, str, float]] = field(default_factory=list)  # (check, label, unit, value)
+
+
+# Perfdata published (node pages, /metrics): only the project's checks, labels and units of
+# a fixed grammar (a label is a word, not a sentence; summaries stay private), finite values.
+_PUBLIC_PERF_LABEL = re.compile(r"^[A-Za-z0-9_.%-]{1,40}$")
+_PUBLIC_UNITS = {"", "s", "ms", "us", "%", "B", "KB", "MB", "GB", "TB", "c"}
+MAX_PUBLIC_PERF = 24  # series per node on its page and in /metrics
+
+
+def _public_perf(check: Any, label: Any, unit: Any) -> bool:
+    return (check in PUBLIC_CHECKS and isinstance(label, str) and bool(_PUBLIC_PERF_LABEL.match(label))
+            and unit in _PUBLIC_UNITS)  # fmt: skip
+
+
+@dataclass
+class Spark:
+    """A perfdata series on a node page: an inline SVG polyline (no script), with its range."""
+
+    check: str
+    label: str
+    unit: str
+    last: str
+    lo: str
+    hi: str
+    svg_points: str
+    hours: int
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _spark(series: Any, first_hour: int, width: int = 160, height: int = 28) -> Spark:
+    span = series.hi - series.lo or 1.0
+    pts = []
+    for hour, v in series.points:
+        x = (hour - first_hour) * width / max(1, PERF_HOURS - 1)
+        y = height - 2 - (v - series.lo) * (height - 4) / span
+        pts.append(f"{x:.1f},{y:.1f}")
+    if len(pts) == 1:  # one hour of data: a short flat mark, not an invisible point
+        x, y = pts[0].split(",")
+        pts.append(f"{float(x) + 3:.1f},{y}")
+    return Spark(series.check, series.label, series.unit, _num(series.last), _num(series.lo), _num(series.hi),
+                 " ".join(pts), len(series.points))  # fmt: skip
+
+
+def _slugs(labels: list[str]) -> list[str]:
+    """File names for node pages from public labels: lower-case words joined by '-', unique."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, label in enumerate(labels, start=1):
+        slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:48] or f"node-{i}"
+        if slug in seen:
+            slug = f"{slug}-{i}"
+        seen.add(slug)
+        out.append(slug)
+    return out
 
 
 def _checks_of(n: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,8 +306,18 @@ def _uptime_words(v: float | None) -> str:
     return "no data" if v is None else f"{v:.2f} %".replace(".00 %", " %")
 
 
-def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None = None) -> dict[str, Any]:
-    """Everything the template shows, already reduced to public data."""
+def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None = None,
+               now_hour: int | None = None, forbidden: set[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Everything the template shows, already reduced to public data.
+
+    A perfdata label that names an address or an internal name is left out (the node chose
+    it: it must not be able to stop the whole page being published)."""
+    scan = LeakScanner(forbidden or set())
+
+    def public_perf(check: Any, label: Any, unit: Any) -> bool:
+        # "_" joins words in a label ("orin-01_temp", "10.0.0.7_rx"): split there for the scan
+        return _public_perf(check, label, unit) and not scan(re.sub(r"[_%]", " ", label))
+
     by_name = {n.name: n for n in fleet.nodes}
     raw_nodes = [n for n in snapshot["nodes"] if isinstance(n, dict)]
     # Only the project's own check names may become headers: a report's names are not public.
@@ -274,15 +363,30 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
         name = str(n.get("name"))
         h = history.nodes.get(name) if history else None
         raw_up = dict(h.uptime) if h else dict.fromkeys(WINDOWS)
-        rows.append(Row(label, role, st.name, CSS_CLASS[st], cells, name,
-                        {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up, updating))  # fmt: skip
+        row = Row(label, role, st.name, CSS_CLASS[st], cells, name,
+                  {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up, updating)  # fmt: skip
+        fresh = {c for c in got if c not in stale_checks}
+        for ch in _checks_of(n):
+            for p in ch.get("perfdata") or [] if ch.get("name") in fresh else []:
+                v = p.get("value") if isinstance(p, dict) else None
+                if (isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+                        and public_perf(ch.get("name"), p.get("label"), p.get("uom", ""))
+                        and len(row.perf_now) < MAX_PUBLIC_PERF):  # fmt: skip
+                    row.perf_now.append((ch["name"], p["label"], p.get("uom", ""), float(v)))
+        if history:
+            first_hour = (now_hour or 0) - PERF_HOURS + 1
+            row.perf = [_spark(s, first_hour) for s in history.perf.get(name, [])
+                        if public_perf(s.check, s.label, s.unit)][:MAX_PUBLIC_PERF]  # fmt: skip
+        rows.append(row)
+    for r, slug in zip(rows, _slugs([r.label for r in rows]), strict=True):
+        r.slug = slug
     overall = worst(statuses) if statuses else Severity.UNKNOWN
     aliases = {r.name: r.label for r in rows}
     changes = []
     for c in history.changes[:20] if history else []:
         if c.node in aliases:  # a node no longer in the snapshot has no public name
             changes.append({"alias": aliases[c.node], "time": c.time, "before": c.before, "after": c.after,
-                            "css": CSS_CLASS[Severity.parse(c.after)]})  # fmt: skip
+                            "css": CSS_CLASS[Severity.parse(c.after)], "node": c.node})  # fmt: skip
     return {
         "rows": rows,
         "checks": checks,
@@ -382,7 +486,8 @@ def publish(
     stale, why, age = freshness(data_time, now, limit)
     script = env.get_template("panel.js.j2").render()
     style = env.get_template("panel.css").render()
-    view = build_view(fleet, snapshot, history)
+    forbidden = private_names(fleet, snapshot)
+    view = build_view(fleet, snapshot, history, now_hour=math.floor(now.timestamp() / 3600), forbidden=forbidden)
     problems = sorted((r for r in view["rows"] if r.status != "OK"), key=lambda r: -Severity.parse(r.status).rank)
     common = dict(
         # Operator text too passes the one sanitizer: U+202E in a title reverses the page.
@@ -406,22 +511,48 @@ def publish(
         n_problems=len(problems),
     )
     template = env.get_template("panel.html.j2")
-    html = template.render(**common, **view, page_kind="all")
+    html = template.render(**common, **view, page_kind="all", base="")
     # The same page, filtered and sorted without JavaScript: problems only, worst first.
-    problems_html = template.render(**common, **{**view, "rows": problems}, page_kind="problems")
+    problems_html = template.render(**common, **{**view, "rows": problems}, page_kind="problems", base="")
+    # Node pages are rendered with markers for the fixed script and style (scanned above, in
+    # the index), scanned, then given them: 1000 pages scan ~1/3 of the bytes. A marker holds
+    # "<", which autoescaping never lets through from any data.
+    marks = {"script": "<alma-script/>", "style": "<alma-style/>"}
+    node_pages = {}
+    for r in view["rows"]:
+        mine = [c for c in view["changes"] if c["node"] == r.name]
+        node_pages[f"{NODES_DIR}/{r.slug}.html"] = template.render(
+            **{**common, **marks}, **{**view, "rows": [r], "changes": mine}, node=r, page_kind="node", base="../",
+            perf_hours=PERF_HOURS)  # fmt: skip
+    metrics_text = public_metrics(view, data_time, stale)
     status = status_document(fleet, view, data_time=data_time, now=now, limit=limit, stale=stale, why=why)
     feed = atom_feed(fleet, view, now=now)
-    forbidden = private_names(fleet, snapshot)
     badge_files = badges(view, stale)
-    found = leaks(html, forbidden) + leaks(status, forbidden) + leaks(feed, forbidden)
-    found += leaks(problems_html, forbidden)
-    found += [x for b in badge_files.values() for x in leaks(b, forbidden)]
+    scan = LeakScanner(forbidden)
+    found = scan(html) + scan(status) + scan(feed) + scan(problems_html) + scan(metrics_text)
+    # The node pages and badges in one pass each ("\n" ends every token and address candidate).
+    found += scan("\n".join(node_pages.values())) + scan("\n".join(badge_files.values()))
     if found:
         raise LeakError(
             "the panel would publish " + ", ".join(dict.fromkeys(found)) + "; nothing was written",
             hint="give the node a public alias in the fleet file, or remove the text from [panel]",
         )
-    return Published(html, status, feed, {**badge_files, PROBLEMS: problems_html})
+    node_pages = {k: v.replace(marks["script"], script).replace(marks["style"], style) for k, v in node_pages.items()}
+    return Published(html, status, feed, {**badge_files, PROBLEMS: problems_html, METRICS: metrics_text,
+                                          **node_pages})  # fmt: skip
+
+
+def public_metrics(view: dict[str, Any], data_time: datetime, stale: bool) -> str:
+    from alma.fleet.metrics import PublicNode, public_exposition
+
+    def code(word: str) -> int:
+        return Severity[word].code if word in Severity.__members__ else 3
+
+    nodes = [PublicNode(r.label, r.role, code(r.status), [(c.label, c.status, code(c.status)) for c in r.cells
+                                                         if c.status != "n/a"],
+                        dict(r.uptime_raw or {}), r.perf_now) for r in view["rows"]]  # fmt: skip
+    return public_exposition(data_epoch=data_time.timestamp(), stale=stale, overall_code=code(view["overall"]),
+                             nodes=nodes)  # fmt: skip
 
 
 def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, now: datetime, limit: float,
@@ -496,10 +627,19 @@ def write_panel(out_dir: Path, html: str | Published) -> Path:
         STATUS: html.status_json, FEED: html.feed, **html.extra, PAGE: html.html}  # fmt: skip
     for name, text in files.items():
         try:
-            write_atomic(out_dir / name, text)
+            if "/" in name:
+                (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            # Node pages: atomic but not fsynced (re-rendered every interval; 1000 fsyncs took
+            # 20+ s on a busy disk); the index, status.json, feed and badges stay durable.
+            write_atomic(out_dir / name, text, durable=not name.startswith(f"{NODES_DIR}/"))
         except OSError as exc:
             raise UserError(f"cannot write {out_dir / name}: {exc.strerror or exc}",
                             hint="pick a writable --out directory") from exc  # fmt: skip
+    # A node page of a node that left the snapshot (or was renamed) would keep a stale state.
+    with contextlib.suppress(OSError):
+        for old in (out_dir / NODES_DIR).glob("*.html"):
+            if f"{NODES_DIR}/{old.name}" not in files:
+                old.unlink()
     return out_dir / PAGE
 
 
@@ -540,8 +680,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _answer(self, with_body: bool) -> None:
         path = self.path.split("?", 1)[0]
-        name = PAGE if path == "/" else path.lstrip("/")
-        if name not in FILES:
+        name = {"/": PAGE, "/metrics": METRICS}.get(path, path.lstrip("/"))
+        kind = FILES.get(name)
+        node_dir, _, page = name.partition("/")
+        if node_dir == NODES_DIR and page.endswith(".html") and _SLUG.match(page[:-5]):
+            kind = "text/html; charset=utf-8"  # nodes/<slug>.html: a fixed grammar, no traversal
+        if kind is None:
             self.send_error(404)
             return
         try:
@@ -550,7 +694,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(503, "panel not rendered yet")
             return
         self.send_response(200)
-        self.send_header("Content-Type", FILES[name])
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")

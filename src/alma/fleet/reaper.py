@@ -58,19 +58,36 @@ def reap() -> None:
             return
 
 
-def end_tree(kill_after: float) -> None:
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def end_tree(kill_after: float, kill_for: float = 5.0) -> None:
+    """SIGTERM to the tree, then SIGKILL, and SIGKILL again to whatever appeared since.
+
+    A process that ignores SIGTERM and forks in a loop adds children between one scan of
+    /proc and the kills: one SIGKILL round left them orphaned here and then, when the
+    reaper exited, under init. So the tree is re-scanned and killed until it is empty
+    (orphans come to this subreaper, so each scan sees them), for at most ``kill_for`` s.
+    """
     me = os.getpid()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = descendants(me)
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + (kill_after if sig == signal.SIGTERM else 1.0)
+    pids = descendants(me)
+    if pids:
+        signal_all(pids, signal.SIGTERM)
+        deadline = time.monotonic() + kill_after
         while time.monotonic() < deadline and descendants(me):
             reap()
             time.sleep(0.05)
+    deadline = time.monotonic() + kill_for
+    while True:
+        reap()
+        pids = descendants(me)
+        if not pids or time.monotonic() > deadline:
+            break
+        signal_all(pids, signal.SIGKILL)
+        time.sleep(0.02)
     reap()
 
 

@@ -1,0 +1,52 @@
+"""The on-node reaper (alma.fleet.reaper), run locally: the whole tree ends by the deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from alma.fleet import reaper
+
+REAPER = Path(reaper.__file__)
+
+
+def _alive_sleeps(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2] != "Z" and b"sleep" in cmd:
+            out.append(pid)
+    return out
+
+
+def test_a_tree_that_ignores_sigterm_and_forks_in_a_loop_is_ended(tmp_path: Path) -> None:
+    """Issue 21 #9, a new instance: a child that ignores SIGTERM and forks without pause adds
+    orphans between the reaper's scan and its SIGKILLs; one kill round left them behind (under
+    init once the reaper exited). Every one of them must be gone when the reaper returns."""
+    pids_file = tmp_path / "pids"
+    script = tmp_path / "forker.sh"
+    script.write_text(f"trap '' TERM\nwhile :; do (sleep 300 & echo $! >> {pids_file}); done\n")
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, str(REAPER), "1", "0.5", f"sh {script}"], timeout=120)
+        took = time.monotonic() - started
+        assert proc.returncode == 124
+        time.sleep(0.3)
+        pids = [int(x) for x in pids_file.read_text().split()]
+        assert len(pids) > 3  # it did fork in a loop
+        assert _alive_sleeps(pids) == [], "children forked during the kill escaped the deadline"
+        assert took < 60
+    finally:
+        if pids_file.exists():
+            for pid in _alive_sleeps([int(x) for x in pids_file.read_text().split()]):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
