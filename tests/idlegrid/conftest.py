@@ -185,6 +185,15 @@ class Grid:
         path.write_text(to_toml(data))
         return path
 
+    def wait_checkpoint(self, agent, timeout: float = 60.0) -> None:
+        """step() the agent until its running job has written a first checkpoint: the job is a
+        fresh interpreter behind the wrapper, and on a loaded host a fixed sleep can end before
+        it installed its SIGTERM handler (then a vacate finds nothing to resume from)."""
+        from erangrid.jobs import job_dir
+
+        state = job_dir(self.cfg.state_dir, agent.lease.job.id) / "home" / "checkpoint" / "state.json"
+        self.drive(agent, state.exists, timeout=timeout, poll=0.05)
+
     @staticmethod
     def drive(agent, until, timeout: float = 30.0, poll: float | None = None) -> str:
         """step() the agent with real sleeps until ``until()`` is true; returns the last line."""

@@ -58,7 +58,7 @@ def test_vacate_checkpoints_requeues_as_a_yield_and_resumes_from_the_checkpoint(
     agent = g.agent()
     agent.start()
     g.drive(agent, lambda: agent.proc is not None)
-    time.sleep(0.5)  # let it compute and checkpoint a while
+    g.wait_checkpoint(agent)  # it computes and has checkpointed at least once
     machine.touch_pts(1, time.time())
     g.drive(agent, lambda: agent.proc is None, timeout=10, poll=0.05)  # paused → SIGTERM → exited → yielded
     [row] = g.queue.jobs()

@@ -95,7 +95,7 @@ def test_yield_naks_with_checkpoint_and_the_job_resumes(grid, machine, nats_serv
     agent = _agent(g)
     agent.start()
     g.drive(agent, lambda: agent.proc is not None)
-    time.sleep(0.5)
+    g.wait_checkpoint(agent)
     machine.touch_pts(1, time.time())
     g.drive(agent, lambda: agent.proc is None, timeout=15, poll=0.05)
     assert agent.stats["yields"] == 1
