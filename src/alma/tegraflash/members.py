@@ -13,7 +13,7 @@ streams past and ``finish`` judges the symlinks once every member is known; both
 - hard links whose target is not a regular file earlier in the archive (links to links,
   to symlinks, to directories, to outside, through a link);
 - symlinks with an absolute target or one that, resolved through the archive's own final
-  tree (chains included, at most MAX_HOPS hops), leaves it;
+  tree (chains included, at most MAX_HOPS hops, each link resolved once), leaves it;
 - apparent sizes over MAX_APPARENT (sparse files keep their holes; data is bounded by
   the unpack budget, :mod:`.unpack`).
 
@@ -94,6 +94,7 @@ def normalise(name: str, what: str = "member") -> str:
 class MemberChecker:
     kinds: dict[str, str] = field(default_factory=lambda: {"": DIR})
     symlinks: dict[str, str] = field(default_factory=dict)  # name -> raw target
+    _resolved: dict[str, tuple[str, ...]] = field(default_factory=dict)  # symlink -> where it leads
     count: int = 0
     data_total: int = 0
 
@@ -172,29 +173,39 @@ class MemberChecker:
         self.kinds[name] = kind
         return m
 
-    def _resolve(self, start: list[str], target: str, hops: int, link: str) -> list[str]:
-        """Resolve ``target`` from directory ``start`` through the archive's own symlinks."""
+    def _resolve(self, start: tuple[str, ...], target: str, hops: int, link: str) -> tuple[str, ...]:
+        """Resolve ``target`` from directory ``start`` through the archive's own symlinks.
+
+        Linear in the archive's link text: each symlink is resolved once (``_resolved``), so
+        links naming links many times over (``a1 -> a0/a0/a0...``, ``a2 -> a1/a1/a1...``)
+        cost their length, not its power; a walk deeper than MAX_DEPTH names no member.
+        """
         if hops > MAX_HOPS:
             raise UnsafeBundle(f"symlink {link!r}: more than {MAX_HOPS} links in a chain")
-        cur = list(start)
+        cur = start
         for comp in target.split("/"):
             if comp in ("", "."):
                 continue
             if comp == "..":
                 if not cur:
                     raise UnsafeBundle(f"symlink {link!r} -> {self.symlinks[link]!r} points outside the bundle")
-                cur.pop()
+                cur = cur[:-1]
                 continue
-            cur.append(comp)
+            cur = (*cur, comp)
+            if len(cur) > MAX_DEPTH:
+                raise UnsafeBundle(f"symlink {link!r} resolves deeper than {MAX_DEPTH} directories")
             here = "/".join(cur)
             inner = self.symlinks.get(here)
             if inner is not None:
                 if inner.startswith("/"):
                     raise UnsafeBundle(f"symlink {link!r} leads to an absolute link {here!r}")
-                cur = self._resolve(cur[:-1], inner, hops + 1, link)
+                done = self._resolved.get(here)
+                if done is None:
+                    done = self._resolved[here] = self._resolve(cur[:-1], inner, hops + 1, link)
+                cur = done
         return cur
 
     def finish(self) -> None:
         """Judge every symlink against the final tree (all members are known now)."""
         for name in self.symlinks:
-            self._resolve(name.split("/")[:-1], self.symlinks[name], 0, name)
+            self._resolve(tuple(name.split("/")[:-1]), self.symlinks[name], 0, name)
