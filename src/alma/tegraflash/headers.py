@@ -9,7 +9,9 @@ Invariants (tests/flash/test_headers.py attacks each):
 1. Bounded work: every header byte is looked at a constant number of times (no regular
    expression ever sees archive text; pax records are split with ``bytes.find`` from a known
    offset), and the metadata of the whole archive (pax/GNU extension data, sparse maps)
-   is at most ``HEADER_BUDGET`` (16 MiB), a single sparse map at most ``MAP_BUDGET`` (1 MiB).
+   is at most ``HEADER_BUDGET`` (16 MiB), a single sparse map at most ``MAP_BUDGET`` (1 MiB);
+   the global pax keys and one member's own keys are each at most ``MAX_PAX_KEYS`` over all
+   their headers, and a member sees the global ones through a view, never a copy.
    The caller's stream checks the cancel flag on every inflated piece, so a signal is
    honoured within one piece (4 MiB) of parsing.
 2. Every malformed header is :class:`MalformedHeader` (a :class:`CorruptBundle`, exit 2 with
