@@ -192,6 +192,22 @@ def symlink_power(levels: int = 12) -> bytes:
     return bundle(*links)
 
 
+def implied_dir_flood(members: int = 20_000) -> bytes:
+    """Empty files 60 directories deep under distinct top dirs (ustar prefix + name): each
+    member implies 60 new directories, which the checker kept as names without counting
+    them (0.1 MB: 1.2 million names, 266 MB; 1.1 MB would have been ~2.6 GB)."""
+
+    def one(i: int) -> bytes:
+        prefix = (b"t%06d/" % i) + b"/".join([b"dd"] * 48)
+
+        def tail(h: bytearray) -> None:
+            h[345 : 345 + len(prefix)] = prefix
+
+        return header(b"/".join([b"ee"] * 11) + b"/f", 0, tail=tail)
+
+    return bundle(*(one(i) for i in range(members)))
+
+
 KINDS: dict[str, Callable[[], bytes]] = {
     "pax-redos": pax_redos,
     "pax-redos-2.6k": pax_redos_small,
@@ -205,4 +221,5 @@ KINDS: dict[str, Callable[[], bytes]] = {
     "corrupt-header-midway": corrupt_header_midway,
     "metadata-flood": metadata_flood,
     "pax-global-key-flood": pax_global_key_flood,
+    "implied-dir-flood": implied_dir_flood,
 }
