@@ -221,5 +221,4 @@ KINDS: dict[str, Callable[[], bytes]] = {
     "corrupt-header-midway": corrupt_header_midway,
     "metadata-flood": metadata_flood,
     "pax-global-key-flood": pax_global_key_flood,
-    "implied-dir-flood": implied_dir_flood,
 }
