@@ -173,6 +173,41 @@ def metadata_flood() -> bytes:
     return bundle(*parts)
 
 
+def pax_global_key_flood(headers: int = 300, members: int = 2000) -> bytes:
+    """Global pax headers of 1000 distinct keys each, then many members: each header is under
+    the per-header key cap, together 300,000 keys that every later member carried (the reader
+    copied them per member: a 2.4 MB bundle took over 10 minutes and 245 MB)."""
+    parts = [
+        pax(b"".join(pax_record(b"k%d.%d" % (g, i), b"v") for i in range(1000)), kind=b"g") for g in range(headers)
+    ]
+    return bundle(*parts, *(member(b"f%d" % i, b"") for i in range(members)))
+
+
+def symlink_power(levels: int = 12) -> bytes:
+    """``a0 -> .``, ``a1 -> a0/a0/...`` (33 times), ``a2 -> a1/a1/...``: every link stays inside
+    the bundle, but resolving ``a12`` by expanding each name again visits 33**12 names."""
+    links = [header(b"a0", 0, b"2", linkname=b".")]
+    for i in range(1, levels + 1):
+        links.append(header(b"a%d" % i, 0, b"2", linkname=b"/".join([b"a%d" % (i - 1)] * 40)[:98]))
+    return bundle(*links)
+
+
+def implied_dir_flood(members: int = 20_000) -> bytes:
+    """Empty files 60 directories deep under distinct top dirs (ustar prefix + name): each
+    member implies 60 new directories, which the checker kept as names without counting
+    them (0.1 MB: 1.2 million names, 266 MB; 1.1 MB would have been ~2.6 GB)."""
+
+    def one(i: int) -> bytes:
+        prefix = (b"t%06d/" % i) + b"/".join([b"dd"] * 48)
+
+        def tail(h: bytearray) -> None:
+            h[345 : 345 + len(prefix)] = prefix
+
+        return header(b"/".join([b"ee"] * 11) + b"/f", 0, tail=tail)
+
+    return bundle(*(one(i) for i in range(members)))
+
+
 KINDS: dict[str, Callable[[], bytes]] = {
     "pax-redos": pax_redos,
     "pax-redos-2.6k": pax_redos_small,
@@ -185,4 +220,5 @@ KINDS: dict[str, Callable[[], bytes]] = {
     "sparse-map-larger-than-data": sparse_map_larger_than_data,
     "corrupt-header-midway": corrupt_header_midway,
     "metadata-flood": metadata_flood,
+    "pax-global-key-flood": pax_global_key_flood,
 }

@@ -10,6 +10,7 @@ flash (`unpack`), quickly and in bounded memory, on every interpreter the statio
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import shutil
 import signal
@@ -244,3 +245,93 @@ def test_the_flash_cancel_flag_is_honoured_within_a_second_while_parsing_headers
         unpack(b, tmp_path / "work" / "bundle", None, budget=Budget(margin=0), cancel=cancel)
     assert fired and time.monotonic() - fired[0] < 1.0
     assert os.listdir(tmp_path / "work") == []
+
+
+def test_global_pax_keys_are_bounded_over_the_archive(tmp_path: Path) -> None:
+    """Each 'g' header under the per-header key cap, 300,000 keys together: refused at the
+    2nd header (the reader copied every global key into each later member: minutes, 245 MB)."""
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="more than 1024 keys"):
+        reader.scan(_write(tmp_path, "pax-global-key-flood"))
+    assert time.monotonic() - t0 < 10
+
+
+def test_many_members_after_global_keys_cost_no_copy(tmp_path: Path) -> None:
+    """1000 global keys (under the cap) and 20,000 members: linear, no per-member copy."""
+    b = tmp_path / "g.tegraflash.tar.gz"
+    b.write_bytes(H.gz(H.pax_global_key_flood(headers=1, members=20_000)))
+    t0 = time.monotonic()
+    scan = reader.scan(b)
+    assert "initrd-flash" in scan.members
+    assert time.monotonic() - t0 < 20  # the copying reader: 20,000 copies of 1000 keys
+
+
+def test_a_global_key_is_overridden_by_the_members_own_pax_header() -> None:
+    """As tarfile does: the member's 'x' path wins over a later 'g' path."""
+    tar = (
+        H.member(b".env.initrd-flash", H.ENV)
+        + H.pax(H.pax_record(b"path", b"mine"))
+        + H.pax(H.pax_record(b"path", b"global"), kind=b"g")
+        + H.member(b"orig", b"1")
+        + H.member(b"next", b"2")
+        + H.END
+    )
+
+    class S(io.BytesIO):
+        @property
+        def pos(self) -> int:
+            return self.tell()
+
+    ours = [t.name for t in hd.headers(S(tar))]
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        theirs = [m.name for m in t]
+    assert ours == theirs == [".env.initrd-flash", "mine", "global"]
+
+
+def test_symlinks_naming_links_resolve_in_linear_time(tmp_path: Path) -> None:
+    """``a12 -> a11/a11/...``, each level naming the one below ~25 times: the checker expanded
+    every name again (25**12 steps: verify and flash hung, no signal checked); each link is
+    resolved once now. Run in a child so the old code's hang is a failure, not a stuck suite."""
+    b = tmp_path / "links.tegraflash.tar.gz"
+    b.write_bytes(H.gz(H.symlink_power()))
+    code = (
+        "import sys\nfrom pathlib import Path\n"
+        "from alma.tegraflash import reader\nfrom alma.tegraflash.unpack import Budget, unpack\n"
+        "s = reader.scan(Path(sys.argv[1]))\n"
+        "assert 'a12' in s.members or s.complete, s\n"
+        "unpack(Path(sys.argv[1]), Path(sys.argv[2]), None, budget=Budget(margin=0))\n"
+        "print('ok')\n"
+    )
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(b), str(tmp_path / "work" / "bundle")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "ok"
+    assert time.monotonic() - t0 < 60
+    assert os.readlink(tmp_path / "work" / "bundle" / "a1").startswith("a0/a0")
+
+
+def test_a_symlink_walk_deeper_than_any_member_is_refused(tmp_path: Path) -> None:
+    """Members are at most 64 deep, so a link whose walk goes deeper names nothing the bundle
+    has; refusing it keeps each step of the walk bounded (the path it builds is <= 64 names)."""
+    b = tmp_path / "deep.tegraflash.tar.gz"
+    # 49 names through a link to ".": the walk stays at the top; fine
+    b.write_bytes(H.gz(H.bundle(H.header(b"d", 0, b"2", linkname=b"."), H.header(b"x", 0, b"2", linkname=b"d/" * 49))))
+    reader.scan(b)
+    deep = H.pax(H.pax_record(b"linkpath", b"/".join([b"e"] * 70))) + H.header(b"y", 0, b"2", linkname=b"e")
+    b.write_bytes(H.gz(H.bundle(deep)))
+    with pytest.raises(UserError, match="resolves deeper than 64"):
+        reader.scan(b)
+
+
+def test_directories_implied_by_deep_paths_count_against_the_name_cap(tmp_path: Path) -> None:
+    """20,000 empty files 60 deep under distinct top dirs imply 1.2 million directories; the
+    checker kept every one uncounted (266 MB, a minute). They count like members now."""
+    b = tmp_path / "dirs.tegraflash.tar.gz"
+    b.write_bytes(H.gz(H.implied_dir_flood()))
+    with pytest.raises(UserError, match="more than 200000 names"):
+        reader.scan(b)

@@ -417,3 +417,27 @@ def test_a_script_that_outlives_sigterm_is_killed_with_its_group_within_5_s(tmp_
         p for p in out.stdout.split() if Path(f"/proc/{p}/cwd").exists() and os.readlink(f"/proc/{p}/cwd") == str(board)
     ]
     assert mine == []  # the whole process group went
+
+
+def test_every_error_alma_prints_goes_through_the_sanitizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Error messages quote paths and device text (a gadget's SCSI vendor in a board's
+    description, a bundle's file name): ESC/OSC/CSI and bidi overrides reached stderr raw."""
+    from support import run_cli
+
+    hostile = tmp_path / "deploy\x1b]0;owned\x07\x1b[2J\u202eved-onan-niro-noste"
+    code, _out, err = run_cli(capsys, "verify", str(hostile), "--machine", "jetson-orin-nano-devkit")
+    assert code != 0
+    assert "deploy dir not found" in err
+    assert "\x1b" not in err and "\x07" not in err and "\u202e" not in err
+    assert "␛]0;owned␇" in err and "<U+202E>" in err  # made visible, not dropped
+
+
+def test_the_error_printer_keeps_lines_and_escapes_the_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    from alma.cli.main import _report
+
+    _report(
+        UserError("board at USB 1-1 is flashing (gadget exporting \x1b[31mEVIL\x9b)\nsecond line", hint="\x1b]8;;x")
+    )
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x9b" not in err
+    assert "second line" in err.splitlines()[1]

@@ -147,9 +147,13 @@ def usage_exit(code: int) -> Callable[[C], C]:
 
 
 def _report(exc: AlmaError) -> None:
-    secho(f"error: {exc.message}", fg="red", err=True)
+    # Messages quote paths, bundle words and device text: through the one sanitizer (an ESC,
+    # OSC or bidi override in a udev attribute must not reach the terminal raw), lines kept.
+    from almaboard.text import terminal  # only on the error path: start-up stays light
+
+    secho(f"error: {terminal(exc.message, keep_newline=True)}", fg="red", err=True)
     if exc.hint:
-        click.echo(f"  try: {exc.hint}", err=True)
+        click.echo(f"  try: {terminal(exc.hint, keep_newline=True)}", err=True)
 
 
 def crash_dir() -> Path:
