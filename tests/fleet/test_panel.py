@@ -24,6 +24,15 @@ from alma.fleet import panel as P
 from alma.fleet.inventory import Fleet, parse_fleet
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture(autouse=True)
+def _now_is_the_tests_start() -> None:
+    """NOW is taken when each test starts, not when the module was imported: a full suite reaches
+    these tests many minutes after collection, and a page rendered with that NOW is judged by the
+    browser's (or the served page's) own clock, which would call it stale."""
+    global NOW
+    NOW = datetime.now(UTC).replace(microsecond=0)
 FLEET = """
 [panel]
 title = "ALMA-OS lab status"
@@ -364,7 +373,10 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
         s.write_text(json.dumps(snap))
         for _ in range(50):
             body = opener.open(url, timeout=5).read().decode()
-            row = r"<th scope=\"row\"><a [^>]*><bdi>Edge A</bdi></a></th>\s*<td class=\"role\">board</td>\s*<td[^>]*CRITICAL"
+            row = (
+                r"<th scope=\"row\"><a [^>]*><bdi>Edge A</bdi></a></th>\s*"
+                r"<td class=\"role\">board</td>\s*<td[^>]*CRITICAL"
+            )
             if re.search(row, body):
                 break
             time.sleep(0.2)

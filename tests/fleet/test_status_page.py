@@ -26,6 +26,15 @@ from alma.fleet.severity import Severity
 from alma.ground import utc_iso
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture(autouse=True)
+def _now_is_the_tests_start() -> None:
+    """NOW is taken when each test starts, not when the module was imported: a full suite reaches
+    these tests many minutes after collection, and a page rendered with that NOW is judged by the
+    browser's (or the served page's) own clock, which would call it stale."""
+    global NOW
+    NOW = datetime.now(UTC).replace(microsecond=0)
 FLEET = """
 [panel]
 title = "ALMA-OS lab status"
