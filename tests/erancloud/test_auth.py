@@ -21,7 +21,8 @@ import pytest
 from erancloud import protocol
 from erancloud.auth import AuthDir
 from erancloud.errors import CoordinatorUnreachable
-from erancloud.store import KV_BUCKET, OBJ_BUCKET, Creds, Store
+from erancloud.store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, PUSH_MAX_BYTES, Creds, Store
+from nats.js import api
 from support_erancloud import ERANCLOUD, wait_for
 
 pytestmark = pytest.mark.slow
@@ -115,6 +116,15 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
         "write a model": [m.put_blob("model.4", b"x" * 100)],
         "write into w1's bucket": [m.put_blob("delta.4.w1.0", b"x", bucket=protocol.inbox_bucket("w1"))],
         "purge the KV stream": [m.js.purge_stream(f"KV_{KV_BUCKET}")],
+        "purge the push stream": [m.js.purge_stream(f"KV_{PUSH_BUCKET}")],
+        "make its push bucket unbounded": [
+            m.js.update_stream(
+                config=api.StreamConfig(name=f"KV_{PUSH_BUCKET}", subjects=[f"$KV.{PUSH_BUCKET}.>"], max_bytes=-1)
+            )
+        ],
+        "create a stream": [m.js.add_stream(name="EVIL", subjects=["evil.>"])],
+        "delete a KV message": [m.js.delete_msg(f"KV_{KV_BUCKET}", 1)],
+        "purge w1's bucket": [m.js.purge_stream(f"OBJ_{protocol.inbox_bucket('w1')}")],
         "delete the object stream": [m.js.delete_stream(f"OBJ_{OBJ_BUCKET}")],
     }
     for what, calls in attacks.items():
@@ -137,7 +147,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     assert coord.run(coord.store.get_blob("delta.4.w1.0", bucket=protocol.inbox_bucket("w1"))) is None
     assert seen(protocol.push_key(4, "mallory"))[0] == {"v": 1}
     log = server.log.read_text()
-    for subject in ("$KV.ERANCLOUD.push.4.w1", "$KV.ERANCLOUD.state", "$KV.ERANCLOUD.worker.evil",
+    for subject in ("$KV.ERANCLOUD_PUSH.push.4.w1", "$KV.ERANCLOUD.state", "$KV.ERANCLOUD.worker.evil",
                     "erancloud.v1.register.w1", "$JS.API.STREAM.DELETE.OBJ_ERANCLOUD_OBJ"):  # fmt: skip
         assert f'Publish Violation - User "mallory", Subject "{subject}"' in log
 
@@ -155,6 +165,41 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     with pytest.raises(CoordinatorUnreachable, match="no ERANCLOUD buckets"):
         Client(server.url, _creds(auth, "erangrid-agent"))
     coord.close()
+
+
+def test_a_flood_of_push_rows_locks_out_neither_the_coordinator_nor_an_honest_worker(auth_server) -> None:
+    """A worker may create push rows under its own name for any round: created as fast as the
+    server takes them, they once filled the bucket the round state lives in (1,117 rows of 60 KB
+    in 11 s, then the coordinator's every write failed with 'maximum bytes exceeded' and
+    training stopped). Push rows now live in a bucket of their own, small values only, which
+    drops its oldest rows when full."""
+    server, auth = auth_server
+    coord = Client(server.url, _creds(auth, "coordinator"), create=True)
+    mallory = Client(server.url, _creds(auth, "mallory"), timeout=1.0)
+    m = mallory.store
+
+    async def flood(size: int, count: int) -> None:
+        for r in range(count):
+            await m.nc.publish(f"$KV.{PUSH_BUCKET}.{protocol.push_key(10 + r, 'mallory')}", b"x" * size)
+        await m.nc.flush(timeout=30)
+
+    mallory.run(flood(60_000, 300))  # over the push bucket's value limit: none stored
+    mallory.run(flood(3_900, 6_000))  # 23 MB of small rows: more than the bucket holds
+    info = coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}"))
+    wait_for(lambda: coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}")).state.last_seq >= 6_000, 30,
+             "the flood stored")  # fmt: skip
+    info = coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}"))
+    assert info.state.bytes <= PUSH_MAX_BYTES and info.state.messages < 6_000  # the oldest rows went
+    # The coordinator's rows are elsewhere, untouched by the flood.
+    coord.run(coord.store.put_json("state", {"v": 1, "round": 3}))
+    coord.run(coord.store.put_json(protocol.verdict_key(3, "w1"), {"v": 1}))
+    assert coord.run(coord.store.js.stream_info(f"KV_{KV_BUCKET}")).state.bytes < 64 * 1024
+    # An honest worker still pushes.
+    w1 = Client(server.url, _creds(auth, "w1"), timeout=3.0)
+    assert w1.run(w1.store.create_json(protocol.push_key(3, "w1"), {"v": 1, "round": 3}))
+    assert coord.run(coord.store.get_json(protocol.push_key(3, "w1")))[0] == {"v": 1, "round": 3}
+    for c in (w1, mallory, coord):
+        c.close()
 
 
 def test_issue_worker_reloads_the_server_and_revoke_locks_out(auth_server, tmp_path) -> None:
