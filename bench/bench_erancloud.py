@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import multiprocessing as mp
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # One BLAS thread: the four "workers" are simulated in turn, and on a loaded 2-core machine
 # BLAS threads spinning against each other cost far more than they give on these small matrices.
@@ -305,6 +307,9 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma list of lines: sync,h50,h500,late,byz")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (independent runs; default 2)")
     ap.add_argument("--no-digits", action="store_true", help="skip (a)")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="JSON-lines file of finished runs (keyed by every setting): a run interrupted on a loaded "
+                         "machine resumes where it stopped; each figure is still computed once")  # fmt: skip
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     only = set(filter(None, args.only.split(",")))
@@ -326,10 +331,27 @@ def main() -> int:
     tuned_as = {k: ("h50" if k in ("late", "byz") else k) for k in wanted}  # whose settings a line uses
     to_tune = [k for k in ("sync", "h50", "h500") if k in tuned_as.values()]
     first = OUTER_GRID[0]
+    done: dict[str, float] = {}
+    if args.cache is not None and args.cache.exists():
+        for line in args.cache.read_text().splitlines():
+            row = json.loads(line)
+            done[row["key"]] = float(row["loss"])
+
+    def run_all(pool: concurrent.futures.Executor, tasks: list[Any]) -> list[float]:
+        keys = {t: json.dumps([args.steps, args.inner, args.warmup, *t]) for t in tasks}
+        futures = {pool.submit(_run, t): t for t in tasks if keys[t] not in done}
+        for fut in concurrent.futures.as_completed(futures):
+            key = keys[futures[fut]]
+            done[key] = fut.result()
+            if args.cache is not None:
+                with args.cache.open("a") as f:
+                    f.write(json.dumps({"key": key, "loss": done[key]}) + "\n")
+        return [done[keys[t]] for t in tasks]
+
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=mp.get_context("fork")) as pool:
         # 1. the inner lr of every line, all on the tuning split, at DiLoCo's outer setting
         tasks = [(k, lr, first, "tune", TUNE_SEED) for k in to_tune for lr in GRIDS[args.inner]]
-        got = dict(zip(tasks, pool.map(_run, tasks), strict=True))
+        got = dict(zip(tasks, run_all(pool, tasks), strict=True))
         inner_lr: dict[str, float] = {}
         outer_of: dict[str, tuple[float, float]] = {}
         for k in to_tune:
@@ -339,7 +361,7 @@ def main() -> int:
             print(f"    tuning {NAMES[k][:20]:<20} inner lr: {grid}  -> {inner_lr[k]:g}", flush=True)
         # 2. the outer (lr, momentum) of every Local-SGD H, at its tuned inner lr
         tasks = [(k, inner_lr[k], o, "tune", TUNE_SEED) for k in to_tune if k != "sync" for o in OUTER_GRID[1:]]
-        got.update(zip(tasks, pool.map(_run, tasks), strict=True))
+        got.update(zip(tasks, run_all(pool, tasks), strict=True))
         for k in to_tune:
             if k == "sync":
                 continue
@@ -355,7 +377,7 @@ def main() -> int:
                 for k in local_keys}  # fmt: skip
         tasks = [(k, lr, outer_of[k], "tune", TUNE_SEED) for k in local_keys for lr in near[k]
                  if (k, lr, outer_of[k], "tune", TUNE_SEED) not in got]  # fmt: skip
-        got.update(zip(tasks, pool.map(_run, tasks), strict=True))
+        got.update(zip(tasks, run_all(pool, tasks), strict=True))
         for k in local_keys:
             scores = {lr: got[(k, lr, outer_of[k], "tune", TUNE_SEED)] for lr in sorted([inner_lr[k], *near[k]])}
             inner_lr[k] = min(scores, key=lambda lr: scores[lr])
@@ -366,7 +388,7 @@ def main() -> int:
         tasks = [
             (k, inner_lr[tuned_as[k]], outer_of.get(tuned_as[k], first), "report", s) for k in wanted for s in seeds
         ]
-        got = dict(zip(tasks, pool.map(_run, tasks), strict=True))
+        got = dict(zip(tasks, run_all(pool, tasks), strict=True))
     results: dict[str, float] = {}
     print("    report split:")
     for key in wanted:
