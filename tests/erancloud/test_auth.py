@@ -10,6 +10,7 @@ worker can connect once the server reloaded, a revoked one no longer can."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import stat
 import subprocess
@@ -20,7 +21,7 @@ import time
 import pytest
 from erancloud import protocol
 from erancloud.auth import AuthDir
-from erancloud.errors import CoordinatorUnreachable
+from erancloud.errors import BadBlob, CoordinatorUnreachable
 from erancloud.store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, PUSH_MAX_BYTES, Creds, Store
 from nats.js import api
 from support_erancloud import ERANCLOUD, wait_for
@@ -47,11 +48,13 @@ class Client:
     """One authenticated connection, its event loop running in a thread of its own (so two
     clients of one test answer each other)."""
 
-    def __init__(self, url: str, creds: Creds | None, create: bool = False, timeout: float = 2.0) -> None:
+    def __init__(self, url: str, creds: Creds | None, create: bool = False) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.store = Store(url, timeout=timeout, creds=creds)
+        # 15 s per call: a loaded machine once took more than 1 s to connect. A refused write
+        # (no ack ever comes) is judged by ``refused``'s own 3 s bound.
+        self.store = Store(url, timeout=15.0, creds=creds)
         try:
             self.run(self.store.connect(create=create))
         except BaseException:
@@ -96,7 +99,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
         await msg.respond(b"{}")
 
     coord.run(coord.store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=on_register))
-    mallory = Client(server.url, _creds(auth, "mallory"), timeout=1.0)  # a refused write: no ack in 1 s
+    mallory = Client(server.url, _creds(auth, "mallory"))
     m = mallory.store
 
     # What mallory may do: read the state, register as itself, create its own push key, write
@@ -175,7 +178,7 @@ def test_a_flood_of_push_rows_locks_out_neither_the_coordinator_nor_an_honest_wo
     drops its oldest rows when full."""
     server, auth = auth_server
     coord = Client(server.url, _creds(auth, "coordinator"), create=True)
-    mallory = Client(server.url, _creds(auth, "mallory"), timeout=1.0)
+    mallory = Client(server.url, _creds(auth, "mallory"))
     m = mallory.store
 
     async def flood(size: int, count: int) -> None:
@@ -195,11 +198,48 @@ def test_a_flood_of_push_rows_locks_out_neither_the_coordinator_nor_an_honest_wo
     coord.run(coord.store.put_json(protocol.verdict_key(3, "w1"), {"v": 1}))
     assert coord.run(coord.store.js.stream_info(f"KV_{KV_BUCKET}")).state.bytes < 64 * 1024
     # An honest worker still pushes.
-    w1 = Client(server.url, _creds(auth, "w1"), timeout=3.0)
+    w1 = Client(server.url, _creds(auth, "w1"))
     assert w1.run(w1.store.create_json(protocol.push_key(3, "w1"), {"v": 1, "round": 3}))
     assert coord.run(coord.store.get_json(protocol.push_key(3, "w1")))[0] == {"v": 1, "round": 3}
     for c in (w1, mallory, coord):
         c.close()
+
+
+def test_a_worker_creates_no_consumers_and_its_links_are_not_followed(auth_server) -> None:
+    """Reading objects needs no consumer (direct gets, chunk by chunk): the server refuses a
+    worker every consumer, durable or ephemeral, old or new API (it once made 300 durable
+    consumers on ERANCLOUD_OBJ in 5 s, kept for ever). A link object in a worker's own bucket,
+    pointing into ERANCLOUD_OBJ, is refused, not followed."""
+    server, auth = auth_server
+    coord = Client(server.url, _creds(auth, "coordinator"), create=True)
+    coord.run(coord.store.inbox("mallory", create=True))
+    coord.run(coord.store.put_blob("model.1", b"m" * 300_000))  # three chunks
+    mallory = Client(server.url, _creds(auth, "mallory"))
+    m = mallory.store
+    assert mallory.run(m.get_blob("model.1")) == b"m" * 300_000  # what a worker reads: still read
+    mallory.run(m.put_blob("delta.1.mallory.0", b"d" * 10, bucket=protocol.inbox_bucket("mallory")))
+    assert mallory.run(m.get_blob("delta.1.mallory.0", bucket=protocol.inbox_bucket("mallory"))) == b"d" * 10
+    stream = f"OBJ_{OBJ_BUCKET}"
+
+    def raw(subject: str, config: dict) -> bool:
+        body = json.dumps({"stream_name": stream, "config": config}).encode()
+        return mallory.refused(m.nc.request(subject, body, timeout=2))
+
+    assert raw(f"$JS.API.CONSUMER.CREATE.{stream}.evil", {"durable_name": "evil", "name": "evil"})
+    assert raw(f"$JS.API.CONSUMER.CREATE.{stream}", {"inactive_threshold": 10**15})
+    assert raw(f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.evil", {"durable_name": "evil"})
+    assert mallory.refused(m.js.add_consumer(stream, api.ConsumerConfig(durable_name="evil2")))
+    assert coord.run(coord.store.js.stream_info(stream)).state.consumer_count == 0
+    # A link named like a delta, into the coordinator's bucket: refused as a bad blob.
+    bucket, name = protocol.inbox_bucket("mallory"), "delta.2.mallory.0"
+    meta = {"name": name, "bucket": bucket, "nuid": "x", "size": 0, "chunks": 0, "digest": "",
+            "options": {"link": {"bucket": OBJ_BUCKET, "name": "model.1"}}}  # fmt: skip
+    subject = f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+    mallory.run(m.js.publish(subject, json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"}))
+    with pytest.raises(BadBlob, match="link"):
+        coord.run(coord.store.get_blob("delta.2.mallory.0", bucket=protocol.inbox_bucket("mallory")))
+    mallory.close()
+    coord.close()
 
 
 def test_issue_worker_reloads_the_server_and_revoke_locks_out(auth_server, tmp_path) -> None:

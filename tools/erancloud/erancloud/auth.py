@@ -86,10 +86,8 @@ def permissions(role: str, user: str) -> dict[str, Any]:
                     *(f"{api}.DIRECT.GET.{s}" for s in (kv, push, obj, own)),
                     *(f"{api}.DIRECT.GET.{s}.>" for s in (kv, push, obj, own)),
                     f"{api}.STREAM.PURGE.{own}",  # nats-py replacing an object of its own
-                    f"{api}.CONSUMER.CREATE.{obj}",  # reading the model and its shard
-                    f"{api}.CONSUMER.CREATE.{obj}.>",
-                    f"{api}.CONSUMER.DELETE.{obj}.*",
-                    f"$JS.FC.{obj}.>",
+                    # No consumers: objects are read chunk by chunk with direct gets (store.py),
+                    # so a worker cannot create consumers (durable ones, without end).
                 ]
             },
             "subscribe": {"allow": [f"_INBOX.{user}.>"]},
