@@ -15,8 +15,8 @@ the baseline, Nesterov only on the Local-SGD side, settings picked on the split 
   a Local-SGD worker keeps its own optimizer state across rounds;
 * the same lr grid (factor 2 apart) for the baseline and for each Local-SGD H, the same
   schedule (linear warmup over the first 5 % of the steps, then cosine to 0); Local-SGD's
-  outer (lr, momentum) is tuned too, per H, on the tuning split (its inner lr then re-checked
-  at the grid points next to it): its second knob, searched on the same footing;
+  outer (lr, momentum) is tuned too, per H, on the tuning split, at its tuned inner lr (with
+  ``--retune`` its inner lr is then re-checked at the grid points next to it);
 * every Local-SGD run has whole rounds only: with the default 2,000 steps, H = 500 has four
   outer rounds, H = 50 forty;
 * every reported figure is the mean over ``--seeds`` (>= 3) with min and max; samples and
@@ -263,10 +263,10 @@ def digits(aggregate: str, byzantine: bool, rounds: int = 12, h: int = 20) -> fl
 
 # The inner-lr grid, the same for both sides (factor 2 apart; the first run's grid was
 # factor ~3 apart). The outer (lr, momentum) grid is searched for each Local-SGD H at its
-# tuned inner lr, then that H's inner lr once more at its tuned outer setting (the grid
-# points next to it): Local-SGD has two knobs where the baseline has one, each is searched
-# on the same grid. (0.7, 0.9) is DiLoCo's setting; the steady-state step is
-# lr / (1 - momentum) times the mean delta: 7, 2, 3.3, 5 for these four.
+# tuned inner lr (--retune: then that H's inner lr once more at its tuned outer setting, the
+# grid points next to it): Local-SGD has two knobs where the baseline has one. (0.7, 0.9) is
+# DiLoCo's setting; the steady-state step is lr / (1 - momentum) times the mean delta: 7, 2,
+# 3.3, 5 for these four.
 GRIDS = {
     "sgd": (0.025, 0.05, 0.1, 0.2, 0.4),
     "adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2),
@@ -307,6 +307,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma list of lines: sync,h50,h500,late,byz")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (independent runs; default 2)")
     ap.add_argument("--no-digits", action="store_true", help="skip (a)")
+    ap.add_argument("--retune", action="store_true", help="re-tune Local-SGD's inner lr at its tuned outer setting")
     ap.add_argument("--cache", type=Path, default=None,
                     help="JSON-lines file of finished runs (keyed by every setting): a run interrupted on a loaded "
                          "machine resumes where it stopped; each figure is still computed once")  # fmt: skip
@@ -359,9 +360,11 @@ def main() -> int:
             inner_lr[k] = min(scores, key=lambda lr: scores[lr])
             grid = "  ".join(f"{lr:g}: {v:.3f}" for lr, v in scores.items())
             print(f"    tuning {NAMES[k][:20]:<20} inner lr: {grid}  -> {inner_lr[k]:g}", flush=True)
-        # 2. the outer (lr, momentum) of every Local-SGD H, at its tuned inner lr
+        # 2. the outer (lr, momentum) of every Local-SGD H, at its tuned inner lr (and, in the same
+        # batch of runs, the baseline's report runs: its one knob is tuned already)
         tasks = [(k, inner_lr[k], o, "tune", TUNE_SEED) for k in to_tune if k != "sync" for o in OUTER_GRID[1:]]
-        got.update(zip(tasks, run_all(pool, tasks), strict=True))
+        early = [("sync", inner_lr["sync"], first, "report", s) for s in seeds] if "sync" in wanted else []
+        got.update(zip(tasks + early, run_all(pool, tasks + early), strict=True))
         for k in to_tune:
             if k == "sync":
                 continue
@@ -370,9 +373,9 @@ def main() -> int:
             print(f"    tuning {NAMES[k][:20]:<20} outer (lr, momentum): "
                   + "  ".join(f"{o[0]:g}/{o[1]:g}: {v:.3f}" for o, v in scores.items())
                   + f"  -> {outer_of[k][0]:g}/{outer_of[k][1]:g}", flush=True)  # fmt: skip
-        # 3. the inner lr once more, at the tuned outer setting: the grid points next to it
+        # 3. (--retune) the inner lr once more, at the tuned outer setting: the grid points next to it
         grid = list(GRIDS[args.inner])
-        local_keys = [k for k in to_tune if k != "sync"]
+        local_keys = [k for k in to_tune if k != "sync"] if args.retune else []
         near = {k: [grid[i] for i in (grid.index(inner_lr[k]) - 1, grid.index(inner_lr[k]) + 1) if 0 <= i < len(grid)]
                 for k in local_keys}  # fmt: skip
         tasks = [(k, lr, outer_of[k], "tune", TUNE_SEED) for k in local_keys for lr in near[k]
