@@ -70,7 +70,7 @@ def test_one_byzantine_worker_of_four_cannot_ruin_training(tmp_path, procs) -> N
         procs.start("coord", "coordinator", "--nats", server.url, "--creds", str(auth.creds_path("coordinator")),
                     "--rounds", str(ROUNDS), "--min-deltas", "3", "--round-timeout", "30",
                     "--status-file", str(status_file))  # fmt: skip
-        wait_for(status_file.exists, 60, "the coordinator")
+        wait_for(status_file.exists, 180, "the coordinator")
         for w in ("w1", "w2", "w3"):
             procs.start(w, "client", "--nats", server.url, "--creds", str(auth.creds_path(w)))
         log: list[str] = []

@@ -66,7 +66,7 @@ def _coordinator(procs, url, tmp_path, min_deltas: int, round_timeout: int):
     procs.start("coord", "coordinator", "--nats", url, "--rounds", "40", "--min-deltas", str(min_deltas),
                 "--round-timeout", str(round_timeout), "--h-steps", "6000",
                 "--status-file", str(tmp_path / "status.json"))  # fmt: skip
-    wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
 
 
 def test_a_frozen_round_is_pushed_late_and_taken_with_its_staleness_weight(nats_server, procs, peek, tmp_path):
@@ -158,7 +158,7 @@ def test_refused_registration_and_model_hash_mismatch(nats_server, procs, peek, 
     url = nats_server.url
     procs.start("coord", "coordinator", "--nats", url, "--rounds", "50", "--max-workers", "1", "--min-deltas", "1",
                 "--status-file", str(tmp_path / "status.json"))  # fmt: skip
-    wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
     first = _run("client", "--nats", url, "--worker-id", "one", "--rounds", "1")
     assert first.returncode == 0, first.stderr
     second = _run("client", "--nats", url, "--worker-id", "two", "--rounds", "1")

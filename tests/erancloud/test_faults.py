@@ -70,7 +70,7 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     coord_args = ["coordinator", "--nats", url, "--rounds", str(ROUNDS), "--min-deltas", "2",
                   "--round-timeout", "2", "--status-file", str(status_file)]  # fmt: skip
     procs.start("coord", *coord_args)
-    wait_for(status_file.exists, 60, "the coordinator's status.json")
+    wait_for(status_file.exists, 180, "the coordinator's status.json")
     for w in WORKERS:
         procs.start(w, "client", "--nats", url, "--worker-id", w,
                     env={"ERAN_GRID_CHECKPOINT_DIR": str(tmp_path / w / "checkpoint")})  # fmt: skip
