@@ -10,6 +10,7 @@ worker can connect once the server reloaded, a revoked one no longer can."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import stat
 import subprocess
@@ -20,8 +21,9 @@ import time
 import pytest
 from erancloud import protocol
 from erancloud.auth import AuthDir
-from erancloud.errors import CoordinatorUnreachable
-from erancloud.store import KV_BUCKET, OBJ_BUCKET, Creds, Store
+from erancloud.errors import BadBlob, CoordinatorUnreachable
+from erancloud.store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, PUSH_MAX_BYTES, Creds, Store
+from nats.js import api
 from support_erancloud import ERANCLOUD, wait_for
 
 pytestmark = pytest.mark.slow
@@ -46,11 +48,13 @@ class Client:
     """One authenticated connection, its event loop running in a thread of its own (so two
     clients of one test answer each other)."""
 
-    def __init__(self, url: str, creds: Creds | None, create: bool = False, timeout: float = 2.0) -> None:
+    def __init__(self, url: str, creds: Creds | None, create: bool = False) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.store = Store(url, timeout=timeout, creds=creds)
+        # 15 s per call: a loaded machine once took more than 1 s to connect. A refused write
+        # (no ack ever comes) is judged by ``refused``'s own 3 s bound.
+        self.store = Store(url, timeout=15.0, creds=creds)
         try:
             self.run(self.store.connect(create=create))
         except BaseException:
@@ -95,7 +99,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
         await msg.respond(b"{}")
 
     coord.run(coord.store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=on_register))
-    mallory = Client(server.url, _creds(auth, "mallory"), timeout=1.0)  # a refused write: no ack in 1 s
+    mallory = Client(server.url, _creds(auth, "mallory"))
     m = mallory.store
 
     # What mallory may do: read the state, register as itself, create its own push key, write
@@ -115,6 +119,15 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
         "write a model": [m.put_blob("model.4", b"x" * 100)],
         "write into w1's bucket": [m.put_blob("delta.4.w1.0", b"x", bucket=protocol.inbox_bucket("w1"))],
         "purge the KV stream": [m.js.purge_stream(f"KV_{KV_BUCKET}")],
+        "purge the push stream": [m.js.purge_stream(f"KV_{PUSH_BUCKET}")],
+        "make its push bucket unbounded": [
+            m.js.update_stream(
+                config=api.StreamConfig(name=f"KV_{PUSH_BUCKET}", subjects=[f"$KV.{PUSH_BUCKET}.>"], max_bytes=-1)
+            )
+        ],
+        "create a stream": [m.js.add_stream(name="EVIL", subjects=["evil.>"])],
+        "delete a KV message": [m.js.delete_msg(f"KV_{KV_BUCKET}", 1)],
+        "purge w1's bucket": [m.js.purge_stream(f"OBJ_{protocol.inbox_bucket('w1')}")],
         "delete the object stream": [m.js.delete_stream(f"OBJ_{OBJ_BUCKET}")],
     }
     for what, calls in attacks.items():
@@ -137,7 +150,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     assert coord.run(coord.store.get_blob("delta.4.w1.0", bucket=protocol.inbox_bucket("w1"))) is None
     assert seen(protocol.push_key(4, "mallory"))[0] == {"v": 1}
     log = server.log.read_text()
-    for subject in ("$KV.ERANCLOUD.push.4.w1", "$KV.ERANCLOUD.state", "$KV.ERANCLOUD.worker.evil",
+    for subject in ("$KV.ERANCLOUD_PUSH.push.4.w1", "$KV.ERANCLOUD.state", "$KV.ERANCLOUD.worker.evil",
                     "erancloud.v1.register.w1", "$JS.API.STREAM.DELETE.OBJ_ERANCLOUD_OBJ"):  # fmt: skip
         assert f'Publish Violation - User "mallory", Subject "{subject}"' in log
 
@@ -154,6 +167,78 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     # The ERAN-GRID agent lives in an account of its own: ERANCLOUD's buckets do not exist there.
     with pytest.raises(CoordinatorUnreachable, match="no ERANCLOUD buckets"):
         Client(server.url, _creds(auth, "erangrid-agent"))
+    coord.close()
+
+
+def test_a_flood_of_push_rows_locks_out_neither_the_coordinator_nor_an_honest_worker(auth_server) -> None:
+    """A worker may create push rows under its own name for any round: created as fast as the
+    server takes them, they once filled the bucket the round state lives in (1,117 rows of 60 KB
+    in 11 s, then the coordinator's every write failed with 'maximum bytes exceeded' and
+    training stopped). Push rows now live in a bucket of their own, small values only, which
+    drops its oldest rows when full."""
+    server, auth = auth_server
+    coord = Client(server.url, _creds(auth, "coordinator"), create=True)
+    mallory = Client(server.url, _creds(auth, "mallory"))
+    m = mallory.store
+
+    async def flood(size: int, count: int) -> None:
+        for r in range(count):
+            await m.nc.publish(f"$KV.{PUSH_BUCKET}.{protocol.push_key(10 + r, 'mallory')}", b"x" * size)
+        await m.nc.flush(timeout=30)
+
+    mallory.run(flood(60_000, 300))  # over the push bucket's value limit: none stored
+    mallory.run(flood(3_900, 6_000))  # 23 MB of small rows: more than the bucket holds
+    info = coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}"))
+    wait_for(lambda: coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}")).state.last_seq >= 6_000, 30,
+             "the flood stored")  # fmt: skip
+    info = coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}"))
+    assert info.state.bytes <= PUSH_MAX_BYTES and info.state.messages < 6_000  # the oldest rows went
+    # The coordinator's rows are elsewhere, untouched by the flood.
+    coord.run(coord.store.put_json("state", {"v": 1, "round": 3}))
+    coord.run(coord.store.put_json(protocol.verdict_key(3, "w1"), {"v": 1}))
+    assert coord.run(coord.store.js.stream_info(f"KV_{KV_BUCKET}")).state.bytes < 64 * 1024
+    # An honest worker still pushes.
+    w1 = Client(server.url, _creds(auth, "w1"))
+    assert w1.run(w1.store.create_json(protocol.push_key(3, "w1"), {"v": 1, "round": 3}))
+    assert coord.run(coord.store.get_json(protocol.push_key(3, "w1")))[0] == {"v": 1, "round": 3}
+    for c in (w1, mallory, coord):
+        c.close()
+
+
+def test_a_worker_creates_no_consumers_and_its_links_are_not_followed(auth_server) -> None:
+    """Reading objects needs no consumer (direct gets, chunk by chunk): the server refuses a
+    worker every consumer, durable or ephemeral, old or new API (it once made 300 durable
+    consumers on ERANCLOUD_OBJ in 5 s, kept for ever). A link object in a worker's own bucket,
+    pointing into ERANCLOUD_OBJ, is refused, not followed."""
+    server, auth = auth_server
+    coord = Client(server.url, _creds(auth, "coordinator"), create=True)
+    coord.run(coord.store.inbox("mallory", create=True))
+    coord.run(coord.store.put_blob("model.1", b"m" * 300_000))  # three chunks
+    mallory = Client(server.url, _creds(auth, "mallory"))
+    m = mallory.store
+    assert mallory.run(m.get_blob("model.1")) == b"m" * 300_000  # what a worker reads: still read
+    mallory.run(m.put_blob("delta.1.mallory.0", b"d" * 10, bucket=protocol.inbox_bucket("mallory")))
+    assert mallory.run(m.get_blob("delta.1.mallory.0", bucket=protocol.inbox_bucket("mallory"))) == b"d" * 10
+    stream = f"OBJ_{OBJ_BUCKET}"
+
+    def raw(subject: str, config: dict) -> bool:
+        body = json.dumps({"stream_name": stream, "config": config}).encode()
+        return mallory.refused(m.nc.request(subject, body, timeout=2))
+
+    assert raw(f"$JS.API.CONSUMER.CREATE.{stream}.evil", {"durable_name": "evil", "name": "evil"})
+    assert raw(f"$JS.API.CONSUMER.CREATE.{stream}", {"inactive_threshold": 10**15})
+    assert raw(f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.evil", {"durable_name": "evil"})
+    assert mallory.refused(m.js.add_consumer(stream, api.ConsumerConfig(durable_name="evil2")))
+    assert coord.run(coord.store.js.stream_info(stream)).state.consumer_count == 0
+    # A link named like a delta, into the coordinator's bucket: refused as a bad blob.
+    bucket, name = protocol.inbox_bucket("mallory"), "delta.2.mallory.0"
+    meta = {"name": name, "bucket": bucket, "nuid": "x", "size": 0, "chunks": 0, "digest": "",
+            "options": {"link": {"bucket": OBJ_BUCKET, "name": "model.1"}}}  # fmt: skip
+    subject = f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+    mallory.run(m.js.publish(subject, json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"}))
+    with pytest.raises(BadBlob, match="link"):
+        coord.run(coord.store.get_blob("delta.2.mallory.0", bucket=protocol.inbox_bucket("mallory")))
+    mallory.close()
     coord.close()
 
 

@@ -68,7 +68,7 @@ def test_pip_install_one_round_uninstall_leaves_nothing(nats_server, procs, tmp_
 
     procs.start("coord", "coordinator", "--nats", nats_server.url, "--rounds", "1", "--min-deltas", "1",
                 "--status-file", str(tmp_path / "status.json"))  # fmt: skip
-    wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
     run = subprocess.run([str(venv / "bin" / "eran-cloud"), "client", "--nats", nats_server.url, "--worker-id",
                           "desk", "--rounds", "1"], env=env, capture_output=True, text=True, timeout=120,
                          cwd=home)  # fmt: skip
@@ -87,7 +87,7 @@ def test_worker_opens_no_device_and_writes_only_its_job_directory(nats_server, p
     strace = require_tool("strace")
     procs.start("coord", "coordinator", "--nats", nats_server.url, "--rounds", "2", "--min-deltas", "1",
                 "--status-file", str(tmp_path / "status.json"))  # fmt: skip
-    wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
     job = tmp_path / "job"
     (job / "checkpoint").mkdir(parents=True)
     trace = tmp_path / "trace"

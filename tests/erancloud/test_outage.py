@@ -21,7 +21,7 @@ def test_short_outage_is_ridden_out_and_a_long_one_fails_closed(nats_server, pro
     url = nats_server.url
     procs.start("coord", "coordinator", "--nats", url, "--rounds", "500", "--min-deltas", "1", "--round-timeout", "1",
                 "--outage-window", str(WINDOW), "--status-file", str(tmp_path / "status.json"))  # fmt: skip
-    wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
     procs.start("a", "client", "--nats", url, "--worker-id", "a", "--outage-window", str(WINDOW), "--timeout", "2")
 
     def round_now() -> int:

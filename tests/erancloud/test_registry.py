@@ -33,7 +33,7 @@ def test_fake_registrations_expire_and_a_real_worker_gets_in(nats_server, procs,
     status_file = tmp_path / "status.json"
     procs.start("coord", "coordinator", "--nats", url, "--rounds", "200", "--min-deltas", "1", "--round-timeout", "1",
                 "--max-workers", "4", "--expire-rounds", "4", "--status-file", str(status_file))  # fmt: skip
-    wait_for(status_file.exists, 60, "the coordinator")
+    wait_for(status_file.exists, 180, "the coordinator")
     procs.start("a", "client", "--nats", url, "--worker-id", "a")
     p = peek()
     wait_for(lambda: p.state().get("round", 0) >= 1, 60, "round 1")
@@ -55,7 +55,7 @@ def test_tampered_rows_are_reported_and_ignored_or_stop_with_a_reason(nats_serve
     args = ["coordinator", "--nats", url, "--rounds", "50", "--min-deltas", "1", "--round-timeout", "1",
             "--status-file", str(tmp_path / "status.json")]  # fmt: skip
     procs.start("coord", *args)
-    wait_for((tmp_path / "status.json").exists, 60, "the coordinator")
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
     procs.procs["coord"].kill()
     procs.wait("coord")
     p = peek()

@@ -16,7 +16,8 @@ violation and drops the message):
   Object Store bucket, replies to registrations. It alone writes ``state``, ``worker.*``,
   ``verdict.*``, ``round.*``, models, momenta, shards and the accepted deltas.
 * **worker W** (account ERANCLOUD): publishes only ``erancloud.v1.register.W`` (so the subject
-  the coordinator sees is the server's identity of the sender), KV key ``push.<round>.W`` and
+  the coordinator sees is the server's identity of the sender), KV key ``push.<round>.W`` (in
+  the push bucket, apart from the coordinator's rows: store.py) and
   its own Object Store bucket ``ERANCLOUD_D_W``; reads the KV bucket and ``ERANCLOUD_OBJ``
   (read-only JetStream API calls on those streams); subscribes only to ``_INBOX.W.>``.
 * **erangrid-agent** (account ERANGRID, a JetStream namespace of its own): its queue
@@ -42,7 +43,7 @@ from typing import Any
 from . import PROTOCOL
 from .errors import UserError
 from .protocol import WORKER_ID, inbox_bucket
-from .store import KV_BUCKET, OBJ_BUCKET, write_private
+from .store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, write_private
 
 COORDINATOR = "coordinator"
 AGENT = "erangrid-agent"
@@ -52,40 +53,41 @@ BCRYPT_COST = 10  # nats-server checks it on every connect: ~0.1 s on a board
 # own, smaller limits: store.py).
 ACCOUNT_FILE_MAX = 2 * 1024**3
 ACCOUNT_MEM_MAX = 64 * 1024**2
-ACCOUNT_STREAMS_MAX = 300  # 2 buckets + one inbox bucket per worker
+ACCOUNT_STREAMS_MAX = 300  # 3 buckets + one inbox bucket per worker
 
 
-def _streams(worker: str) -> tuple[str, str, str]:
-    return f"KV_{KV_BUCKET}", f"OBJ_{OBJ_BUCKET}", f"OBJ_{inbox_bucket(worker)}"
+def _streams(worker: str) -> tuple[str, str, str, str]:
+    return f"KV_{KV_BUCKET}", f"KV_{PUSH_BUCKET}", f"OBJ_{OBJ_BUCKET}", f"OBJ_{inbox_bucket(worker)}"
 
 
 def permissions(role: str, user: str) -> dict[str, Any]:
     """The server-side allow lists of one user."""
     if role == "coordinator":
         return {
-            "publish": {"allow": ["$JS.API.>", f"$KV.{KV_BUCKET}.>", "$O.>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]},
+            "publish": {
+                "allow": ["$JS.API.>", f"$KV.{KV_BUCKET}.>", f"$KV.{PUSH_BUCKET}.>", "$O.>", "$JS.ACK.>", "$JS.FC.>"]
+                + ["_INBOX.>"]
+            },
             "subscribe": {"allow": ["erancloud.v1.register.*", f"_INBOX.{user}.>"]},
         }
     if role == "worker":
-        kv, obj, own = _streams(user)
+        kv, push, obj, own = _streams(user)
         api = "$JS.API"
         return {
             "publish": {
                 "allow": [
                     f"erancloud.v1.register.{user}",
-                    f"$KV.{KV_BUCKET}.push.*.{user}",
+                    f"$KV.{PUSH_BUCKET}.push.*.{user}",
                     f"$O.{inbox_bucket(user)}.>",
                     f"{api}.INFO",
                     f"{api}.STREAM.NAMES",  # nats-py finds the stream of a subject it reads
-                    *(f"{api}.STREAM.INFO.{s}" for s in (kv, obj, own)),
-                    *(f"{api}.STREAM.MSG.GET.{s}" for s in (kv, obj, own)),
-                    *(f"{api}.DIRECT.GET.{s}" for s in (kv, obj, own)),
-                    *(f"{api}.DIRECT.GET.{s}.>" for s in (kv, obj, own)),
+                    *(f"{api}.STREAM.INFO.{s}" for s in (kv, push, obj, own)),
+                    *(f"{api}.STREAM.MSG.GET.{s}" for s in (kv, push, obj, own)),
+                    *(f"{api}.DIRECT.GET.{s}" for s in (kv, push, obj, own)),
+                    *(f"{api}.DIRECT.GET.{s}.>" for s in (kv, push, obj, own)),
                     f"{api}.STREAM.PURGE.{own}",  # nats-py replacing an object of its own
-                    f"{api}.CONSUMER.CREATE.{obj}",  # reading the model and its shard
-                    f"{api}.CONSUMER.CREATE.{obj}.>",
-                    f"{api}.CONSUMER.DELETE.{obj}.*",
-                    f"$JS.FC.{obj}.>",
+                    # No consumers: objects are read chunk by chunk with direct gets (store.py),
+                    # so a worker cannot create consumers (durable ones, without end).
                 ]
             },
             "subscribe": {"allow": [f"_INBOX.{user}.>"]},

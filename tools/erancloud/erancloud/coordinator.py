@@ -43,6 +43,11 @@ from .outer import Outer
 from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Disconnected, Outage, Store, dump_row, parse_row
 
 Log = Callable[[str], None]
+# Verdict rows are written for pushes of rounds up to this far ahead of the open one: a worker
+# pushing for round after round must not make the coordinator fill its own bucket with verdicts
+# it never prunes. Further out: counted, logged, the push row deleted. (Past rounds are bounded
+# by the rounds run so far.)
+VERDICTS_AHEAD = 8
 
 
 @dataclass
@@ -253,6 +258,12 @@ class Coordinator:
             return
         round_no, worker = parsed
         async with self.lock:
+            current = int(self.state["round"])
+            if round_no > current + VERDICTS_AHEAD:
+                self._count("future round")
+                self.log(f"round {current}: dropped a push of {worker} for round {round_no}: future round, no verdict")
+                await self.store.delete(key)
+                return
             record = parse_row(value)
             applied = self.state["applied"].get(f"{round_no}.{worker}")
             if applied is not None and record is not None and record.get("sha256") == applied:
@@ -545,7 +556,7 @@ async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0, creds: Cred
                         with contextlib.suppress(Exception):
                             await asyncio.wait_for(watcher.stop(), timeout)
                     watcher = None
-                    watcher = await store.kv.watch("push.>")
+                    watcher = await store.pushes.watch("push.>")
                 with contextlib.suppress(*TIMEOUTS):
                     entry = await watcher.updates(timeout=cfg.poll)
                     while entry is not None:

@@ -1,8 +1,14 @@
 """JetStream as ERANCLOUD's only store (the engine ERAN-GRID already uses).
 
-* KV bucket ``ERANCLOUD`` (file storage): ``state`` (the round state, one JSON row, updated
-  compare-and-set on its revision), ``worker.<id>`` (the registry), ``push.<round>.<id>``
-  (a worker's push record, created once), ``verdict.<round>.<id>`` (the coordinator's answer).
+* KV bucket ``ERANCLOUD`` (file storage), written by the coordinator alone: ``state`` (the
+  round state, one JSON row, updated compare-and-set on its revision), ``worker.<id>`` (the
+  registry), ``verdict.<round>.<id>`` (the coordinator's answer), ``round.<r>``.
+* KV bucket ``ERANCLOUD_PUSH``: ``push.<round>.<id>`` (a worker's push record, created once).
+  Every worker writes here, so it is apart from the coordinator's rows: a worker creating
+  push rows for round after round fills at most this bucket, never the one the round state
+  lives in, and the bucket drops its oldest rows when full (discard "old"), so a flood cannot
+  lock the honest workers out either (the coordinator reads each push as it arrives).
+  ``Store`` picks the bucket from the key: callers name keys only.
 * Object Store ``ERANCLOUD_OBJ``: ``model.<round>``, ``momentum.<round>``, ``shard.<n>``,
   ``delta.<round>.<id>.<sha12>`` (blobs, wire.py).
 * Object Store ``ERANCLOUD_D_<id>``: one per worker, the only place that worker may write a
@@ -13,6 +19,10 @@ Every bucket is created with limits (bytes, value size, per-worker TTL): a peer 
 the server's disk through them. With the shipped server config (auth.py) the server also
 decides who may write which key and bucket.
 
+Objects are read chunk by chunk with JetStream direct gets (``_chunks``), never through a
+consumer: the workers' role then needs no right to create consumers (which it could create
+without end), and an object that is a link into another bucket is refused, not followed.
+
 nats-py is imported only here. Every call is bounded by a timeout; nats-py reconnects with a
 bounded backoff, an ``Outage`` lets callers ride out a bounded outage, and any transport
 failure past it is a ``CoordinatorUnreachable`` with the URL and the cause (connection
@@ -22,7 +32,9 @@ refused, authorization, timeout), never a traceback. Credentials never appear in
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import stat
@@ -47,6 +59,10 @@ OBJ_BUCKET = "ERANCLOUD_OBJ"
 KV_VALUE_MAX = 64 * 1024  # our rows are small JSON; anything bigger is refused on read
 # Limits set when the buckets are created (a bucket made by an older coordinator keeps its own).
 KV_MAX_BYTES = 64 * 1024 * 1024
+PUSH_BUCKET = "ERANCLOUD_PUSH"
+PUSH_PREFIX = "push."
+PUSH_VALUE_MAX = 4 * 1024  # a push record is ~400 bytes of JSON
+PUSH_MAX_BYTES = 16 * 1024 * 1024  # ~40k records: a flood evicts its own rows long before an unread honest one
 OBJ_MAX_BYTES = 128 * 1024 * 1024  # ~50 rounds of models, momenta and deltas of a 2.4k model: ~10 MB
 INBOX_MAX_BYTES = 4 * 1024 * 1024  # a worker's own bucket: a few deltas in flight
 INBOX_TTL = 3600.0  # seconds; the coordinator copies what it accepts, the rest may go
@@ -112,6 +128,7 @@ class Store:
         self.nc: Any = None
         self.js: Any = None
         self.kv: Any = None
+        self.pushes: Any = None  # the ERANCLOUD_PUSH bucket (push.* keys)
         self.obj: Any = None
         self.inboxes: dict[str, Any] = {}
         self.last_error: BaseException | None = None  # what nats-py last reported (error_cb)
@@ -161,9 +178,11 @@ class Store:
             self.js = self.nc.jetstream(timeout=self.timeout)
             if create:
                 self.kv = await self._kv_bucket()
+                self.pushes = await self._push_bucket()
                 self.obj = await self._obj_bucket()
             else:
                 self.kv = await self.js.key_value(KV_BUCKET)
+                self.pushes = await self.js.key_value(PUSH_BUCKET)
                 self.obj = await self.js.object_store(OBJ_BUCKET)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError) as exc:
             await self.close()
@@ -183,6 +202,20 @@ class Store:
                 bucket=KV_BUCKET, storage=api.StorageType.FILE, history=1, max_value_size=KV_VALUE_MAX,
                 max_bytes=KV_MAX_BYTES,
             )  # fmt: skip
+
+    async def _push_bucket(self) -> Any:
+        try:
+            return await self.js.key_value(PUSH_BUCKET)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            await self.js.create_key_value(
+                bucket=PUSH_BUCKET, storage=api.StorageType.FILE, history=1, max_value_size=PUSH_VALUE_MAX,
+                max_bytes=PUSH_MAX_BYTES,
+            )  # fmt: skip
+            # nats-py makes every KV bucket discard "new" when full: here the oldest rows go.
+            info = await self.js.stream_info(f"KV_{PUSH_BUCKET}")
+            info.config.discard = api.DiscardPolicy.OLD
+            await self.js.update_stream(info.config)
+            return await self.js.key_value(PUSH_BUCKET)
 
     async def _obj_bucket(self) -> Any:
         try:
@@ -228,22 +261,26 @@ class Store:
                 await asyncio.wait_for(self.nc.close(), timeout=self.timeout)
 
     # -- KV -------------------------------------------------------------------------------
+    def _kv(self, key: str) -> Any:
+        """The bucket a key lives in: push records in ERANCLOUD_PUSH, the rest in ERANCLOUD."""
+        return self.pushes if key.startswith(PUSH_PREFIX) else self.kv
+
     async def get_json(self, key: str) -> tuple[dict[str, Any] | None, int]:
         """(row, revision); (None, 0) when absent. A row that is not a small JSON object is
         reported as absent-with-revision so the caller can overwrite it."""
         try:
-            entry = await self.kv.get(key)
+            entry = await self._kv(key).get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, nats.js.errors.NotFoundError):
             return None, 0
         return parse_row(entry.value), int(entry.revision or 0)
 
     async def put_json(self, key: str, row: dict[str, Any]) -> int:
-        return int(await self.kv.put(key, dump_row(row)))
+        return int(await self._kv(key).put(key, dump_row(row)))
 
     async def create_json(self, key: str, row: dict[str, Any]) -> bool:
         """True when created; False when the key exists already (create-only: exactly once)."""
         try:
-            await self.kv.create(key, dump_row(row))
+            await self._kv(key).create(key, dump_row(row))
             return True
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
@@ -251,18 +288,18 @@ class Store:
     async def update_json(self, key: str, row: dict[str, Any], revision: int) -> int:
         """Compare-and-set on ``revision``: the new revision, or 0 when someone else wrote in between."""
         try:
-            return int(await self.kv.update(key, dump_row(row), last=revision))
+            return int(await self._kv(key).update(key, dump_row(row), last=revision))
         except nats.js.errors.KeyWrongLastSequenceError:
             return 0
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.NotFoundError):
-            await self.kv.purge(key)
+            await self._kv(key).purge(key)
 
     async def keys(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (which ends in "."). A watcher on that subject, not kv.keys():
         nats-server < 2.10 ignores kv.keys()'s filters."""
-        watcher = await self.kv.watch(f"{prefix}>", headers_only=True, ignore_deletes=True)
+        watcher = await self._kv(prefix).watch(f"{prefix}>", headers_only=True, ignore_deletes=True)
         found: list[str] = []
         try:
             while True:
@@ -290,16 +327,43 @@ class Store:
         ``max_bytes`` (checked on its metadata, before a byte of it is fetched). JetStream's own chunk digest failing is
         reported as a bad blob, like any other corruption."""
         try:
-            obj = await self._bucket(bucket)
-            if max_bytes is not None:
-                size = int((await obj.get_info(name)).size or 0)
-                if size > max_bytes:
-                    raise BadBlob(f"{size} bytes, more than the {max_bytes} a blob of this kind can be")
-            return bytes((await obj.get(name)).data)
+            info = await (await self._bucket(bucket)).get_info(name)
+            if info.is_link():  # nats-py would follow it into another bucket
+                raise BadBlob("object store: a link to another object, not an object")
+            size = int(info.size or 0)
+            if max_bytes is not None and size > max_bytes:
+                raise BadBlob(f"{size} bytes, more than the {max_bytes} a blob of this kind can be")
+            if not info.nuid or not str(info.digest or "").upper().startswith("SHA-256="):
+                raise BadBlob("object store: BadObjectMetaError")
+            return await self._chunks(bucket or OBJ_BUCKET, str(info.nuid), size, str(info.digest)[8:])
         except (nats.js.errors.ObjectNotFoundError, nats.js.errors.NotFoundError, nats.js.errors.ObjectDeletedError):
             return None
-        except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as exc:
+        except nats.js.errors.BadObjectMetaError as exc:
             raise BadBlob(f"object store: {exc.__class__.__name__}") from exc
+
+    async def _chunks(self, bucket: str, nuid: str, size: int, digest: str) -> bytes:
+        """An object's chunks, read one by one with direct gets (``next_by_subj``), never
+        more than its metadata's ``size``, checked against its SHA-256. nats-py's own reader
+        creates a consumer per read: a right the server then has to grant every worker, and
+        a worker holding it could create consumers without end (300 durable ones in 5 s,
+        tried against the shipped config)."""
+        subject, stream = f"$O.{bucket}.C.{nuid}", f"OBJ_{bucket}"
+        data, seq = bytearray(), 0
+        while len(data) < size:
+            msg = await self.js.get_msg(stream, seq=seq + 1, subject=subject, next=True, direct=True)
+            data += msg.data or b""
+            seq = int(msg.seq or 0)
+            if seq <= 0:
+                raise BadBlob("object store: a chunk without a sequence number")
+        if len(data) != size:
+            raise BadBlob(f"object store: {len(data)} bytes of chunks, the metadata says {size}")
+        try:
+            want = base64.urlsafe_b64decode(digest.encode() + b"=" * (-len(digest) % 4))
+        except ValueError as exc:
+            raise BadBlob("object store: BadObjectMetaError") from exc
+        if hashlib.sha256(data).digest() != want:
+            raise BadBlob("object store: DigestMismatchError")
+        return bytes(data)
 
     async def delete_blob(self, name: str, bucket: str | None = None) -> None:
         with contextlib.suppress(
