@@ -300,6 +300,7 @@ def test_thresholds_come_from_the_throttle_trip_or_the_measured_reset(board: Fak
         ("[guard]\ninterval = 2\n", "unknown [guard] key(s): interval"),
         ('[guard]\nmargin_c = "ten"\n', "bad value"),
         ("[guard]\ninterval_s = 0\n", "interval_s and hysteresis_c must be > 0"),
+        ("a = " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply"),  # RecursionError, not a crash
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, needle: str) -> None:

@@ -35,6 +35,7 @@ def test_run_refuses_without_the_opt_in(grid, eran_grid_cmd, enabled):
         ('enabled = true\n[queue]\nbackend = "redis"\n', 'queue.backend must be "sqlite" or "nats"'),
         ("enabled = true\npoll = 30\n", "`poll` must be between"),
         ("enabled = tru\n", "not valid TOML"),
+        ("a = " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply"),  # RecursionError, not exit 1
     ],
 )
 def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path, eran_grid_cmd, text, message):

@@ -93,6 +93,10 @@ def load_layers(main: Path) -> Layers:
         except UnicodeDecodeError as exc:
             line = raw[: exc.start].count(b"\n") + 1
             raise ConfigError(f"{path}:{line}: not UTF-8", hint=f"save {path} as UTF-8") from exc
+        except RecursionError:  # `a = [[[[...`: a few hundred levels exhaust tomllib's recursion
+            raise ConfigError(
+                f"{path}: not valid TOML: nested too deeply", hint=f"flatten {path} (or move it away to use defaults)"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             m = _LINE.search(str(exc))
             where = f"{path}:{m.group(1)}" if m else str(path)

@@ -47,7 +47,7 @@ def fabric_ports_from(path: Path) -> set[str]:
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, tomllib.TOMLDecodeError, RecursionError):  # RecursionError: nested too deeply
         return set()
     ports = set()
     for link in data.get("link", []) if isinstance(data.get("link"), list) else []:

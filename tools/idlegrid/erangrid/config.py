@@ -253,6 +253,10 @@ def load(path: Path = DEFAULT_CONFIG, root: Path | None = None) -> Config:
         raise UserError(f"no configuration at {path}", hint=f"try: --config FILE, or create {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}", hint="fix the file; see docs/eran-grid.md") from None
+    except RecursionError:  # `a = [[[[...`: a few hundred levels exhaust tomllib's recursion
+        raise UserError(
+            f"{path}: not valid TOML: nested too deeply", hint="fix the file; see docs/eran-grid.md"
+        ) from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     return from_mapping(data, str(path), root=root)
