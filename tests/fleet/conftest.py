@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from support import require_tool
@@ -18,3 +19,12 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         yield s
     finally:
         stop_sshd(s)
+
+
+@pytest.fixture
+def now_per_test(request: pytest.FixtureRequest) -> None:
+    """The module's NOW taken when each test starts, not at import: a full suite reaches a test
+    many minutes after collection, and a page rendered with an import-time NOW is judged by the
+    browser's (or the served page's) own clock, which would call it stale. Opt-in (usefixtures):
+    modules that bake NOW into default arguments must keep the one value."""
+    request.module.NOW = datetime.now(UTC).replace(microsecond=0)

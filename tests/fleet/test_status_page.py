@@ -27,14 +27,7 @@ from alma.ground import utc_iso
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 
-
-@pytest.fixture(autouse=True)
-def _now_is_the_tests_start() -> None:
-    """NOW is taken when each test starts, not when the module was imported: a full suite reaches
-    these tests many minutes after collection, and a page rendered with that NOW is judged by the
-    browser's (or the served page's) own clock, which would call it stale."""
-    global NOW
-    NOW = datetime.now(UTC).replace(microsecond=0)
+pytestmark = pytest.mark.usefixtures("now_per_test")  # pages are judged by the browser's clock
 FLEET = """
 [panel]
 title = "ALMA-OS lab status"
