@@ -9,12 +9,15 @@ server's host key: StrictHostKeyChecking=yes is really exercised.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,3 +167,25 @@ def chromium(tmp_path: Path, url: str, *extra: str, size: str = "1100,720") -> s
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
+
+
+@contextlib.contextmanager
+def served(out: Path) -> Iterator[str]:
+    """``alma panel --serve``'s server over ``out`` on an ephemeral loopback port, in a thread;
+    yields its base URL and stops it on the way out."""
+    from alma.fleet import panel as P
+
+    stop = threading.Event()
+    urls: list[str] = []
+    t = threading.Thread(target=P.serve, args=(out, "127.0.0.1", 0, 3600, lambda: None, lambda e: None),
+                         kwargs={"ready": urls.append, "stop": stop}, daemon=True)  # fmt: skip
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not urls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert urls, "the panel server did not start"
+        yield urls[0]
+    finally:
+        stop.set()
+        t.join(timeout=10)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support_fleet import served
 
 from alma.fleet import health as H
 from alma.fleet import history as Hist
@@ -113,17 +113,7 @@ def get(url: str) -> tuple[int, str, str]:
 
 def test_serve_answers_metrics_and_node_pages_parsed_by_the_prometheus_parser(site: tuple[Path, Fleet, Path]) -> None:
     out, _, _ = site
-    stop = threading.Event()
-    urls: list[str] = []
-    t = threading.Thread(target=P.serve, args=(out, "127.0.0.1", 0, 3600, lambda: None, lambda e: None),
-                         kwargs={"ready": urls.append, "stop": stop}, daemon=True)  # fmt: skip
-    t.start()
-    try:
-        for _ in range(100):
-            if urls:
-                break
-            threading.Event().wait(0.1)
-        base = urls[0]
+    with served(out) as base:
         code, ctype, body = get(base + "metrics")
         assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
         fams = {f.name: f for f in text_string_to_metric_families(body)}
@@ -142,9 +132,6 @@ def test_serve_answers_metrics_and_node_pages_parsed_by_the_prometheus_parser(si
         assert code == 200 and ctype.startswith("text/html") and '<svg class="spark"' in page
         for bad in ("nodes/../status.json", "nodes/%2e%2e/index.html", "nodes/Edge-A.html", "nodes/", "metrics.prom"):
             assert get(base + bad)[0] == 404, bad
-    finally:
-        stop.set()
-        t.join(timeout=10)
 
 
 def test_metrics_of_stale_data_say_unknown(tmp_path: Path) -> None:

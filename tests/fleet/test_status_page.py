@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import urllib.request
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from support import IN_CI
-from support_fleet import AXE_JS, chromium
+from support_fleet import AXE_JS, chromium, served
 
 from alma.fleet import health as H
 from alma.fleet import history as Hist
@@ -216,29 +215,17 @@ def test_serve_answers_get_and_head_for_the_three_files(fleet: Fleet, tmp_path: 
     s.write_text(json.dumps(snap(NOW)))
     out = tmp_path / "out"
     P.render_to(out, fleet, s, now=NOW)
-    stop = threading.Event()
-    urls: list[str] = []
-    t = threading.Thread(target=P.serve, args=(out, "127.0.0.1", 0, 3600, lambda: None, lambda e: None),
-                         kwargs={"ready": urls.append, "stop": stop}, daemon=True)  # fmt: skip
-    t.start()
-    try:
-        for _ in range(100):
-            if urls:
-                break
-            threading.Event().wait(0.05)
+    with served(out) as base:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         for name, ctype in (("", "text/html"), ("index.html", "text/html"), ("status.json", "application/json"),
                             ("feed.atom", "application/atom+xml")):  # fmt: skip
-            body = opener.open(urls[0] + name, timeout=5).read()
-            head = opener.open(urllib.request.Request(urls[0] + name, method="HEAD"), timeout=5)
+            body = opener.open(base + name, timeout=5).read()
+            head = opener.open(urllib.request.Request(base + name, method="HEAD"), timeout=5)
             assert head.status == 200 and head.headers["Content-Type"].startswith(ctype)
             assert int(head.headers["Content-Length"]) == len(body) and head.read() == b""
         with pytest.raises(urllib.error.HTTPError) as e:
-            opener.open(urllib.request.Request(urls[0] + "fleet.toml", method="HEAD"), timeout=5)
+            opener.open(urllib.request.Request(base + "fleet.toml", method="HEAD"), timeout=5)
         assert e.value.code == 404
-    finally:
-        stop.set()
-        t.join(timeout=10)
 
 
 # ---- real headless Chromium: screenshots and axe-core -------------------------------------
