@@ -417,6 +417,22 @@ ESCAPER = textwrap.dedent(
 )
 
 
+def _without_a_cgroup(grid, open_state: Path, name: str, source: str, **over: object):
+    """A grid whose stranger jobs get no writable cgroup (job_cgroup = ""): the job's script,
+    a world-writable directory it reports into, the agent's state dir 0711 as the unit makes it."""
+    script = open_state / name
+    script.write_text(source)
+    os.chmod(script, 0o644)
+    shared = open_state / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = open_state / "state"
+    state.mkdir(mode=0o711)
+    g = grid(job_user=str(STRANGER_UID), job_cgroup="", state_dir=str(state), status_path=str(state / "s.json"),
+             queue={"backend": "sqlite", "path": str(state / "queue.db")}, **over)  # fmt: skip
+    return g, script, shared
+
+
 def test_a_setsid_daemon_of_a_stranger_job_dies_with_the_job_without_a_cgroup_and_leaves_nothing_in_tmp(
     grid, open_state: Path
 ) -> None:
@@ -425,16 +441,7 @@ def test_a_setsid_daemon_of_a_stranger_job_dies_with_the_job_without_a_cgroup_an
     after its job was recorded, free to ptrace or feed the next job of the same uid, and its
     file in the shared /tmp stayed for the next job to read."""
     _need_root()
-    script = open_state / "escaper.py"
-    script.write_text(ESCAPER)
-    os.chmod(script, 0o644)
-    shared = open_state / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o777)
-    state = open_state / "state"
-    state.mkdir(mode=0o711)
-    g = grid(job_user=str(STRANGER_UID), job_cgroup="", state_dir=str(state), status_path=str(state / "s.json"),
-             queue={"backend": "sqlite", "path": str(state / "queue.db")})  # fmt: skip
+    g, script, shared = _without_a_cgroup(grid, open_state, "escaper.py", ESCAPER)
     job = g.queue.submit([JOB_PY, str(script), str(shared)])
     left = Path("/tmp") / f"i19-left-{job}"
     agent = g.agent()
@@ -460,16 +467,7 @@ def test_a_setsid_daemon_of_a_stranger_job_dies_with_a_kill_9_of_the_agent_witho
     """The agent killed (kill -9) while its job runs: the wrapper's death signal killed the
     group only, and the old job's setsid daemon computed on, unowned."""
     _need_root()
-    script = open_state / "daemon.py"
-    script.write_text(DAEMON)
-    os.chmod(script, 0o644)
-    shared = open_state / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o777)
-    state = open_state / "state"
-    state.mkdir(mode=0o711)
-    g = grid(job_user=str(STRANGER_UID), job_cgroup="", state_dir=str(state), status_path=str(state / "s.json"),
-             queue={"backend": "sqlite", "path": str(state / "queue.db")}, lease_ttl=600)  # fmt: skip
+    g, script, shared = _without_a_cgroup(grid, open_state, "daemon.py", DAEMON, lease_ttl=600)
     g.queue.submit([JOB_PY, str(script), str(shared), "600"])
     proc = subprocess.Popen([*eran_grid_cmd, "--config", str(g.config_file()), "run"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
