@@ -73,15 +73,20 @@ class Layers:
                 return f"{hit[0]}:{hit[1]}"
         return str(self.files[-1] if self.files else self.main)
 
+    def locate(self, key: tuple[str, ...]) -> str:
+        """:meth:`where` taking the key as one tuple (the ``where`` of almaboard.fields.check)."""
+        return self.where(*key)
+
     def error(self, key: tuple[str, ...], message: str, hint: str | None = None) -> ConfigError:
         return ConfigError(f"{self.where(*key)}: {message}", hint=hint)
 
 
-def load_layers(main: Path) -> Layers:
-    """``main`` plus ``<main stem>.d/*.toml`` merged in order."""
+def load_layers(main: Path, *, dropins: bool = True) -> Layers:
+    """``main`` plus ``<main stem>.d/*.toml`` merged in order (``dropins=False``: ``main`` only).
+    A missing file is skipped: the caller decides whether no file at all means defaults."""
     layers = Layers(main)
-    dropins = sorted((main.parent / f"{main.stem}.d").glob("*.toml")) if main.parent.is_dir() else []
-    for path in [main, *dropins]:
+    extra = sorted((main.parent / f"{main.stem}.d").glob("*.toml")) if dropins and main.parent.is_dir() else []
+    for path in [main, *extra]:
         if not path.is_file():
             continue
         try:
