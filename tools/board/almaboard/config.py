@@ -30,17 +30,23 @@ def _split_key(text: str) -> tuple[str, ...]:
 
 
 def key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Dotted key path → the line (1-based) that sets it, for tables and plain keys.
+    """Dotted key path → the line (1-based) that sets it, for tables and plain keys; the
+    entries of an array of tables ``[[link]]`` are ``("link", "1")``, ``("link", "2")``, ...
 
     A line scanner, not a parser: it runs only on text tomllib already accepted, and is used
     only to point at lines, so multi-line strings can at worst point one line off."""
     out: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
+    items: dict[tuple[str, ...], int] = {}  # [[name]] seen so far: its entries are name.1, name.2, ...
     for n, line in enumerate(text.splitlines(), 1):
         m = _TABLE.match(line)
         if m:
             table = _split_key(m.group(1))
             out.setdefault(table, n)
+            if line.lstrip().startswith("[["):
+                items[table] = items.get(table, 0) + 1
+                table = (*table, str(items[table]))
+                out.setdefault(table, n)
             continue
         m = _KEY.match(line)
         if m:
