@@ -90,7 +90,11 @@ def test_good_file(tmp_path: Path) -> None:
         ("[health]\ntimeout = 5\n", r"no \[\[node\]\] entries"),
         ('[ssh]\nstrict_host_key_checking = "maybe"\n[[node]]\nname="a1"\nrole="board"\n', r"must be one of"),
         ('[nodes]\nx = 1\n[[node]]\nname="a1"\nrole="board"\n', r"unknown section\(s\): nodes"),
-        ('[health]\ntimeout = -1\n[[node]]\nname="a1"\nrole="board"\n', r"timeout must be a positive number"),
+        ('[health]\ntimeout = -1\n[[node]]\nname="a1"\nrole="board"\n', r"toml:2: health.timeout: -1 is out of"),
+        # accepted before the typed reader: a report that is never stale, an ssh that never gives up
+        ('[health]\nstale_after = 1e300\n[[node]]\nname="a1"\nrole="board"\n', r"toml:2: health.stale_after: .* range"),
+        ('[ssh]\n\nconnect_timeout = 99999999\n[[node]]\nname="a1"\nrole="board"\n', r"toml:3: ssh.connect_timeout"),
+        ('[[node]]\nname = "a1"\nrole = "board"\nlinks = [{ iface = "e", speed = 1e3 }]\n', r"must be an integer"),
         ('[[panel.figure]]\nlabel = "x"\n[[node]]\nname="a1"\nrole="board"\n', r"needs label"),
         ('[health]\nmax_output = "1B"\n[[node]]\nname="a1"\nrole="board"\n', r"max_output must be between"),
         ('[health]\nmax_output = "lots"\n[[node]]\nname="a1"\nrole="board"\n', r"expected a size"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,20 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
         if m:
             out.setdefault(table + _split_key(m.group(1)), n)
     return out
+
+
+def locator(path: Path, text: str) -> Callable[[tuple[str, ...]], str]:
+    """``file:line`` of a key in one TOML text (or of its table, or just the file): the
+    ``where`` of almaboard.fields.check for a reader that parsed the text itself."""
+    lines = key_lines(text)
+
+    def where(key: tuple[str, ...]) -> str:
+        for n in range(len(key), 0, -1):
+            if key[:n] in lines:
+                return f"{path}:{lines[key[:n]]}"
+        return str(path)
+
+    return where
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
@@ -113,7 +128,7 @@ def load_layers(main: Path, *, dropins: bool = True) -> Layers:
             where = f"{path}:{m.group(1)}" if m else str(path)
             msg = _LINE.sub("", str(exc)).strip()
             raise ConfigError(
-                f"{where}: {msg}", hint=f"fix the TOML in {path} (or move it away to use defaults)"
+                f"{where}: not valid TOML: {msg}", hint=f"fix the TOML in {path} (or move it away to use defaults)"
             ) from exc
         _merge(layers.data, data)
         layers.files.append(path)
