@@ -67,9 +67,9 @@ def _fabric(tmp: Path, section: str, key: str, raw: str) -> Any:
     from almaguard.fabric import load
 
     link = '[[link]]\na = "n1:e1"\nb = "n2:e1"\nsubnet = "10.0.0.0/31"\n'
-    (tmp / "fabric.toml").write_text(link + f"{key} = {raw}\n" if section == "link" else f"[fabric]\n{key} = {raw}\n")
-    fab = load(tmp / "fabric.toml")
-    return getattr(fab.links[0], key) if fab.links else None
+    line = f"{key} = {raw}\n"
+    (tmp / "fabric.toml").write_text(link + line if section == "link" else "[fabric]\n" + line + link)
+    return getattr(load(tmp / "fabric.toml").links[0], key)  # [fabric] mtu: every link's default
 
 
 def _erangrid(tmp: Path, section: str, key: str, raw: str) -> Any:
