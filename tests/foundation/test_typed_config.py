@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from almaboard import fields as F
 from almaboard.errors import ConfigError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support import REPO
 from support_guard import BOARD_DIR  # puts tools/board and tools/guard on sys.path
@@ -164,6 +164,7 @@ def test_every_reader_refuses_hostile_values_cleanly(
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(key="boot", value={})  # Boot() without "seen": a TypeError escaped (found by this test)
 @given(key=st.sampled_from(["started", "exit_code", "result", "phases", "boot", "board", "warnings"]), value=HOSTILE)
 def test_flash_records_refuse_hostile_fields_cleanly(tmp_path: Path, key: str, value: Any) -> None:
     from alma.flash import records

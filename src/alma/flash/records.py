@@ -92,16 +92,16 @@ class FlashRecord:
             schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
             raise ConfigError(f"{where(())}: not a flash record (schema {schema!r}, want {SCHEMA})")
         kw = F.check(data, _RECORD, where)
-        kw["phases"] = [
-            Phase(**F.check(p, _PHASE, where, prefix=("phases", str(i)))) for i, p in enumerate(kw.get("phases", []), 1)
-        ]
-        if kw.get("boot") is not None:
-            kw["boot"] = Boot(**F.check(kw["boot"], _BOOT, where, prefix=("boot",)))
         try:
+            kw["phases"] = [
+                Phase(**F.check(p, _PHASE, where, prefix=("phases", str(i))))
+                for i, p in enumerate(kw.get("phases", []), 1)
+            ]
+            if kw.get("boot") is not None:
+                kw["boot"] = Boot(**F.check(kw["boot"], _BOOT, where, prefix=("boot",)))
             return cls(**kw)
-        except TypeError as exc:  # a required field missing
-            missing = str(exc).split(":", 1)[-1].strip() if "missing" in str(exc) else str(exc)
-            raise ConfigError(f"{where(())}: malformed flash record: missing {missing}") from None
+        except TypeError as exc:  # a required field missing (the message names it)
+            raise ConfigError(f"{where(())}: malformed flash record: {exc}") from None
 
 
 _TEXT = F.string(max_len=64 * 1024)
