@@ -38,13 +38,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from almaboard import fields as F
 from almaboard.errors import BoardError, UserError, run_main
-from almaboard.files import boot_id, read_json, write_json
+from almaboard.files import boot_id, iso, read_json, write_json
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
@@ -213,7 +212,7 @@ def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
-    rec = {"run": run, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": a.host}
+    rec = {"run": run, "since": iso(), "host": a.host}
     try:
         fd = os.open(b.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
