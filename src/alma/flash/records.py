@@ -17,6 +17,7 @@ from almaboard import fields as F
 from almaboard.text import terminal
 
 from alma.errors import ConfigError
+from alma.flash.pids import is_usb_instance
 from alma.ground import write_atomic
 from alma.loader import load_json
 
@@ -43,9 +44,9 @@ class Boot:
     login_prompt: str | None = None  # the prompt line, e.g. "alma-orin login:"
     seen_at: str | None = None
     reason: str | None = None  # why not seen: "timeout", "unplugged", "garbage only", ...
-    # issue 14: the board's "alma-board: name= addr= hostkey=" console line, parsed
+    # the board's "alma-board: name= addr= hostkey=" console line, parsed (its pinned host key)
     board: dict[str, Any] | None = None
-    # issue 18: why no identity was taken from the console ("identity ambiguous: ...")
+    # why no identity was taken from the console ("identity ambiguous: ...")
     identity_problem: str | None = None
 
 
@@ -65,7 +66,7 @@ class FlashRecord:
     logs: dict[str, Any] = field(default_factory=dict)  # host_log, device_logs: [...]
     boot: Boot | None = None
     image: str | None = None
-    identity: dict[str, Any] | None = None  # issue 14: hostname (+ admin key) written at flash time
+    identity: dict[str, Any] | None = None  # hostname (+ admin key) written at flash time
     # initrd-flash's own options as passed (key paths only, never their contents)
     options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # e.g. meta-tegra's presigned-bundle warning
@@ -143,7 +144,6 @@ _RECORD: F.Schema = {
 def record_filename(rec: FlashRecord) -> str:
     """``<stamp>-<machine>-<usb instance>.json``: each part only when it matched its grammar
     (a MACHINE from a bundle or a USB id from a device never chooses the path)."""
-    from alma.flash.discovery import is_usb_instance
     from alma.tegraflash.names import is_machine
 
     stamp = "".join(c for c in rec.started.split(".")[0] if c.isascii() and c.isalnum())[:16] or "unstamped"
