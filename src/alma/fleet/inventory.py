@@ -80,7 +80,7 @@ class Node:
     reserve_bytes: int = 0
     links: tuple[Link, ...] = ()
     line: int | None = None  # where the node is declared, for error messages
-    host_key: str | None = None  # issue 14: pinned host key (full key or SHA256:...), see fleet/join.py
+    host_key: str | None = None  # pinned host key (full key or SHA256:...), see fleet/join.py
 
 
 @dataclass(frozen=True)
@@ -353,7 +353,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
                 else default_reserve,
                 links=_parse_links(raw.get("links"), src, line, name),
                 line=line,
-                host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),  # issue 14
+                host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),
             )
         )
     return Fleet(
