@@ -187,3 +187,28 @@ def test_flash_records_refuse_hostile_fields_cleanly(tmp_path: Path, key: str, v
         assert exc.exit_code == 2 and str(rec) in exc.message
         return
     assert getattr(got, key) == value and type(getattr(got, key)) is type(value)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["wave", "result", "to_slot", "phases", "capsule", "baseline_warnings"]), value=HOSTILE)
+def test_update_records_refuse_hostile_fields_cleanly(tmp_path: Path, key: str, value: Any) -> None:
+    from alma.update import records
+
+    sha = "a" * 64
+    good = {
+        "schema": records.SCHEMA,
+        **{k: "x" for k in ("run", "swu_version", "machine")},
+        "node": "b1",
+        "swu_sha256": sha,
+        "started": "2026-11-30T10:00:00Z",
+        "result": "INTERRUPTED",
+    }
+    rec = records.record_path(tmp_path, sha, "b1")
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    rec.write_text(json.dumps({**good, key: value}))
+    try:
+        got = records.load(rec)
+    except ConfigError as exc:
+        assert exc.exit_code == 2 and str(rec) in exc.message
+        return
+    assert getattr(got, key) == value and type(getattr(got, key)) is type(value)
