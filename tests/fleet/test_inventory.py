@@ -94,6 +94,8 @@ def test_good_file(tmp_path: Path) -> None:
         # accepted before the typed reader: a report that is never stale, an ssh that never gives up
         ('[health]\nstale_after = 1e300\n[[node]]\nname="a1"\nrole="board"\n', r"toml:2: health.stale_after: .* range"),
         ('[ssh]\n\nconnect_timeout = 99999999\n[[node]]\nname="a1"\nrole="board"\n', r"toml:3: ssh.connect_timeout"),
+        ('[health]\ntimout = 5\n[[node]]\nname="a1"\nrole="board"\n', r"toml:2: unknown key.* \[health\]: timout"),
+        ('[panel]\nstale = 5\n[[node]]\nname="a1"\nrole="board"\n', r"toml:2: unknown key\(s\) in \[panel\]: stale"),
         ('[[node]]\nname = "a1"\nrole = "board"\nlinks = [{ iface = "e", speed = 1e3 }]\n', r"must be an integer"),
         ('[[panel.figure]]\nlabel = "x"\n[[node]]\nname="a1"\nrole="board"\n', r"needs label"),
         ('[health]\nmax_output = "1B"\n[[node]]\nname="a1"\nrole="board"\n', r"max_output must be between"),

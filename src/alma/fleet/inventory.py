@@ -185,6 +185,10 @@ def _num(d: dict[str, Any], key: str, default: float, src: _Source, what: str) -
 
 
 _SECONDS = F.duration(above=0.0)
+_ANY = F.Field(lambda v: v, "see docs/fleet.md")  # checked by its own parser below
+_HEALTH_KEYS: F.Schema = {"command": _ANY, "reserve": _ANY, "timeout": _SECONDS, "stale_after": _SECONDS,
+                          "max_output": _ANY}  # fmt: skip
+_PANEL_KEYS: F.Schema = {"title": _ANY, "stale_after": _SECONDS, "figure": _ANY}
 _SPEED = F.integer(1, 10_000_000)  # Mb/s
 
 
@@ -225,6 +229,7 @@ def _parse_panel(raw: Any, src: _Source) -> PanelConfig:
         return PanelConfig()
     if not isinstance(raw, dict):
         raise src.error(None, "[panel] must be a table")
+    F.check(raw, _PANEL_KEYS, src.where, prefix=("panel",))
     figures = []
     for i, fig in enumerate(raw.get("figure", []) or []):
         if not isinstance(fig, dict) or not isinstance(fig.get("label"), str) or "value" not in fig:
@@ -296,6 +301,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
     health = data.get("health", {}) or {}
     if not isinstance(health, dict):
         raise src.error(None, "[health] must be a table")
+    F.check(health, _HEALTH_KEYS, src.where, prefix=("health",))  # a typo'd key is refused, not ignored
     default_cmd = health.get("command", DEFAULT_HEALTH_COMMAND)
     if not isinstance(default_cmd, str) or not default_cmd.strip():
         raise src.error(None, "[health] command must be a non-empty string")
