@@ -11,35 +11,18 @@ command's set, generated from its help and checked against the code:
 
 from __future__ import annotations
 
+# The base, user and config errors are the board library's (almaboard.errors): one hierarchy
+# for host and board, so a value refused by almaboard.fields on the host is the same
+# ConfigError (exit 2) that every `except ConfigError` here catches. AlmaError: base of
+# every error the toolchain raises on purpose, exit 1.
+from almaboard.errors import BoardError as AlmaError
+from almaboard.errors import ConfigError, UserError
+
 EXIT_OK = 0  # the verb did what was asked and the verdict is positive
 EXIT_NEGATIVE = 1  # the verdict is negative: stale gate doc, lint findings, failed build/flash
 EXIT_USAGE = 2  # usage or precondition error: bad option, bad input file, host not ready (with the fix)
 EXIT_INTERNAL = 70  # a bug in alma (EX_SOFTWARE): traceback kept in a log file, its path printed
 EXIT_INTERRUPTED = 130  # Ctrl-C: work stopped cleanly (128 + SIGINT)
-
-
-class AlmaError(Exception):
-    """Base of every error the toolchain raises on purpose."""
-
-    exit_code = EXIT_NEGATIVE
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class UserError(AlmaError):
-    """Bad input, bad config or a missing precondition the user can fix. Exit 2."""
-
-    exit_code = EXIT_USAGE
-
-
-class ConfigError(UserError):
-    """A config or project file is malformed or inconsistent."""
 
 
 class PreflightError(UserError):
@@ -90,3 +73,21 @@ class Interrupted(AlmaError):
     """The user pressed Ctrl-C; work was stopped cleanly. Exit 130."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+__all__ = [
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_NEGATIVE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "AlmaError",
+    "ConfigError",
+    "Interrupted",
+    "PreflightError",
+    "ToolError",
+    "ToolNotFound",
+    "ToolOutputLimit",
+    "ToolTimeout",
+    "UserError",
+]

@@ -15,6 +15,7 @@ import stat
 from datetime import UTC, datetime
 from pathlib import Path
 
+from almaboard.files import iso as board_iso
 from almaboard.files import write_atomic as board_write_atomic
 
 from alma.errors import UserError
@@ -81,11 +82,7 @@ def utc_iso(t: datetime | float | None = None) -> str:
 
     ``t`` is a datetime, a POSIX timestamp, or None for now.
     """
-    if t is None:
-        t = utc_now()
-    elif not isinstance(t, datetime):
-        t = datetime.fromtimestamp(t, UTC)
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return board_iso(t.timestamp() if isinstance(t, datetime) else t)  # the board library's one format
 
 
 def utc_stamp(t: datetime | float | None = None) -> str:

@@ -233,97 +233,21 @@ def run(
             logf.close()
         raise ToolError(f"{name}: cannot start: {exc}", hint="check the tool's installation") from exc
 
-    if on_start is not None:
-        on_start(proc)
-    assert proc.stdout is not None
-    streams = {"out": proc.stdout} if proc.stderr is None else {"out": proc.stdout, "err": proc.stderr}
-    sel = selectors.DefaultSelector()
-    for tag, stream in streams.items():
-        sel.register(stream.fileno(), selectors.EVENT_READ, tag)
-    splitters = {tag: _Lines(max_line) for tag in streams}
-    lines: list[str] = []
-    err_lines: list[str] = []
-    last_data = time.monotonic()
-    total = 0
-    log_hint = "see the log" + (f" {log_path}" if log_path else "")
-    log_str = str(log_path) if log_path else None
-
-    def deliver(tag: str, batch: list[str]) -> None:
-        for line in batch:
-            if tag == "err":
-                err_lines.append(line)
-                if logf:
-                    logf.write("stderr: " + line + "\n")
-                continue
-            if logf:
-                logf.write(line + "\n")
-            if keep_lines:
-                lines.append(line)
-            if on_line:
-                on_line(line)
-
-    def timed_out() -> ToolTimeout:
-        _stop_group(proc, signal.SIGTERM, stop_grace)
-        return ToolTimeout(
-            f"{name}: no completion of phase '{deadline.phase}' within {deadline.seconds:.0f} s; stopped it",
-            hint=log_hint,
-            log_path=log_str,
-        )
-
+    sink = _Sink(logf, keep_lines, on_line)
+    stop = _Stop(proc, name, deadline, stop_grace, str(log_path) if log_path else None)
     try:
-        while sel.get_map():
-            if deadline.expired():  # before every read: a flood cannot starve the deadline
-                raise timed_out()
-            rem = deadline.remaining()
-            events = sel.select(0.2 if rem is None else max(0.0, min(0.2, rem)))
-            if not events:
-                if flush_partial_after is not None and time.monotonic() - last_data >= flush_partial_after:
-                    deliver("out", splitters["out"].flush())
-                continue
-            for key, _ in events:
-                tag = str(key.data)
-                chunk = os.read(key.fd, _READ)
-                if not chunk:
-                    sel.unregister(key.fd)
-                    deliver(tag, splitters[tag].flush())
-                    continue
-                total += len(chunk)
-                if max_output is not None and total > max_output:
-                    _stop_group(proc, signal.SIGTERM, stop_grace)
-                    raise ToolOutputLimit(
-                        f"{name}: output over the limit of {max_output} bytes; stopped it", hint=log_hint,
-                        log_path=log_str,
-                    )  # fmt: skip
-                last_data = time.monotonic()
-                deliver(tag, splitters[tag].feed(chunk))
-        # Output closed; the tool may still be running (or hung in exit): same deadline.
-        while True:
-            rem = deadline.remaining()
-            try:
-                proc.wait(timeout=None if rem is None else max(0.01, rem))
-                break
-            except subprocess.TimeoutExpired:
-                if deadline.expired():
-                    raise timed_out() from None
-    except KeyboardInterrupt:
-        _stop_group(proc, signal.SIGINT, stop_grace)
-        raise Interrupted(f"{name}: interrupted; stopped it cleanly") from None
-    except BaseException:
-        if proc.poll() is None:
-            _stop_group(proc, signal.SIGTERM, stop_grace)
-        raise
+        if on_start is not None:
+            on_start(proc)
+        _pump(proc, sink, stop, max_line=max_line, max_output=max_output, flush_partial_after=flush_partial_after)
     finally:
-        sel.close()
-        for stream in streams.values():
-            stream.close()
         if logf:
             logf.close()
     result = Result(
         argv=args,
         returncode=proc.returncode,
         duration_s=time.monotonic() - started,
-        lines=lines,
-        stderr_lines=err_lines,
+        lines=sink.lines,
+        stderr_lines=sink.err_lines,
         log_path=Path(log_path) if log_path else None,
     )
     if check and proc.returncode != 0:
@@ -334,6 +258,128 @@ def run(
             hint=f"see the log {log_path}" if log_path else None,
         )
     return result
+
+
+@dataclass
+class _Sink:
+    """Where a tool's lines go: its log (stderr lines prefixed), the kept lines, stderr's own
+    list (``stderr="separate"``) and the caller's ``on_line``."""
+
+    logf: IO[str] | None
+    keep_lines: bool
+    on_line: Callable[[str], None] | None
+    lines: list[str] = field(default_factory=list)
+    err_lines: list[str] = field(default_factory=list)
+
+    def deliver(self, tag: str, batch: list[str]) -> None:
+        for line in batch:
+            if tag == "err":
+                self.err_lines.append(line)
+                if self.logf:
+                    self.logf.write("stderr: " + line + "\n")
+                continue
+            if self.logf:
+                self.logf.write(line + "\n")
+            if self.keep_lines:
+                self.lines.append(line)
+            if self.on_line:
+                self.on_line(line)
+
+
+@dataclass
+class _Stop:
+    """Stops the tool's process group and says why (the error the pump raises)."""
+
+    proc: subprocess.Popen[bytes]
+    name: str
+    deadline: Deadline
+    grace: float
+    log_path: str | None
+
+    @property
+    def hint(self) -> str:
+        return "see the log" + (f" {self.log_path}" if self.log_path else "")
+
+    def timed_out(self) -> ToolTimeout:
+        _stop_group(self.proc, signal.SIGTERM, self.grace)
+        return ToolTimeout(
+            f"{self.name}: no completion of phase '{self.deadline.phase}' within {self.deadline.seconds:.0f} s; "
+            "stopped it",
+            hint=self.hint,
+            log_path=self.log_path,
+        )
+
+    def over_limit(self, max_output: int) -> ToolOutputLimit:
+        _stop_group(self.proc, signal.SIGTERM, self.grace)
+        return ToolOutputLimit(
+            f"{self.name}: output over the limit of {max_output} bytes; stopped it", hint=self.hint,
+            log_path=self.log_path,
+        )  # fmt: skip
+
+
+def _pump(
+    proc: subprocess.Popen[bytes],
+    sink: _Sink,
+    stop: _Stop,
+    *,
+    max_line: int,
+    max_output: int | None,
+    flush_partial_after: float | None,
+) -> None:
+    """Read the tool's pipes into ``sink`` until they close and the tool exits, all within
+    ``stop.deadline``; on a timeout, the output cap, Ctrl-C or any error the process group
+    is stopped before the error leaves. The pipes are closed on the way out."""
+    assert proc.stdout is not None
+    streams = {"out": proc.stdout} if proc.stderr is None else {"out": proc.stdout, "err": proc.stderr}
+    sel = selectors.DefaultSelector()
+    for tag, stream in streams.items():
+        sel.register(stream.fileno(), selectors.EVENT_READ, tag)
+    splitters = {tag: _Lines(max_line) for tag in streams}
+    deadline = stop.deadline
+    last_data = time.monotonic()
+    total = 0
+    try:
+        while sel.get_map():
+            if deadline.expired():  # before every read: a flood cannot starve the deadline
+                raise stop.timed_out()
+            rem = deadline.remaining()
+            events = sel.select(0.2 if rem is None else max(0.0, min(0.2, rem)))
+            if not events:
+                if flush_partial_after is not None and time.monotonic() - last_data >= flush_partial_after:
+                    sink.deliver("out", splitters["out"].flush())
+                continue
+            for key, _ in events:
+                tag = str(key.data)
+                chunk = os.read(key.fd, _READ)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    sink.deliver(tag, splitters[tag].flush())
+                    continue
+                total += len(chunk)
+                if max_output is not None and total > max_output:
+                    raise stop.over_limit(max_output)
+                last_data = time.monotonic()
+                sink.deliver(tag, splitters[tag].feed(chunk))
+        # Output closed; the tool may still be running (or hung in exit): same deadline.
+        while True:
+            rem = deadline.remaining()
+            try:
+                proc.wait(timeout=None if rem is None else max(0.01, rem))
+                break
+            except subprocess.TimeoutExpired:
+                if deadline.expired():
+                    raise stop.timed_out() from None
+    except KeyboardInterrupt:
+        _stop_group(proc, signal.SIGINT, stop.grace)
+        raise Interrupted(f"{stop.name}: interrupted; stopped it cleanly") from None
+    except BaseException:
+        if proc.poll() is None:
+            _stop_group(proc, signal.SIGTERM, stop.grace)
+        raise
+    finally:
+        sel.close()
+        for stream in streams.values():
+            stream.close()
 
 
 def capture(

@@ -73,17 +73,20 @@ def test_maintenance_windows_per_node_and_per_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("alert", "why"),
-    [('[[alert]]\nname = "x"\n', "needs a webhook or a command"),
-     ('[[alert]]\nwebhook = "file:///etc/passwd"\n', "http:// or https://"),
-     ('[[alert]]\ncommand = "rm -rf /"\n', "argv list"),
-     ('[[alert]]\ncommand = ["x"]\nrepeat = nan\n', "finite"),
-     ('[[alert]]\ncommand = ["x"]\non = ["BAD"]\n', "on must list"),
+    ("alert", "line", "why"),
+    [('[[alert]]\nname = "x"\n', 7, "needs a webhook or a command"),
+     ('[[alert]]\nwebhook = "file:///etc/passwd"\n', 8, "alert.1.webhook: .* is not an http:// or https:// URL"),
+     ('[[alert]]\ncommand = "rm -rf /"\n', 8, "alert.1.command: must be a list"),
+     ('[[alert]]\ncommand = ["x"]\nrepeat = nan\n', 9, "alert.1.repeat: must be a finite number"),
+     ('[[alert]]\ncommand = ["x"]\non = ["BAD"]\n', 9, "alert.1.on: item 1: must be"),
+     # accepted before the typed reader: 1e300 retries, a timeout past any deadline
+     ('[[alert]]\ncommand = ["x"]\nretries = 1e300\n', 9, "alert.1.retries: must be an integer"),
+     ('[[alert]]\ncommand = ["x"]\n\n[[alert]]\ncommand = ["y"]\ntimeout = 1e300\n', 12, "alert.2.timeout: "),
      ('[[alert]]\ncommand = ["x"]\n[[alert.maintenance]]\nstart = "2026-12-01T21:00:00Z"\n'
-      'end = "2026-12-01T20:00:00Z"\n', "end after start")],
+      'end = "2026-12-01T20:00:00Z"\n', 7, "end after start")],
 )  # fmt: skip
-def test_bad_alert_entries_are_refused_with_file_and_line(tmp_path: Path, alert: str, why: str) -> None:
-    with pytest.raises(ConfigError, match=rf"fleet\.toml:7: .*{why}"):
+def test_bad_alert_entries_are_refused_with_file_and_line(tmp_path: Path, alert: str, line: int, why: str) -> None:
+    with pytest.raises(ConfigError, match=rf"fleet\.toml:{line}: .*{why}"):
         fleet(tmp_path, alert)
 
 

@@ -242,6 +242,33 @@ def test_doc_claiming_flashed_without_a_record_is_stale(project: Path, alma) -> 
     assert alma("gates", "check").code == 0
 
 
+@pytest.mark.parametrize(
+    ("field", "bad", "needle"),
+    [
+        ("started", 5, "started: must be a string, not an integer"),  # crashed sorting (exit 70)
+        ("result", ["SUCCESS"], "result: must be"),
+        ("exit_code", 1.5, "exit_code: must be an integer"),
+        ("boot", {"seen": "yes"}, "boot.seen: must be true or false"),  # "yes" read as Booted
+        ("phases", [{"name": "flash", "started": 0}], "phases.1.started: must be a string"),
+        ("board", "1-8.4", "board: must be a table"),
+    ],
+)
+def test_a_record_with_a_wrong_typed_field_is_a_config_error(
+    project: Path, alma, field: str, bad: object, needle: str
+) -> None:
+    write_manifest(project)
+    write_doc(project, "Status: <!-- fact:status -->Booted<!-- /fact -->\n", claims="status: Booted\nbooted: true")
+    record(project, SHA, boot=True)
+    [good] = (project / "facts" / "flash-records").glob("*.json")
+    data = json.loads(good.read_text())
+    data[field] = bad
+    bad_path = good.with_name("z-hand-edited.json")
+    bad_path.write_text(json.dumps(data))
+    r = alma("gates", "check")
+    assert r.code == 2, r.out
+    assert f"{bad_path}: {needle}" in r.out and "Traceback" not in r.out
+
+
 def test_unbacked_claim_against_the_absent_manifest(project: Path, alma) -> None:
     assert alma("verify", "--absent").code == 0
     write_doc(project, "x\n", claims="image_buildable: false")

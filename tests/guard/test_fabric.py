@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from almaboard import netcheck
-from almaguard.errors import GuardError
+from almaboard.errors import ConfigError
 from almaguard.fabric import load, parse
 from support_guard import ALMA_FABRIC, GUARD_DIR, REPO
 
@@ -61,6 +61,17 @@ def test_slash_30_uses_the_two_host_addresses() -> None:
     assert fab.links[0].addresses() == ("10.0.0.5/30", "10.0.0.6/30")
 
 
+LINK2 = """[[link]]
+a = "n1:eth1"
+b = "n2:eth1"
+subnet = "10.0.0.0/31"
+
+[[link]]
+a = "n2:eth2"
+b = "n3:eth1"
+"""
+
+
 @pytest.mark.parametrize(
     ("links", "needle"),
     [
@@ -85,7 +96,7 @@ def test_slash_30_uses_the_two_host_addresses() -> None:
     ],
 )
 def test_bad_fabric_descriptions_are_refused(links: list[dict[str, str]], needle: str) -> None:
-    with pytest.raises(GuardError) as err:
+    with pytest.raises(ConfigError) as err:
         parse({"link": links})
     assert needle in err.value.message
 
@@ -199,3 +210,22 @@ def test_alma_fabric_bad_description_exits_2(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "try:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+# Accepted or a traceback before the typed reader: a float, huge or negative mtu/speed went into
+# the networkd files; an unknown key in a link (a typo of "speed") was silently ignored.
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("[fabric]\nmtu = 9000.5\n", 2, "fabric.mtu"),
+        (LINK2 + "speed = -1\n", 9, "link.2.speed"),
+        (LINK2 + "sped = 1000\n", 9, "unknown key(s) in [link.2]: sped"),
+        (LINK2 + "mtu = nan\n", 9, "link.2.mtu"),
+    ],
+)
+def test_bad_values_are_refused_at_their_line(tmp_path: Path, text: str, line: int, key: str) -> None:
+    conf = tmp_path / "fabric.toml"
+    conf.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(conf)
+    assert err.value.message.startswith(f"{conf}:{line}: {key}")

@@ -297,9 +297,11 @@ def test_thresholds_come_from_the_throttle_trip_or_the_measured_reset(board: Fak
     ("text", "needle"),
     [
         ("[guard\n", "guard.toml"),
-        ("[guard]\ninterval = 2\n", "unknown [guard] key(s): interval"),
-        ('[guard]\nmargin_c = "ten"\n', "bad value"),
-        ("[guard]\ninterval_s = 0\n", "interval_s and hysteresis_c must be > 0"),
+        ("[guard]\ninterval = 2\n", "unknown key(s) in [guard]: interval"),
+        ('[guard]\nmargin_c = "ten"\n', "guard.margin_c: must be a number, not a string"),
+        ("[guard]\ninterval_s = 0\n", "guard.interval_s: 0 is out of range (must be > 0"),
+        ('[zones."tj-thermal"]\nshed = 80\n', "unknown key(s) in [zones.tj-thermal]: shed"),
+        ("guard = 3\n", "guard: must be a table"),
         ("a = " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply"),  # RecursionError, not a crash
     ],
 )
@@ -310,6 +312,38 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, needle: str) -> 
         load_guard_config(conf)
     assert needle in err.value.message
     assert err.value.hint
+
+
+# Each of these was accepted before the typed reader: a NaN threshold compares false with
+# every temperature, so the guard said "shed nan C" and never shed (or never resumed).
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("[guard]\nslice = 'alma-work.slice'\nmargin_c = nan\n", 3, "guard.margin_c"),
+        ("[guard]\nmeasured_reset_c = nan\n", 2, "guard.measured_reset_c"),
+        ('[guard]\nmargin_c = 5.0\n\n[zones."tj-thermal"]\nshed_c = nan\n', 5, "zones.tj-thermal.shed_c"),
+        ("[guard]\nhysteresis_c = nan\n", 2, "guard.hysteresis_c"),
+        ("[guard]\ninterval_s = inf\n", 2, "guard.interval_s"),
+        ("[guard]\n# polls\nstate_every_s = nan\n", 3, "guard.state_every_s"),
+        ("[guard]\nstuck_after_s = -1\n", 2, "guard.stuck_after_s"),
+        ("[guard]\nunreadable_shed_share = true\n", 2, "guard.unreadable_shed_share"),
+        ("[guard]\nholdoff_s = 1e300\n", 2, "guard.holdoff_s"),
+    ],
+)
+def test_non_finite_negative_or_huge_values_are_refused_at_their_line(
+    tmp_path: Path, text: str, line: int, key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from almaguard.cli_guard import main
+
+    conf = tmp_path / "guard.toml"
+    conf.write_text(text)
+    with pytest.raises(GuardError) as err:
+        load_guard_config(conf)
+    assert err.value.message.startswith(f"{conf}:{line}: {key}: ")
+    assert err.value.hint
+    # the CLI: a configuration error (exit 2) naming file:line, never a traceback
+    assert main(["--root", str(tmp_path), "--config", str(conf), "thresholds"]) == 2
+    assert f"alma-guard: error: {conf}:{line}: {key}: " in capsys.readouterr().err
 
 
 def test_resume_above_shed_is_refused() -> None:

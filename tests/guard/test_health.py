@@ -101,6 +101,25 @@ def test_exit_code_is_the_worst_check(board: FakeBoard, setup: str, code: int) -
     assert line.returncode == code and line.stdout.startswith(f"ALMA-HEALTH {rep['status']} - ")
 
 
+# Accepted before the typed reader: a NaN limit compares false, so the check never alerts.
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("[memory]\navail_warn_pct = 10.0\navail_crit_pct = nan\n", 3, "memory.avail_crit_pct"),
+        ("[thermal]\nstale_s = -1\n", 2, "thermal.stale_s"),
+        ("[watchdog]\nrequired = 1\n", 2, "watchdog.required"),
+        ('[links.expected]\neth0 = 1000\neth1 = "fast"\n', 3, "links.expected.eth1: must be an integer"),
+    ],
+)
+def test_bad_config_values_are_unknown_naming_file_and_line(board: FakeBoard, text: str, line: int, key: str) -> None:
+    healthy(board)
+    conf = board.write_config("health.toml", text)
+    r = run_cli(board)
+    assert r.returncode == 3, r.stdout
+    assert f"{conf}:{line}: {key}" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
 def test_bad_config_is_unknown_with_a_hint(board: FakeBoard) -> None:
     healthy(board)
     board.write_config("health.toml", "[storm]\nmcast_wrn = 5\n")

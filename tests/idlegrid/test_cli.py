@@ -30,10 +30,16 @@ def test_run_refuses_without_the_opt_in(grid, eran_grid_cmd, enabled):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('enabled = "yes"\n', "`enabled` has the wrong type"),
-        ("enabled = true\nidle_afterr = 5\n", "unknown key(s): idle_afterr"),
-        ('enabled = true\n[queue]\nbackend = "redis"\n', 'queue.backend must be "sqlite" or "nats"'),
-        ("enabled = true\npoll = 30\n", "`poll` must be between"),
+        ('enabled = "yes"\n', ":1: enabled: must be true or false, not a string"),
+        ("enabled = true\nidle_afterr = 5\n", ":2: unknown key(s) in the top level: idle_afterr"),
+        ('enabled = true\n[queue]\nbackend = "redis"\n', ':3: queue.backend: must be "sqlite" or "nats"'),
+        ("enabled = true\npoll = 30\n", ":2: poll: 30 is out of range (must be >= 0.01 and <= 5)"),
+        # accepted before the typed reader: a NaN limit compares false, so 95 C was "ready to work"
+        ("enabled = true\n\nmax_temp_c = nan\n", ":3: max_temp_c: must be a finite number"),
+        ("enabled = true\n[thermal.zones]\ntj-thermal = inf\n", ":3: thermal.zones.tj-thermal: must be a finite"),
+        ("enabled = true\nlease_ttl = 0\n", ":2: lease_ttl: 0 is out of range"),
+        ("enabled = true\nmax_failures = 2.5\n", ":2: max_failures: must be an integer"),
+        ("enabled = true\nresult_max_bytes = -1\n", ":2: result_max_bytes: -1 is out of range"),
         ("enabled = tru\n", "not valid TOML"),
         ("a = " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply"),  # RecursionError, not exit 1
     ],

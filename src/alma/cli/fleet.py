@@ -207,7 +207,7 @@ def inspect(
     sys.exit(3 if any(not r.reachable for r in results) else 0)
 
 
-# issue 14: `alma fleet add` lives in its own module
+# `alma fleet add` lives in its own module (it writes fleet.toml and pins host keys)
 from alma.cli.fleet_add import add as _add  # noqa: E402
 
 fleet.add_command(_add)

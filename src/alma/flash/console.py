@@ -162,7 +162,7 @@ class ConsoleWatcher:
                         kernel_banner=banner,
                         login_prompt=prompt,
                         seen_at=utc_iso(),
-                        board=ident,  # issue 14: the pinned host key (one distinct identity only)
+                        board=ident,  # the pinned host key (one distinct identity only)
                         identity_problem=problem,
                     )
                 if self._error is not None:

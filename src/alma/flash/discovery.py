@@ -16,7 +16,6 @@ mode, on a charge-only cable or behind a flaky hub does not enumerate at all.
 from __future__ import annotations
 
 import contextlib
-import re
 import select
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -34,16 +33,7 @@ from alma.flash.pids import (
     BoardState,
     module_for,
 )
-
-# The sysfs name of a USB device (bus-port[.port...], at most 7 tiers: USB's own limit),
-# what `initrd-flash --usb-instance` takes. It names a board's work dir and its flash
-# record: checked before it becomes part of any path (alma.flash.records, session).
-USB_INSTANCE_GRAMMAR = re.compile(r"[0-9]{1,3}-[0-9]{1,3}(?:\.[0-9]{1,3}){0,6}")
-
-
-def is_usb_instance(value: object) -> bool:
-    return isinstance(value, str) and USB_INSTANCE_GRAMMAR.fullmatch(value) is not None
-
+from alma.flash.pids import is_usb_instance as is_usb_instance  # re-exported: session uses it from here
 
 SPEEDS = {
     "1.5": "low-speed (USB 1.0)",

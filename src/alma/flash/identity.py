@@ -250,12 +250,6 @@ def parse_board_line(line: str) -> BoardLine | None:
     return BoardLine(m["name"], tuple(addrs), m["key"])
 
 
-def last_board_line(lines: Iterable[str]) -> dict[str, Any] | None:
-    """The board's identity line when exactly one distinct one was seen (agetty prints it
-    again with every prompt), else None; :func:`board_identity` says why."""
-    return board_identity(lines)[0]
-
-
 def board_identity(lines: Iterable[str]) -> tuple[dict[str, Any] | None, str | None]:
     """The console identity policy: one boot shows exactly one distinct ``alma-board:``
     identity. Two different ones (a forged line printed before or after the real one) make

@@ -7,6 +7,7 @@ bundle is flashed to a board only when the bundle's MACHINE is one this board's 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -83,3 +84,14 @@ def module_for(vendor: str, product: str) -> Module | None:
 
 def modules_for_machine(machine: str) -> list[Module]:
     return [m for m in MODULES.values() if machine in m.machines]
+
+
+# The sysfs name of a USB device (bus-port[.port...], at most 7 tiers: USB's own limit), what
+# `initrd-flash --usb-instance` takes. It names a board's work dir and its flash record:
+# checked before it becomes part of any path. Here, not in discovery, so reading flash
+# records (alma gates, alma verify) does not import pyudev.
+USB_INSTANCE_GRAMMAR = re.compile(r"[0-9]{1,3}-[0-9]{1,3}(?:\.[0-9]{1,3}){0,6}")
+
+
+def is_usb_instance(value: object) -> bool:
+    return isinstance(value, str) and USB_INSTANCE_GRAMMAR.fullmatch(value) is not None

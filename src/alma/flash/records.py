@@ -13,10 +13,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
 from almaboard.text import terminal
 
 from alma.errors import ConfigError
+from alma.flash.pids import is_usb_instance
 from alma.ground import write_atomic
+from alma.loader import load_json
 
 SCHEMA = "alma.flash-record/1"
 # Where records live in the repo (committed, like the facts manifests).
@@ -41,9 +44,9 @@ class Boot:
     login_prompt: str | None = None  # the prompt line, e.g. "alma-orin login:"
     seen_at: str | None = None
     reason: str | None = None  # why not seen: "timeout", "unplugged", "garbage only", ...
-    # issue 14: the board's "alma-board: name= addr= hostkey=" console line, parsed
+    # the board's "alma-board: name= addr= hostkey=" console line, parsed (its pinned host key)
     board: dict[str, Any] | None = None
-    # issue 18: why no identity was taken from the console ("identity ambiguous: ...")
+    # why no identity was taken from the console ("identity ambiguous: ...")
     identity_problem: str | None = None
 
 
@@ -63,7 +66,7 @@ class FlashRecord:
     logs: dict[str, Any] = field(default_factory=dict)  # host_log, device_logs: [...]
     boot: Boot | None = None
     image: str | None = None
-    identity: dict[str, Any] | None = None  # issue 14: hostname (+ admin key) written at flash time
+    identity: dict[str, Any] | None = None  # hostname (+ admin key) written at flash time
     # initrd-flash's own options as passed (key paths only, never their contents)
     options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # e.g. meta-tegra's presigned-bundle warning
@@ -82,24 +85,65 @@ class FlashRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FlashRecord:
+    def from_dict(cls, data: Any, where: F.Where | None = None) -> FlashRecord:
+        """A record from its JSON, every field typed (almaboard.fields): a record edited by hand
+        or written by another tool is a ConfigError naming its file, never a crash later."""
+        where = where or F.in_file("flash record")
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise ConfigError(f"not a flash record (schema {schema!r}, want {SCHEMA})")
-        data = dict(data)
+            raise ConfigError(f"{where(())}: not a flash record (schema {schema!r}, want {SCHEMA})")
+        kw = F.check(data, _RECORD, where)
         try:
-            data["phases"] = [Phase(**p) for p in data.get("phases", [])]
-            boot = data.get("boot")
-            data["boot"] = Boot(**boot) if isinstance(boot, dict) else None
-            return cls(**data)
-        except (TypeError, AttributeError) as exc:
-            raise ConfigError(f"malformed flash record: {exc}") from exc
+            kw["phases"] = [
+                Phase(**F.check(p, _PHASE, where, prefix=("phases", str(i))))
+                for i, p in enumerate(kw.get("phases", []), 1)
+            ]
+            if kw.get("boot") is not None:
+                kw["boot"] = Boot(**F.check(kw["boot"], _BOOT, where, prefix=("boot",)))
+            return cls(**kw)
+        except TypeError as exc:  # a required field missing (the message names it)
+            raise ConfigError(f"{where(())}: malformed flash record: {exc}") from None
+
+
+_TEXT = F.string(max_len=64 * 1024)
+_OPT = F.optional(_TEXT)
+_PHASE: F.Schema = {"name": F.string(max_len=64), "started": _TEXT, "finished": _OPT, "result": _OPT}
+_BOOT: F.Schema = {
+    "seen": F.boolean(),
+    "console": _OPT,
+    "kernel_banner": _OPT,
+    "login_prompt": _OPT,
+    "seen_at": _OPT,
+    "reason": _OPT,
+    "board": F.optional(F.table()),
+    "identity_problem": _OPT,
+}
+_RECORD: F.Schema = {
+    "board": F.table(),
+    "bundle_sha256": F.string(max_len=128),
+    "bundle_path": _TEXT,
+    "machine": _TEXT,
+    "started": _TEXT,
+    "finished": _TEXT,
+    "result": F.enum(*RESULTS),
+    "reason": _OPT,
+    "exit_code": F.optional(F.integer(-(1 << 31), 1 << 31)),
+    "final_status": _OPT,
+    "phases": F.list_of(F.table()),
+    "logs": F.table(),
+    "boot": F.optional(F.table()),
+    "image": _OPT,
+    "identity": F.optional(F.table()),
+    "options": F.table(),
+    "warnings": F.list_of(_TEXT),
+    "tool": _TEXT,
+    "schema": F.enum(SCHEMA),
+}
 
 
 def record_filename(rec: FlashRecord) -> str:
     """``<stamp>-<machine>-<usb instance>.json``: each part only when it matched its grammar
     (a MACHINE from a bundle or a USB id from a device never chooses the path)."""
-    from alma.flash.discovery import is_usb_instance
     from alma.tegraflash.names import is_machine
 
     stamp = "".join(c for c in rec.started.split(".")[0] if c.isascii() and c.isalnum())[:16] or "unstamped"
@@ -164,11 +208,12 @@ def load_all(directory: Path) -> list[FlashRecord]:
         return []
     out = []
     for p in sorted(directory.glob("*.json")):
+        hint = f"fix or remove {p}"
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-            out.append(FlashRecord.from_dict(data))
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError, ConfigError) as exc:
-            raise ConfigError(f"{p}: {exc}", hint=f"fix or remove {p}") from exc
+            out.append(FlashRecord.from_dict(load_json(p, hint=hint), F.in_file(p)))
+        except ConfigError as exc:
+            exc.hint = hint  # the next step is the same whatever is wrong inside
+            raise
     return sorted(out, key=lambda r: r.started)
 
 

@@ -74,7 +74,7 @@ class FlashOptions:
     space_margin: int = DEFAULT_MARGIN
     keep_work: bool = False
     root: Path | None = None  # repository root (facts/)
-    identity: Any = None  # issue 14: an alma.flash.identity.IdentityPlan (names, per-board key)
+    identity: Any = None  # an alma.flash.identity.IdentityPlan (names, per-board key)
 
 
 @dataclass
@@ -363,7 +363,7 @@ class FlashSession:
         try:
             self.opts.flash_args.check()
             boards = pick_boards(self.opts, self.ctx)
-            if self.opts.identity is not None:  # issue 14: name every board before touching one
+            if self.opts.identity is not None:  # name every board before touching one
                 self.opts.identity.bind([b.usb_instance for b in boards])
         except UserError as exc:
             self.refuse(exc, None, None, started)
@@ -533,7 +533,7 @@ class FlashSession:
         if self.interrupted:
             return self._interrupted_before(board, choice, started, [prep_phase], **kw)
         board_dir = self.board_copy(board, prepared, work)
-        ident = self.opts.identity.assigned.get(board.usb_instance) if self.opts.identity else None  # issue 14
+        ident = self.opts.identity.assigned.get(board.usb_instance) if self.opts.identity else None  # name + key
         if ident is not None:
             try:
                 identity.write_board_config(board_dir, ident)
@@ -562,7 +562,7 @@ class FlashSession:
 
         rec = self._record(board, choice, started, "FAILED", **kw)
         rec.phases = [prep_phase]
-        rec.identity = ident.to_record() if ident is not None else None  # issue 14
+        rec.identity = ident.to_record() if ident is not None else None
         try:  # invariant 3 of alma.flash.privilege: what runs is what was hashed
             privilege.verify_script(work, board_dir, prepared.script_sha256)
         except UserError as exc:

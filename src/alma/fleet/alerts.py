@@ -52,6 +52,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
 from almaboard import text as T
 
 from alma.errors import ConfigError
@@ -62,7 +63,6 @@ from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 EVENT_SCHEMA = "alma.alert/1"
 PAYLOADS = ("alma", "alertmanager")
 MAX_SUMMARY = 1000
-_KEYS = {"name", "on", "repeat", "webhook", "payload", "command", "timeout", "retries", "backoff", "maintenance"}
 
 
 @dataclass(frozen=True)
@@ -90,46 +90,46 @@ class AlertRule:
     maintenance: tuple[Window, ...] = field(default_factory=tuple)
 
 
-def parse_alerts(raw: Any, error: Callable[[str], ConfigError]) -> tuple[AlertRule, ...]:
-    """The ``[[alert]]`` tables; ``error(msg)`` makes the loader's file:line error."""
-    import math
+_ALERT_FIELDS: F.Schema = {
+    "name": F.string(max_len=128),
+    "on": F.list_of(F.enum(*Severity.__members__), max_items=len(Severity.__members__)),
+    "repeat": F.duration(0.0),  # 0: once per change
+    "webhook": F.string(r"https?://\S+", max_len=4096, what="an http:// or https:// URL"),
+    "command": F.list_of(F.string(r".+", max_len=4096, what="a non-empty argument"), max_items=256),
+    "payload": F.enum(*PAYLOADS),
+    "timeout": F.duration(0.1, 3600.0),
+    "retries": F.integer(0, 100),
+    "backoff": F.duration(0.0, 3600.0),
+    "maintenance": F.list_of(F.table()),
+}
 
+
+def parse_alerts(raw: Any, error: Callable[[str], ConfigError], where: F.Where | None = None) -> tuple[AlertRule, ...]:
+    """The ``[[alert]]`` tables; ``error(msg)`` makes the loader's file:line error, ``where``
+    points a key at its line (almaboard.fields)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise error("[[alert]] must be an array of tables")
     rules = []
-    for i, a in enumerate(raw):
-        if not isinstance(a, dict):
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
             raise error(f"[[alert]] #{i + 1} must be a table")
+        try:
+            a = F.check(entry, _ALERT_FIELDS, where or F.in_file("[[alert]]"), prefix=("alert", str(i + 1)))
+        except ConfigError as exc:
+            raise error(exc.message) if where is None else exc from None
         name = a.get("name", f"alert-{i + 1}")
-        unknown = sorted(set(a) - _KEYS)
-        if unknown:
-            raise error(f"[[alert]] {name!r}: unknown key(s) {', '.join(unknown)}")
         on = a.get("on", list(AlertRule.on))
-        if not isinstance(on, list) or not on or any(s not in Severity.__members__ for s in on):
+        if not on:
             raise error(f"[[alert]] {name!r}: on must list states of {', '.join(Severity.__members__)}")
-
-        def number(key: str, default: float, minimum: float, a: dict[str, Any] = a, name: Any = name) -> float:
-            v = a.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < minimum:
-                raise error(f"[[alert]] {name!r}: {key} must be a finite number >= {minimum:g}, got {v!r}")
-            return float(v)
-
-        webhook = a.get("webhook")
-        if webhook is not None and (not isinstance(webhook, str) or not webhook.startswith(("http://", "https://"))):
-            raise error(f"[[alert]] {name!r}: webhook must be an http:// or https:// URL")
-        command = a.get("command")
-        if command is not None and (not isinstance(command, list) or not command
-                                    or not all(isinstance(x, str) and x for x in command)):  # fmt: skip
+        webhook, command = a.get("webhook"), a.get("command")
+        if command is not None and not command:
             raise error(f'[[alert]] {name!r}: command must be an argv list, e.g. ["/usr/local/bin/notify"]')
         if webhook is None and command is None:
             raise error(f"[[alert]] {name!r}: needs a webhook or a command")
-        payload = a.get("payload", "alma")
-        if payload not in PAYLOADS:
-            raise error(f"[[alert]] {name!r}: payload must be one of {', '.join(PAYLOADS)}")
         windows = []
-        for w in a.get("maintenance", []) or []:
+        for w in a.get("maintenance", []):
             try:
                 start, end = parse_utc(w["start"]).timestamp(), parse_utc(w["end"]).timestamp()
                 node, check = w.get("node", "*"), w.get("check")
@@ -138,11 +138,11 @@ def parse_alerts(raw: Any, error: Callable[[str], ConfigError]) -> tuple[AlertRu
             except (KeyError, TypeError, ValueError) as exc:
                 raise error(f"[[alert]] {name!r}: bad [[alert.maintenance]] window: {exc}") from None
             windows.append(Window(node, check, start, end))
-        retries = number("retries", 3, 0)
         rules.append(AlertRule(
-            name=str(name), on=tuple(on), repeat_s=number("repeat", 0, 0), webhook=webhook, payload=payload,
-            command=tuple(command) if command else None, timeout_s=number("timeout", 5, 0.1),
-            retries=int(retries), backoff_s=number("backoff", 1.0, 0), maintenance=tuple(windows),
+            name=str(name), on=tuple(on), repeat_s=a.get("repeat", 0.0), webhook=webhook,
+            payload=a.get("payload", "alma"), command=tuple(command) if command else None,
+            timeout_s=a.get("timeout", 5.0), retries=a.get("retries", 3), backoff_s=a.get("backoff", 1.0),
+            maintenance=tuple(windows),
         ))  # fmt: skip
     return tuple(rules)
 

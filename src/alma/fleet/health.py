@@ -94,7 +94,7 @@ class NodeResult:
     report_time: str | None = None
     duration_s: float = 0.0
     reachable: bool = True
-    updating: bool = False  # issue 23: an `alma update` record shows it mid-update
+    updating: bool = False  # an `alma update` record shows it mid-update
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -41,6 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
+from almaboard.config import key_lines, locator
+
 from alma import loader
 from alma.errors import ConfigError
 
@@ -77,7 +80,7 @@ class Node:
     reserve_bytes: int = 0
     links: tuple[Link, ...] = ()
     line: int | None = None  # where the node is declared, for error messages
-    host_key: str | None = None  # issue 14: pinned host key (full key or SHA256:...), see fleet/join.py
+    host_key: str | None = None  # pinned host key (full key or SHA256:...), see fleet/join.py
 
 
 @dataclass(frozen=True)
@@ -142,39 +145,24 @@ def parse_size(value: Any, where: str) -> int:
 
 
 class _Source:
-    """Finds line numbers for semantic errors (tomllib only reports syntax positions)."""
+    """Line numbers for semantic errors (tomllib only reports syntax positions), from the
+    board library's one key-to-line lookup (almaboard.config.key_lines)."""
 
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
-        self.lines = text.splitlines()
-        self.node_lines = [i + 1 for i, ln in enumerate(self.lines) if re.match(r"^\s*\[\[\s*node\s*\]\]", ln)]
+        self.lines = key_lines(text)
+        self.where = locator(path, text)
 
     def node_line(self, index: int) -> int | None:
-        return self.node_lines[index] if index < len(self.node_lines) else None
+        return self.lines.get(("node", str(index + 1)))
 
     def key_line(self, index: int, key: str) -> int | None:
         """Line of ``key =`` inside the index-th [[node]] block (falls back to the block)."""
-        start = self.node_line(index)
-        if start is None:
-            return None
-        end = self.node_lines[index + 1] if index + 1 < len(self.node_lines) else len(self.lines) + 1
-        pat = re.compile(rf"^\s*{re.escape(key)}\s*=")
-        for no in range(start, end - 1):
-            if pat.match(self.lines[no]):
-                return no + 1
-        return start
+        return self.lines.get(("node", str(index + 1), key), self.node_line(index))
 
     def section_key_line(self, section: str, key: str) -> int | None:
         """Line of ``key =`` in the ``[section]`` table (None when not written there)."""
-        header = re.compile(rf"^\s*\[\s*{re.escape(section)}\s*\]\s*(#.*)?$")
-        pat = re.compile(rf"^\s*{re.escape(key)}\s*=")
-        inside = False
-        for no, ln in enumerate(self.lines, start=1):
-            if ln.lstrip().startswith("["):
-                inside = bool(header.match(ln))
-            elif inside and pat.match(ln):
-                return no
-        return None
+        return self.lines.get((section, key))
 
     def error(self, line: int | None, msg: str, hint: str | None = None) -> ConfigError:
         where = f"{self.path}:{line}" if line else str(self.path)
@@ -189,13 +177,19 @@ def _str(d: dict[str, Any], key: str, src: _Source, line: int | None, default: s
 
 
 def _num(d: dict[str, Any], key: str, default: float, src: _Source, what: str) -> float:
-    """A positive, FINITE number: ``inf`` would never time out, ``nan`` compares false with
-    everything (a ``stale_after = nan`` report is never stale). Refused with file:line."""
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-        raise src.error(src.section_key_line(what.strip("[]"), key),
-                        f"{what}.{key} must be a positive number (finite), got {v!r}")  # fmt: skip
-    return float(v)
+    """A positive, FINITE number of seconds: ``inf`` would never time out, ``nan`` compares
+    false with everything (a ``stale_after = nan`` report is never stale). Refused with file:line."""
+    if key not in d:
+        return default
+    return float(F.value(d[key], _SECONDS, src.where, (what.strip("[]"), key)))
+
+
+_SECONDS = F.duration(above=0.0)
+_ANY = F.Field(lambda v: v, "see docs/fleet.md")  # checked by its own parser below
+_HEALTH_KEYS: F.Schema = {"command": _ANY, "reserve": _ANY, "timeout": _SECONDS, "stale_after": _SECONDS,
+                          "max_output": _ANY}  # fmt: skip
+_PANEL_KEYS: F.Schema = {"title": _ANY, "stale_after": _SECONDS, "figure": _ANY}
+_SPEED = F.integer(1, 10_000_000)  # Mb/s
 
 
 def _parse_links(raw: Any, src: _Source, line: int | None, name: str) -> tuple[Link, ...]:
@@ -208,8 +202,11 @@ def _parse_links(raw: Any, src: _Source, line: int | None, name: str) -> tuple[L
         if not isinstance(item, dict) or not isinstance(item.get("iface"), str):
             raise src.error(line, f'node {name!r}: each link needs iface = "<interface>"')
         speed = item.get("speed")
-        if speed is not None and (isinstance(speed, bool) or not isinstance(speed, int) or speed <= 0):
-            raise src.error(line, f"node {name!r}: link {item['iface']} speed must be Mb/s as a positive integer")
+        if speed is not None:
+            try:
+                speed = _SPEED(speed)
+            except F.FieldError as exc:
+                raise src.error(line, f"node {name!r}: link {item['iface']} speed (Mb/s) {exc.why}") from None
         peer = item.get("peer")
         out.append(Link(iface=item["iface"], speed=speed, peer=peer if isinstance(peer, str) else None))
     return tuple(out)
@@ -232,6 +229,7 @@ def _parse_panel(raw: Any, src: _Source) -> PanelConfig:
         return PanelConfig()
     if not isinstance(raw, dict):
         raise src.error(None, "[panel] must be a table")
+    F.check(raw, _PANEL_KEYS, src.where, prefix=("panel",))
     figures = []
     for i, fig in enumerate(raw.get("figure", []) or []):
         if not isinstance(fig, dict) or not isinstance(fig.get("label"), str) or "value" not in fig:
@@ -271,12 +269,10 @@ def _parse_ssh(raw: Any, src: _Source, base: Path) -> SshConfig:
         p = Path(v).expanduser()
         return p if p.is_absolute() else base / p
 
-    ct = raw.get("connect_timeout", 5)
-    if isinstance(ct, bool) or not isinstance(ct, int) or ct <= 0:
-        raise src.error(None, "[ssh] connect_timeout must be a positive integer (seconds)")
-    cp = raw.get("control_persist", 0)
-    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 0:
-        raise src.error(None, "[ssh] control_persist must be seconds (0 = off)")
+    ct = F.value(raw.get("connect_timeout", 5), F.integer(1, 3600), src.where, ("ssh", "connect_timeout"),
+                 hint="connect_timeout is whole seconds")  # fmt: skip
+    cp = F.value(raw.get("control_persist", 0), F.integer(0, 7 * 86400), src.where, ("ssh", "control_persist"),
+                 hint="control_persist is whole seconds (0 = off)")  # fmt: skip
     unknown = sorted(set(raw) - {"config", "strict_host_key_checking", "connect_timeout", "known_hosts",
                                  "control_persist", "control_dir"})  # fmt: skip
     if unknown:
@@ -305,6 +301,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
     health = data.get("health", {}) or {}
     if not isinstance(health, dict):
         raise src.error(None, "[health] must be a table")
+    F.check(health, _HEALTH_KEYS, src.where, prefix=("health",))  # a typo'd key is refused, not ignored
     default_cmd = health.get("command", DEFAULT_HEALTH_COMMAND)
     if not isinstance(default_cmd, str) or not default_cmd.strip():
         raise src.error(None, "[health] command must be a non-empty string")
@@ -362,7 +359,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
                 else default_reserve,
                 links=_parse_links(raw.get("links"), src, line, name),
                 line=line,
-                host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),  # issue 14
+                host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),
             )
         )
     return Fleet(
@@ -380,8 +377,8 @@ def parse_fleet(text: str, path: Path) -> Fleet:
 def _alerts(raw: Any, src: _Source) -> tuple[Any, ...]:
     from alma.fleet.alerts import parse_alerts
 
-    line = next((i + 1 for i, ln in enumerate(src.lines) if re.match(r"^\s*\[\[\s*alert\s*\]\]", ln)), None)
-    return parse_alerts(raw, lambda msg: src.error(line, msg))
+    line = src.lines.get(("alert", "1"))
+    return parse_alerts(raw, lambda msg: src.error(line, msg), src.where)
 
 
 def _max_output(health: dict[str, Any], src: _Source) -> int:

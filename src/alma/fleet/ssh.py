@@ -124,7 +124,7 @@ def ssh_argv(node: Node, command: str, cfg: SshConfig, *, remote_timeout: float 
     argv = [settings.tool("ssh")]
     if cfg.config is not None:
         argv += ["-F", str(cfg.config)]
-    argv += pinned_ssh_options(node, cfg)  # issue 14: a pinned host key, strictly checked
+    argv += pinned_ssh_options(node, cfg)  # a pinned host key, strictly checked
     argv += [
         "-o", "BatchMode=yes",  # never ask for a password or passphrase
         "-o", f"ConnectTimeout={cfg.connect_timeout}",

@@ -43,11 +43,11 @@ class BuildRequest:
     hashserv: str | None = None
     jobs: int | None = None
     build_dir: Path | None = None
-    # issue 14: admin access (alma.imagebuild.access)
+    # admin access (alma.imagebuild.access): a release image needs a key to be reachable
     admin_keys: tuple[Path, ...] = ()
     no_admin_access: bool = False
-    ota_cert: Path | None = None  # issue 23: feature ota's signing certificate (alma.imagebuild.ota)
-    # issue 22: kas parity
+    ota_cert: Path | None = None  # feature ota's signing certificate (alma.imagebuild.ota)
+    # kas parity: what kas itself would resolve, checked against our plan
     target: str | None = None  # a recipe other than the image (bitbake's target)
     task: str | None = None  # bitbake -c TASK
     keep_going: bool = False  # bitbake -k
@@ -255,10 +255,10 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     jobs, make_jobs, notes = choose_jobs(req, probes)
     jobs_auto = req.jobs is None and jobs is not None
     conf_text = render_conf(req, jobs, make_jobs)
-    # issue 14: admin keys for the image, decided offline (a release without one is a problem)
+    # admin keys for the image, decided offline (a release without one is a problem)
     conf_text, access_note, access_problem = _with_admin_access(req, project, kas, conf_text)
     notes.append(access_note)
-    ota_text, ota_problem = _with_ota(req, project, kas, machine_dir)  # issue 23: a cert for a release
+    ota_text, ota_problem = _with_ota(req, project, kas, machine_dir)  # ota needs its signing cert
     conf_text += ota_text
     bb = f"bitbake -R {shlex.quote(str(conf_path))}"
     image = shlex.quote(req.image)

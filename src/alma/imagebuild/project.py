@@ -56,7 +56,7 @@ class Project:
     def images(self) -> list[str]:
         # layers/<layer>/recipes-*/images/<name>[_<version>].bb
         names = {p.stem.split("_", 1)[0] for p in self.root.glob("layers/*/recipes-*/images/*.bb")}
-        # issue 23: images a dynamic layer adds (alma-image-swu, with meta-swupdate)
+        # images a dynamic layer adds (alma-image-swu, with meta-swupdate)
         names |= {p.stem.split("_", 1)[0] for p in self.root.glob("layers/*/dynamic-layers/*/recipes-*/images/*.bb")}
         return sorted(names)
 

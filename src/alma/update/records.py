@@ -19,6 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from almaboard import fields as F
+
 from alma.errors import ConfigError, UserError
 from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 from alma.loader import load_json
@@ -107,67 +109,61 @@ def save(root: Path, rec: UpdateRecord) -> Path:
 
 RESULTS = (*FINAL, LOST, INTERRUPTED, IN_PROGRESS)
 PHASES = ("check", "lock", "push", "install", "reboot", "wait", "health", "commit", "rollback")
-_STR = ("node", "run", "swu_sha256", "swu_version", "machine", "started")
-_OPT_STR = ("reason", "finished", "from_version", "boot_id", "log")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _problem(data: dict[str, Any], path: Path) -> str | None:
-    """Why ``data`` (a record read back, maybe edited by hand or by something else) is not one
-    we wrote; None when it is. Its node and .swu must be the file's own: they make the path
-    the record is saved to again."""
-    for k in _STR:
-        if not isinstance(data.get(k), str):
-            return f"{k} is not a string"
-    for k in _OPT_STR:
-        if data.get(k) is not None and not isinstance(data[k], str):
-            return f"{k} is not a string"
-    sha = data["swu_sha256"]
-    if data["node"] != path.stem or not _SHA.fullmatch(sha) or sha[:16] != path.parent.name:
-        return "node or .swu does not match the record's own path"
-    if data.get("result") not in RESULTS:
-        return f"unknown result {str(data.get('result'))[:40]!r}"
-    for k in ("from_slot", "to_slot"):
-        if data.get(k) not in (None, "a", "b"):
-            return f"{k} is not a or b"
-    if not isinstance(data.get("wave", 0), int) or isinstance(data.get("wave"), bool):
-        return "wave is not a number"
-    for k in ("capsule", "health"):
-        if data.get(k) is not None and not isinstance(data[k], dict):
-            return f"{k} is not a table"
-    bw = data.get("baseline_warnings", [])
-    if not isinstance(bw, list) or not all(isinstance(x, str) for x in bw):
-        return "baseline_warnings is not a list of names"
-    phases = data.get("phases", [])
-    if not isinstance(phases, list):
-        return "phases is not a list"
-    for ph in phases:
-        if not isinstance(ph, dict) or ph.get("name") not in PHASES or not isinstance(ph.get("started"), str):
-            return "a phase is not one alma update writes"
-        if ph.get("result") not in (None, "ok", "failed", "timeout", "interrupted"):
-            return "a phase has an unknown result"
-        d = ph.get("duration_s")
-        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1e9):
-            return "a phase has a bad duration"
-        if any(ph.get(k) is not None and not isinstance(ph[k], str) for k in ("finished", "detail")):
-            return "a phase has non-text fields"
-    return None
+_TEXT = F.string(max_len=64 * 1024)
+_OPT = F.optional(_TEXT)
+_SLOT = F.optional(F.enum("a", "b"))
+# Every field typed (almaboard.fields): a record edited by hand or by something else is refused
+# naming its file, never a crash or a path elsewhere.
+_RECORD: F.Schema = {
+    **{k: _TEXT for k in ("node", "run", "swu_sha256", "swu_version", "machine", "started")},
+    **{k: _OPT for k in ("reason", "finished", "from_version", "boot_id", "log")},
+    "result": F.enum(*RESULTS),
+    "wave": F.integer(0, 1_000_000),
+    "from_slot": _SLOT,
+    "to_slot": _SLOT,
+    "capsule": F.optional(F.table()),
+    "health": F.optional(F.table()),
+    "baseline_warnings": F.list_of(F.string(max_len=256), max_items=4096),
+    "phases": F.list_of(F.table(), max_items=len(PHASES) * 64),
+    "schema": F.enum(SCHEMA),
+}
+_PHASE: F.Schema = {
+    "name": F.enum(*PHASES),
+    "started": _TEXT,
+    "finished": _OPT,
+    "duration_s": F.optional(F.number(0.0, 1e9)),
+    "result": F.optional(F.enum("ok", "failed", "timeout", "interrupted")),
+    "detail": _OPT,
+}
+_REQUIRED = ("node", "run", "swu_sha256", "swu_version", "machine", "started")
 
 
 def load(path: Path) -> UpdateRecord:
-    """A record read back and checked (``_problem``): a hand-edited or foreign file is a
-    ConfigError naming it, never a crash or a path elsewhere."""
+    """A record read back and checked: a hand-edited or foreign file is a ConfigError naming
+    it, never a crash or a path elsewhere. Its node and .swu must be the file's own: they make
+    the path the record is saved to again."""
     hint = "delete it to start this board over"
     data = load_json(path, hint=hint)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ConfigError(f"{path} is not an {SCHEMA} record", hint=hint)
-    why = _problem(data, path)
-    if why is not None:
-        raise ConfigError(f"{path} is not a record alma update wrote: {why}", hint=hint)
+    where = F.in_file(path)
+    kw = F.check(data, _RECORD, where, hint=hint)
+    missing = [k for k in _REQUIRED if k not in kw]
+    if missing:
+        raise ConfigError(f"{path}: not a record alma update wrote: {', '.join(missing)} missing", hint=hint)
+    sha = kw["swu_sha256"]
+    if kw["node"] != path.stem or not _SHA.fullmatch(sha) or sha[:16] != path.parent.name:
+        raise ConfigError(
+            f"{path} is not a record alma update wrote: node or .swu does not match the record's own path", hint=hint
+        )
     try:
-        phases = [Phase(**p) for p in data.pop("phases", [])]
-        return UpdateRecord(**data, phases=phases)
-    except TypeError as exc:
+        kw["phases"] = [
+            Phase(**F.check(p, _PHASE, where, prefix=("phases", str(i)), hint=hint))
+            for i, p in enumerate(kw.get("phases", []), 1)
+        ]
+        return UpdateRecord(**kw)
+    except TypeError as exc:  # a phase without name or started
         raise ConfigError(f"{path}: {exc}", hint=hint) from None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,22 +31,42 @@ def _split_key(text: str) -> tuple[str, ...]:
 
 
 def key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Dotted key path → the line (1-based) that sets it, for tables and plain keys.
+    """Dotted key path → the line (1-based) that sets it, for tables and plain keys; the
+    entries of an array of tables ``[[link]]`` are ``("link", "1")``, ``("link", "2")``, ...
 
     A line scanner, not a parser: it runs only on text tomllib already accepted, and is used
     only to point at lines, so multi-line strings can at worst point one line off."""
     out: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
+    items: dict[tuple[str, ...], int] = {}  # [[name]] seen so far: its entries are name.1, name.2, ...
     for n, line in enumerate(text.splitlines(), 1):
         m = _TABLE.match(line)
         if m:
             table = _split_key(m.group(1))
             out.setdefault(table, n)
+            if line.lstrip().startswith("[["):
+                items[table] = items.get(table, 0) + 1
+                table = (*table, str(items[table]))
+                out.setdefault(table, n)
             continue
         m = _KEY.match(line)
         if m:
             out.setdefault(table + _split_key(m.group(1)), n)
     return out
+
+
+def locator(path: Path, text: str) -> Callable[[tuple[str, ...]], str]:
+    """``file:line`` of a key in one TOML text (or of its table, or just the file): the
+    ``where`` of almaboard.fields.check for a reader that parsed the text itself."""
+    lines = key_lines(text)
+
+    def where(key: tuple[str, ...]) -> str:
+        for n in range(len(key), 0, -1):
+            if key[:n] in lines:
+                return f"{path}:{lines[key[:n]]}"
+        return str(path)
+
+    return where
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
@@ -73,15 +94,20 @@ class Layers:
                 return f"{hit[0]}:{hit[1]}"
         return str(self.files[-1] if self.files else self.main)
 
+    def locate(self, key: tuple[str, ...]) -> str:
+        """:meth:`where` taking the key as one tuple (the ``where`` of almaboard.fields.check)."""
+        return self.where(*key)
+
     def error(self, key: tuple[str, ...], message: str, hint: str | None = None) -> ConfigError:
         return ConfigError(f"{self.where(*key)}: {message}", hint=hint)
 
 
-def load_layers(main: Path) -> Layers:
-    """``main`` plus ``<main stem>.d/*.toml`` merged in order."""
+def load_layers(main: Path, *, dropins: bool = True) -> Layers:
+    """``main`` plus ``<main stem>.d/*.toml`` merged in order (``dropins=False``: ``main`` only).
+    A missing file is skipped: the caller decides whether no file at all means defaults."""
     layers = Layers(main)
-    dropins = sorted((main.parent / f"{main.stem}.d").glob("*.toml")) if main.parent.is_dir() else []
-    for path in [main, *dropins]:
+    extra = sorted((main.parent / f"{main.stem}.d").glob("*.toml")) if dropins and main.parent.is_dir() else []
+    for path in [main, *extra]:
         if not path.is_file():
             continue
         try:
@@ -102,7 +128,7 @@ def load_layers(main: Path) -> Layers:
             where = f"{path}:{m.group(1)}" if m else str(path)
             msg = _LINE.sub("", str(exc)).strip()
             raise ConfigError(
-                f"{where}: {msg}", hint=f"fix the TOML in {path} (or move it away to use defaults)"
+                f"{where}: not valid TOML: {msg}", hint=f"fix the TOML in {path} (or move it away to use defaults)"
             ) from exc
         _merge(layers.data, data)
         layers.files.append(path)

@@ -1,4 +1,5 @@
-"""The board side's one exception hierarchy, shaped like the host's ``alma.errors``.
+"""The one exception hierarchy of host and board: ``alma.errors`` builds on these classes
+(its ``AlmaError`` is :class:`BoardError`), so both sides raise and catch the same errors.
 
 Code below a program's ``main`` raises these and never calls ``sys.exit``; :func:`run_main`
 maps them to exit codes. Every user-facing error carries a ``hint`` naming the next step.
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 
 class BoardError(Exception):
-    """Base of every error an on-board program raises on purpose. Exit 1."""
+    """Base of every error a program (on the board or ``alma`` on the host) raises on purpose. Exit 1."""
 
     exit_code = 1
 

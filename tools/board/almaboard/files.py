@@ -80,6 +80,12 @@ def read_json(path: Path, limit: int = 1 << 20) -> Any | None:
         return None
 
 
+def read_json_object(path: Path, limit: int = 1 << 20) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when absent, unreadable, not JSON or not an object."""
+    data = read_json(path, limit)
+    return data if isinstance(data, dict) else {}
+
+
 READ_LIMIT = 64 * 1024  # sysfs attributes are one page; /proc files the board reads fit easily
 
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from .config import load_layers
+from .errors import ConfigError
 
 NETWORKD_DIRS = ("etc/systemd/network", "run/systemd/network", "usr/lib/systemd/network", "lib/systemd/network")
 NM_DIRS = (
@@ -45,9 +47,8 @@ class Hit:
 def fabric_ports_from(path: Path) -> set[str]:
     """Port names of every link end in a fabric description (empty if unreadable)."""
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError, RecursionError):  # RecursionError: nested too deeply
+        data = load_layers(path, dropins=False).data
+    except ConfigError:  # unreadable or not TOML: alma-fabric reports it; here it has no ports
         return set()
     ports = set()
     for link in data.get("link", []) if isinstance(data.get("link"), list) else []:

@@ -137,14 +137,6 @@ class Reading(NamedTuple):
     raw: float | None = None
 
 
-def parse_millideg(raw: bytes) -> float | None:
-    """sysfs millidegrees (``b"51250\\n"``) → C; None for anything that is not one integer."""
-    try:
-        return int(raw) / 1000.0
-    except ValueError:
-        return None
-
-
 class Reader:
     """Reads every zone's temperature with one ``pread`` per zone on kept-open descriptors.
 
@@ -283,12 +275,3 @@ class Reader:
     def close(self) -> None:
         for name in list(self._fds):
             self._drop(name)
-
-
-def read_once(thermal_dir: Path, rules: Plausibility | None = None, now: float = 0.0) -> dict[str, Reading]:
-    """Every zone under ``thermal_dir`` read once (a one-shot caller: alma-health, status)."""
-    reader = Reader(discover(thermal_dir), rules)
-    try:
-        return reader.read(now)
-    finally:
-        reader.close()

@@ -35,7 +35,7 @@ from .errors import (
     UserError,
 )
 from .model import MLP, train_local
-from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row
+from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row, write_atomic
 
 T = TypeVar("T")
 Log = Callable[[str], None]
@@ -79,14 +79,8 @@ class Checkpoint:
     def save(self, meta: dict[str, Any], params: np.ndarray) -> None:
         if self.dir is None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
         for name, payload in (("params.bin", wire.encode_vector("model", params)), ("meta.json", dump_row(meta))):
-            tmp = self.dir / f"{name}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.dir / name)
+            write_atomic(self.dir / name, payload)
 
     def load(self, count: int) -> tuple[dict[str, Any], np.ndarray] | None:
         """The saved round, or None (none, or unusable: a checkpoint is never trusted blindly)."""

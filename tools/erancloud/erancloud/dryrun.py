@@ -20,6 +20,7 @@ import numpy as np
 
 from .model import MLP, train_local
 from .status import DRY_RUN_GLOB
+from .store import write_atomic
 
 Log = Callable[[str], None]
 
@@ -51,10 +52,7 @@ def run(out_dir: Path, steps: int, log: Log, seed: int = 0) -> dict[str, Any]:
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     log(f"DRY-RUN: {done} local steps on synthetic data in {took:.2f} s, loss {loss:.3f} (no coordinator)")
-    out_dir.mkdir(parents=True, exist_ok=True)
     name = DRY_RUN_GLOB.replace("*", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}")
-    tmp = out_dir / f".{name}.tmp"
-    tmp.write_text(json.dumps(result, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out_dir / name)
+    write_atomic(out_dir / name, (json.dumps(result, sort_keys=True) + "\n").encode())
     log(f"DRY-RUN: record {out_dir / name}")
     return result

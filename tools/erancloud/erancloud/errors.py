@@ -1,4 +1,10 @@
-"""One exception hierarchy (the same shape as erangrid.errors): a message, a hint, an exit code."""
+"""One exception hierarchy (the same shape as almaboard.errors): a message, a hint, an exit code.
+
+A copy kept on purpose, not an import of almaboard.errors: ERANCLOUD ships as its own package
+(pyproject and recipe eran-cloud depend on numpy and nats-py, not on the board library), runs
+on volunteers' desktops where almaboard is not installed, and is started as a job by
+eran-grid from its own directory. Keep the shape (message, ``hint``, ``exit_code``) the same.
+"""
 
 from __future__ import annotations
 

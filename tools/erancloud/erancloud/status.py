@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -85,15 +84,10 @@ def figures(state: dict[str, Any], registered: int, dry_runs: int) -> dict[str, 
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write-then-rename: a reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """The figure as JSON, written atomically (erancloud.store.write_atomic)."""
+    from .store import write_atomic as write_bytes
+
+    write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def render(fig: dict[str, Any]) -> str:

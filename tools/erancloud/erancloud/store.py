@@ -417,13 +417,34 @@ class Outage:
         await asyncio.sleep(self.pause)
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` with mode 0600 from the first byte (temp name + rename)."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``path`` so a reader sees the old or the new content, never half of it, and so a
+    power loss keeps one of them (file and directory fsync'd). The temp file is unique
+    (O_EXCL) and 0600 from its first byte; ``mode`` is set before the rename.
+
+    ERANCLOUD's one atomic write: a copy of almaboard.files.write_atomic kept on purpose, as
+    erancloud ships without the board library (see errors.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600 from the first byte."""
+    write_atomic(path, data, mode=0o600)

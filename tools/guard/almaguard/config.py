@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
 from almaboard.config import load_layers, load_toml_layers
 from almaboard.thermal import Plausibility, Zone
 
@@ -106,73 +107,46 @@ class GuardConfig:
         return Plausibility(self.plausible_min_c, self.plausible_max_c, self.max_rate_c_per_s)
 
 
+# Every [guard] key's type and range (almaboard.fields: nan, inf, booleans and wrong types are
+# refused with file:line). Temperatures stay within what a die can read; periods are > 0 where
+# a loop waits on them, so a zero or a week-long poll is a typo, not a setting.
+_TEMP = F.number(-273.0, 300.0)
+_GUARD_FIELDS: F.Schema = {
+    "interval_s": F.duration(above=0.0, hi=3600.0),
+    "slice": F.string(r"[A-Za-z0-9:_.@/\\-]+", max_len=256, what="a systemd slice name or cgroup path"),
+    "margin_c": F.number(0.0, 100.0),
+    "measured_reset_c": F.optional(_TEMP),
+    "hysteresis_c": F.number(above=0.0, hi=100.0),
+    "holdoff_s": F.duration(0.0, 86400.0),
+    "fallback_shed_c": _TEMP,
+    "include": F.list_of(F.string(max_len=256)),
+    "exclude": F.list_of(F.string(max_len=256)),
+    "ring_every_s": F.duration(above=0.0, hi=86400.0),
+    "state_every_s": F.duration(above=0.0, hi=86400.0),
+    "plausible_min_c": _TEMP,
+    "plausible_max_c": _TEMP,
+    "max_rate_c_per_s": F.number(above=0.0, hi=1e6),
+    "critical": F.list_of(F.string(max_len=256)),
+    "unreadable_shed_share": F.number(above=0.0, hi=1.0),
+    "stuck_after_s": F.duration(above=0.0),
+}
+_ZONE_FIELDS: F.Schema = {"shed_c": _TEMP, "resume_c": _TEMP}
+
+
 def load_guard_config(path: Path) -> GuardConfig:
     layers = load_layers(path)
-    data = layers.data
+    top = F.check(layers.data, {"guard": F.table(), "zones": F.table()}, layers.locate)
     section = dict(GUARD_DEFAULTS)
-    g = data.get("guard", {})
-    if not isinstance(g, dict):
-        raise layers.error(("guard",), "[guard] must be a table")
-    unknown = sorted(set(g) - set(GUARD_DEFAULTS))
-    if unknown:
-        raise layers.error(
-            ("guard", unknown[0]),
-            f"unknown [guard] key(s): {', '.join(unknown)}",
-            hint="known keys: " + ", ".join(sorted(GUARD_DEFAULTS)),
-        )
-    section.update(g)
-    zones = data.get("zones", {})
-    if not isinstance(zones, dict) or not all(isinstance(v, dict) for v in zones.values()):
-        raise layers.error(("zones",), '[zones."<type>"] entries must be tables')
-    for key, val in section.items():
-        numeric = isinstance(val, (int, float)) and not isinstance(val, bool)
-        if key.endswith(("_c", "_s")) and val is not None and not numeric:
-            hint = f"e.g. {key} = {GUARD_DEFAULTS[key]}"
-            raise layers.error(("guard", key), f"bad value: {key} must be a number, not {val!r}", hint=hint)
-    try:
-        cfg = GuardConfig(
-            interval_s=float(section["interval_s"]),
-            slice=str(section["slice"]),
-            margin_c=float(section["margin_c"]),
-            measured_reset_c=None if section["measured_reset_c"] is None else float(section["measured_reset_c"]),
-            hysteresis_c=float(section["hysteresis_c"]),
-            holdoff_s=float(section["holdoff_s"]),
-            fallback_shed_c=float(section["fallback_shed_c"]),
-            include=[str(x) for x in section["include"]],
-            exclude=[str(x) for x in section["exclude"]],
-            ring_every_s=float(section["ring_every_s"]),
-            state_every_s=float(section["state_every_s"]),
-            plausible_min_c=float(section["plausible_min_c"]),
-            plausible_max_c=float(section["plausible_max_c"]),
-            max_rate_c_per_s=float(section["max_rate_c_per_s"]),
-            zones={str(k): {kk: float(vv) for kk, vv in v.items()} for k, v in zones.items()},
-            critical=[str(x) for x in section["critical"]],
-            unreadable_shed_share=float(section["unreadable_shed_share"]),
-            stuck_after_s=float(section["stuck_after_s"]),
-            files=layers.files,
-        )
-    except (TypeError, ValueError) as exc:
-        raise GuardError(
-            f"{layers.where('guard')}: bad value: {exc}",
-            hint="numbers for *_c and *_s keys, lists for include/exclude",
-        ) from exc
-    if cfg.interval_s <= 0 or cfg.holdoff_s < 0 or cfg.hysteresis_c <= 0:
-        bad = "interval_s" if cfg.interval_s <= 0 else "holdoff_s" if cfg.holdoff_s < 0 else "hysteresis_c"
-        raise layers.error(
-            ("guard", bad),
-            "interval_s and hysteresis_c must be > 0, holdoff_s >= 0",
-            hint="e.g. interval_s = 1.0, hysteresis_c = 10.0, holdoff_s = 60.0",
-        )
-    if not 0.0 < cfg.unreadable_shed_share <= 1.0 or not isinstance(section["critical"], list):
-        raise layers.error(
-            ("guard", "unreadable_shed_share"),
-            "unreadable_shed_share must be in (0, 1] and critical a list of zone type globs",
-            hint='e.g. unreadable_shed_share = 0.5, critical = ["tj-thermal"]',
-        )
-    if not cfg.plausible_min_c < cfg.plausible_max_c or cfg.max_rate_c_per_s <= 0:
+    section.update(F.check(top.get("guard", {}), _GUARD_FIELDS, layers.locate, prefix=("guard",)))
+    zones = {
+        str(name): F.check(per, _ZONE_FIELDS, layers.locate, prefix=("zones", str(name)))
+        for name, per in top.get("zones", {}).items()
+    }
+    cfg = GuardConfig(**{k: section[k] for k in GUARD_DEFAULTS}, zones=zones, files=layers.files)
+    if not cfg.plausible_min_c < cfg.plausible_max_c:
         raise layers.error(
             ("guard", "plausible_min_c"),
-            "plausible_min_c must be below plausible_max_c and max_rate_c_per_s > 0",
-            hint="the defaults are -40, 150 and 50",
+            "plausible_min_c must be below plausible_max_c",
+            hint="the defaults are -40 and 150",
         )
     return cfg

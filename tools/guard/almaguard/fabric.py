@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import tomllib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from almaboard import fields as F
+from almaboard.config import load_layers
 from almaboard.files import read_text
 
 from .errors import GuardError
@@ -155,27 +156,36 @@ class Fabric:
         return files
 
 
+_SPEED = F.integer(1, 10_000_000)  # Mb/s
+_MTU = F.integer(68, 65535)  # IPv4's minimum to the largest IP packet
+_FABRIC_FIELDS: F.Schema = {"mtu": _MTU, "speed": _SPEED}
+_LINK_FIELDS: F.Schema = {
+    "a": F.string(r"[^:\s]+:[^:\s]+", max_len=256, what="'node:port'"),
+    "b": F.string(r"[^:\s]+:[^:\s]+", max_len=256, what="'node:port'"),
+    "subnet": F.string(max_len=64),
+    "speed": _SPEED,
+    "mtu": _MTU,
+}
+
+
 def _end(text: object, where: str) -> End:
-    if not isinstance(text, str) or text.count(":") != 1 or not all(text.split(":")):
+    if not isinstance(text, str):
         raise GuardError(f"{where}: endpoint {text!r} is not 'node:port'", hint='write e.g. a = "orin-1:eth1"')
     node, port = text.split(":")
     return End(node, port)
 
 
-def parse(data: dict[str, object], source: Path | None = None) -> Fabric:
-    where = str(source or "fabric description")
-    defaults = data.get("fabric", {})
-    if not isinstance(defaults, dict):
-        raise GuardError(f"{where}: [fabric] must be a table")
-    raw_links = data.get("link", [])
-    if not isinstance(raw_links, list):
-        raise GuardError(f"{where}: use [[link]] tables for links")
+def parse(data: dict[str, object], source: Path | None = None, where: F.Where | None = None) -> Fabric:
+    """The fabric in ``data``; ``where`` points a key at its line (default: the file)."""
+    where = where or F.in_file(source or "fabric description")
+    top = F.check(data, {"fabric": F.table(), "link": F.list_of(F.table())}, where)
+    defaults = F.check(top.get("fabric", {}), _FABRIC_FIELDS, where, prefix=("fabric",))
     links: list[Link] = []
     used: dict[End, int] = {}
-    for i, raw in enumerate(raw_links, 1):
-        at = f"{where}: link {i}"
-        if not isinstance(raw, dict):
-            raise GuardError(f"{at}: must be a table")
+    for i, entry in enumerate(top.get("link", []), 1):
+        key = ("link", str(i))
+        raw = F.check(entry, _LINK_FIELDS, where, prefix=key)
+        at = f"{where(key)}: link {i}"
         a, b = _end(raw.get("a"), at), _end(raw.get("b"), at)
         if a.node == b.node:
             raise GuardError(f"{at}: both ends are on node {a.node}", hint="a fabric link joins two different boards")
@@ -196,25 +206,15 @@ def parse(data: dict[str, object], source: Path | None = None) -> Fabric:
                 raise GuardError(f"{at}: subnet {subnet} overlaps {other.subnet}")
         speed = raw.get("speed", defaults.get("speed"))
         mtu = raw.get("mtu", defaults.get("mtu"))
-        if speed is not None and not isinstance(speed, int):
-            raise GuardError(f"{at}: speed must be an integer in Mb/s")
-        if mtu is not None and not isinstance(mtu, int):
-            raise GuardError(f"{at}: mtu must be an integer")
         links.append(Link(a, b, subnet, speed, mtu))
     return Fabric(links, source)
 
 
 def load(path: Path) -> Fabric:
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError as exc:
-        raise GuardError(
-            f"no fabric description at {path}", hint="write one (see docs/guard.md) or pass --config"
-        ) from exc
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise GuardError(f"{path}: {exc}", hint=f"fix the TOML in {path}") from exc
-    return parse(data, path)
+    if not path.exists():
+        raise GuardError(f"no fabric description at {path}", hint="write one (see docs/guard.md) or pass --config")
+    layers = load_layers(path, dropins=False)
+    return parse(layers.data, path, layers.locate)
 
 
 def node_name(etc_hostname: Path) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
 from almaboard import thermal
 from almaboard.config import load_layers
 from almaboard.errors import BoardError
@@ -52,24 +53,36 @@ NVGPU_ERR = re.compile(r"nvgpu: \S+ .*\[ERR\]")
 XID = re.compile(r"NVRM: Xid \((?P<dev>[^)]*)\): (?P<xid>\d+)")
 
 
+_PCT = F.number(0.0, 100.0)
+_RATE = F.number(0.0)
+_NAME = F.string(max_len=256)
+# Every key's type and range (almaboard.fields): a NaN threshold would never alert.
+HEALTH_FIELDS: dict[str, F.Schema] = {
+    "storm": {
+        "mcast_warn": _RATE,
+        "mcast_crit": _RATE,
+        "surge_ratio": F.number(above=0.0),
+        "mcast_surge_floor": _RATE,
+        "rx_surge_floor": _RATE,
+        "long_s": F.duration(above=0.0),
+        "exclude": F.list_of(_NAME),
+    },
+    "memory": {"avail_warn_pct": _PCT, "avail_crit_pct": _PCT, "psi_some_warn": _PCT, "psi_full_crit": _PCT},
+    "gpu": {"fatal_xids": F.list_of(F.integer(0, 1 << 16))},
+    "thermal": {"stale_s": F.duration(above=0.0), "crit_below_critical_trip_c": F.number(0.0, 100.0)},
+    # interface -> expected Mb/s (0: any speed)
+    "links": {"expected": F.mapping(_NAME, F.integer(0, 10_000_000)), "fabric": F.string(max_len=4096)},
+    "watchdog": {"required": F.boolean()},
+    "disk": {"paths": F.list_of(F.string(max_len=4096)), "warn_pct": _PCT, "crit_pct": _PCT},
+}
+
+
 def load_health_config(path: Path) -> dict[str, dict[str, Any]]:
     layers = load_layers(path)
     cfg = {k: dict(v) for k, v in HEALTH_DEFAULTS.items()}
-    for section, values in layers.data.items():
-        if section not in cfg or not isinstance(values, dict):
-            raise layers.error(
-                (section,),
-                f"unknown section [{section}]",
-                hint="sections: " + ", ".join(f"[{s}]" for s in HEALTH_DEFAULTS),
-            )
-        unknown = sorted(set(values) - set(cfg[section]))
-        if unknown:
-            raise layers.error(
-                (section, unknown[0]),
-                f"unknown key(s) in [{section}]: {', '.join(unknown)}",
-                hint="known: " + ", ".join(sorted(cfg[section])),
-            )
-        cfg[section].update(values)
+    sections = F.check(layers.data, {name: F.table() for name in HEALTH_FIELDS}, layers.locate)
+    for section, values in sections.items():
+        cfg[section].update(F.check(values, HEALTH_FIELDS[section], layers.locate, prefix=(section,)))
     return cfg
 
 

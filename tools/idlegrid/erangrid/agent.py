@@ -19,11 +19,10 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from almaboard.files import boot_id
+from almaboard.files import boot_id, iso, read_json_object, write_atomic, write_json
 
 from . import power, presence, privacy, thermal
 from .config import Config
@@ -44,27 +43,6 @@ class Conditions:
 
     def idle_for(self) -> float:
         return float("inf") if self.activity.at is None else max(0.0, self.now - self.activity.at)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ago(seconds: float) -> str:
@@ -311,8 +289,8 @@ class Agent:
             what = stop_leftovers(d, boot)
             if what:
                 self.log(f"job {d.name}: stopped what the previous run left behind ({what})")
-            lease = _read_json(d / "lease.json")
-            done = _read_json(d / "exit.json")
+            lease = read_json_object(d / "lease.json")
+            done = read_json_object(d / "exit.json")
             if not lease.get("token") or done.get("schema") != "alma.eran-grid-exit/1":
                 shutil.rmtree(d, ignore_errors=True)  # unfinished: open() requeues the lease
                 continue
@@ -485,7 +463,7 @@ class Agent:
             extra["cgroup_parent"] = parent
             record["cgroup"] = str(parent / f"eran-grid-job-{workdir.name}")
         try:
-            _write_json(workdir / "lease.json", record)  # before the job exists: a crash now leaves a trail
+            write_json(workdir / "lease.json", record)  # before the job exists: a crash now leaves a trail
             self.proc = self.spawn(
                 job.command,
                 workdir,
@@ -504,7 +482,7 @@ class Agent:
         record["cgroup"] = str(cgroup) if cgroup else None
         record["wrapper_start"] = proc_start(self.proc.pid)
         with contextlib.suppress(OSError):
-            _write_json(workdir / "lease.json", record)
+            write_json(workdir / "lease.json", record)
         self.started_at = now
         self.paused_since = None
         self.term_sent_at = None
@@ -728,10 +706,8 @@ class Agent:
         path = self.cfg.status_path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(self.status()) + "\n")
-            os.chmod(tmp, 0o644)  # `eran-grid status` runs as any user
-            os.replace(tmp, path)
+            # /run is tmpfs: atomic, not durable; 0644: `eran-grid status` runs as any user
+            write_atomic(path, (json.dumps(self.status()) + "\n").encode(), durable=False, mode=0o644)
         except OSError:
             pass  # status is a courtesy; never stop work (or safety) over it
 

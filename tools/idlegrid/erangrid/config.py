@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
+from almaboard.config import load_layers
 from almaboard.paths import Paths
 from almaboard.thermal import Plausibility
 
@@ -126,137 +127,104 @@ class Config:
             )
 
 
-_FLOATS = (
-    "poll",
-    "slow_poll",
-    "idle_poll",
-    "idle_after",
-    "vacate_after",
-    "grace",
-    "heat_holdoff",
-    "max_temp_c",
-    "cpu_busy",
-    "cpu_window",
-    "lease_ttl",
-    "guard_stale_after",
-)
-_INTS = ("max_failures", "checkpoint_max_bytes", "result_max_bytes", "stderr_max_bytes", "job_disk_max_bytes")
-_BOOLS = ("enabled", "include_serial_ttys", "require_guard")
+_TEMP = F.number(-273.0, 300.0)
+_BYTES = F.integer(0, 1 << 40)
+_PATH = F.string(r"[^\x00]+", max_len=4096, what="a path")
+# Every key's type and range (almaboard.fields): nan, inf, booleans for numbers and negative
+# periods are refused at their line. A NaN max_temp_c compared false with every reading, so
+# a board at 95 C was "ready to work".
+_FIELDS: F.Schema = {
+    "enabled": F.boolean(),
+    "node": F.string(max_len=253),
+    "poll": F.duration(0.01, 5.0),
+    "slow_poll": F.duration(0.0, 3600.0),  # 0: every poll
+    "idle_poll": F.duration(0.0, 3600.0),  # never below poll (the agent takes the larger)
+    "idle_after": F.duration(0.0),
+    "vacate_after": F.duration(0.0),
+    "grace": F.duration(0.0, 3600.0),
+    "heat_holdoff": F.duration(0.0),
+    "max_temp_c": _TEMP,
+    "cpu_busy": F.number(0.0, 2.0),  # a share of all cores; above 1: CPU load never counts
+    "cpu_window": F.duration(above=0.0, hi=3600.0),
+    "include_serial_ttys": F.boolean(),
+    "max_failures": F.integer(1, 1_000_000),
+    "lease_ttl": F.duration(above=0.0),
+    "guard_stale_after": F.duration(above=0.0),
+    "require_guard": F.boolean(),
+    "checkpoint_max_bytes": _BYTES,
+    "result_max_bytes": _BYTES,
+    "stderr_max_bytes": _BYTES,
+    "job_disk_max_bytes": _BYTES,
+    "state_dir": _PATH,
+    "status_path": _PATH,
+    "job_user": F.string(max_len=256),
+    "job_cgroup": F.string(max_len=4096),
+    "root": _PATH,
+    "thermal": F.table(),
+    "queue": F.table(),
+}
+_THERMAL: F.Schema = {
+    "zones": F.mapping(F.string(max_len=256), _TEMP),
+    "guard_state": F.string(max_len=4096),
+    "plausible_min_c": _TEMP,
+    "plausible_max_c": _TEMP,
+    "max_rate_c_per_s": F.number(above=0.0, hi=1e6),
+}
+_QUEUE: F.Schema = {
+    "backend": F.enum("sqlite", "nats"),
+    "path": _PATH,
+    "url": F.string(max_len=4096),
+    "stream": F.string(r"[A-Za-z0-9_-]+", max_len=256, what="a stream name ([A-Za-z0-9_-]+)"),
+    "connect_timeout": F.duration(above=0.0, hi=3600.0),
+}
+_PATHS = ("state_dir", "status_path")
 
 
-def _typed(key: str, value: Any, want: type | tuple[type, ...], source: str) -> Any:
-    if isinstance(value, bool) and want is not bool:
-        raise UserError(f"{source}: `{key}` must be a number, not {value!r}")
-    if not isinstance(value, want):
-        raise UserError(
-            f"{source}: `{key}` has the wrong type ({type(value).__name__})", hint=f"see docs/eran-grid.md for `{key}`"
-        )
-    return value
-
-
-def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None = None) -> Config:
-    """Build a Config from parsed TOML. Unknown keys are errors: a typo must not silently
-    leave a safety limit at its default."""
-    data = dict(data)
-    kw: dict[str, Any] = {}
-    for key in _FLOATS:
-        if key in data:
-            kw[key] = float(_typed(key, data.pop(key), (int, float), source))
-            if kw[key] < 0:
-                raise UserError(f"{source}: `{key}` must not be negative")
-    for key in _INTS:
-        if key in data:
-            kw[key] = _typed(key, data.pop(key), int, source)
-    for key in _BOOLS:
-        if key in data:
-            kw[key] = _typed(key, data.pop(key), bool, source)
-    if "node" in data:
-        node = _typed("node", data.pop("node"), str, source)
-        if node:
-            kw["node"] = node
-    for key in ("state_dir", "status_path"):
-        if key in data:
-            kw[key] = Path(_typed(key, data.pop(key), str, source))
-    if "job_user" in data:
-        kw["job_user"] = _typed("job_user", data.pop("job_user"), str, source)
-    if "job_cgroup" in data:
-        kw["job_cgroup_path"] = _typed("job_cgroup", data.pop("job_cgroup"), str, source)
-    if "poll" in kw and not 0.01 <= kw["poll"] <= 5:
-        raise UserError(f"{source}: `poll` must be between 0.01 and 5 seconds")
+def from_mapping(
+    data: dict[str, Any], source: str = "config", root: Path | None = None, where: F.Where | None = None
+) -> Config:
+    """Build a Config from parsed TOML (``where``: a key's file:line, default ``source``).
+    Unknown keys are errors: a typo must not silently leave a safety limit at its default."""
+    where = where or F.in_file(source)
+    top = F.check(data, _FIELDS, where, hint="see docs/eran-grid.md for the configuration keys")
+    kw: dict[str, Any] = {k: v for k, v in top.items() if k not in ("thermal", "queue", "root", "job_cgroup", "node")}
+    kw.update({k: Path(top[k]) for k in _PATHS if k in top})
+    if top.get("node"):
+        kw["node"] = top["node"]
+    if "job_cgroup" in top:
+        kw["job_cgroup_path"] = top["job_cgroup"]
 
     machine = Machine()
-    thermal = data.pop("thermal", {})
-    if thermal:
-        thermal = dict(_typed("thermal", thermal, dict, source))
-        zones = thermal.pop("zones", {})
-        kw["zone_max_c"] = {
-            str(k): float(_typed(f"thermal.zones.{k}", v, (int, float), source)) for k, v in dict(zones).items()
-        }
-        if "guard_state" in thermal:
-            machine = dataclasses.replace(
-                machine, guard_state_path=_typed("thermal.guard_state", thermal.pop("guard_state"), str, source)
-            )
-        rules = {
-            key: float(_typed(f"thermal.{key}", thermal.pop(key), (int, float), source))
-            for key in ("plausible_min_c", "plausible_max_c", "max_rate_c_per_s")
-            if key in thermal
-        }
-        if rules:
-            plaus = dataclasses.replace(
-                Plausibility(),
-                **{{"plausible_min_c": "min_c", "plausible_max_c": "max_c"}.get(k, k): v for k, v in rules.items()},
-            )
-            if not plaus.min_c < plaus.max_c or plaus.max_rate_c_per_s <= 0:
-                raise UserError(
-                    f"{source}: [thermal] plausible_min_c must be below plausible_max_c, max_rate_c_per_s > 0"
-                )
-            kw["plausibility"] = plaus
-        if thermal:
-            raise UserError(f"{source}: unknown key(s) in [thermal]: {', '.join(sorted(thermal))}")
-    if "root" in data:
-        machine = dataclasses.replace(machine, root=Path(_typed("root", data.pop("root"), str, source)))
+    thermal = F.check(top.get("thermal", {}), _THERMAL, where, prefix=("thermal",))
+    if "zones" in thermal:
+        kw["zone_max_c"] = thermal["zones"]
+    if "guard_state" in thermal:
+        machine = dataclasses.replace(machine, guard_state_path=thermal["guard_state"])
+    rules = {k: thermal[k] for k in ("plausible_min_c", "plausible_max_c", "max_rate_c_per_s") if k in thermal}
+    if rules:
+        plaus = dataclasses.replace(
+            Plausibility(),
+            **{{"plausible_min_c": "min_c", "plausible_max_c": "max_c"}.get(k, k): v for k, v in rules.items()},
+        )
+        if not plaus.min_c < plaus.max_c:
+            raise UserError(f"{where(('thermal',))}: [thermal] plausible_min_c must be below plausible_max_c")
+        kw["plausibility"] = plaus
+    if "root" in top:
+        machine = dataclasses.replace(machine, root=Path(top["root"]))
     if root is not None:
         machine = dataclasses.replace(machine, root=root)
     kw["machine"] = machine
 
-    queue = dict(_typed("queue", data.pop("queue", {}), dict, source))
-    qkw: dict[str, Any] = {}
-    if "backend" in queue:
-        qkw["backend"] = _typed("queue.backend", queue.pop("backend"), str, source)
-        if qkw["backend"] not in ("sqlite", "nats"):
-            raise UserError(f'{source}: queue.backend must be "sqlite" or "nats", not {qkw["backend"]!r}')
+    queue = F.check(top.get("queue", {}), _QUEUE, where, prefix=("queue",))
     if "path" in queue:
-        qkw["path"] = Path(_typed("queue.path", queue.pop("path"), str, source))
-    for key in ("url", "stream"):
-        if key in queue:
-            qkw[key] = _typed(f"queue.{key}", queue.pop(key), str, source)
-    if "connect_timeout" in queue:
-        qkw["connect_timeout"] = float(
-            _typed("queue.connect_timeout", queue.pop("connect_timeout"), (int, float), source)
-        )
-    if queue:
-        raise UserError(f"{source}: unknown key(s) in [queue]: {', '.join(sorted(queue))}")
-    kw["queue"] = QueueConfig(**qkw)
-    if data:
-        raise UserError(
-            f"{source}: unknown key(s): {', '.join(sorted(data))}",
-            hint="see docs/eran-grid.md for the configuration keys",
-        )
+        queue["path"] = Path(queue["path"])
+    kw["queue"] = QueueConfig(**queue)
     return Config(**kw)
 
 
-def load(path: Path = DEFAULT_CONFIG, root: Path | None = None) -> Config:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"no configuration at {path}", hint=f"try: --config FILE, or create {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML: {exc}", hint="fix the file; see docs/eran-grid.md") from None
-    except RecursionError:  # `a = [[[[...`: a few hundred levels exhaust tomllib's recursion
-        raise UserError(
-            f"{path}: not valid TOML: nested too deeply", hint="fix the file; see docs/eran-grid.md"
-        ) from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    return from_mapping(data, str(path), root=root)
+def load(path: Path | str = DEFAULT_CONFIG, root: Path | None = None) -> Config:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no configuration at {path}", hint=f"try: --config FILE, or create {path}")
+    layers = load_layers(path, dropins=False)
+    return from_mapping(layers.data, str(path), root=root, where=layers.locate)

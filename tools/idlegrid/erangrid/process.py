@@ -14,7 +14,6 @@ is left of the job (:func:`stop_leftovers`) and find its result (``exit.json``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -22,7 +21,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from almaboard.files import read_json_object
 
 WRAPPER = Path(__file__).with_name("wrapper.py")
 
@@ -129,8 +129,8 @@ def kill_group(pgid: int, timeout: float = 5.0) -> None:
 def stop_leftovers(workdir: Path, boot_id: str) -> str:
     """Stop whatever is left of the job that ran in ``workdir`` (a previous agent's): its
     cgroup and its process group. Returns what was done ('' when nothing was left)."""
-    lease = _read_json(workdir / "lease.json")
-    wrapper = _read_json(workdir / "wrapper.json")
+    lease = read_json_object(workdir / "lease.json")
+    wrapper = read_json_object(workdir / "wrapper.json")
     done = []
     if lease.get("boot_id") not in (None, boot_id):
         return ""  # another boot: every process of it is gone
@@ -147,14 +147,6 @@ def stop_leftovers(workdir: Path, boot_id: str) -> str:
             kill_group(pgid)
             done.append(f"killed process group {pgid}")
     return "; ".join(done)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -234,7 +226,7 @@ class JobProcess:
 
     def limit_hit(self) -> str:
         """The live limit the wrapper killed the job for ('' if none)."""
-        return str(_read_json(self.exit_path).get("limit") or "")
+        return str(read_json_object(self.exit_path).get("limit") or "")
 
     def _signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

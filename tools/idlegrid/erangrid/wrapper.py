@@ -60,6 +60,8 @@ _state: dict[str, Any] = {"job": None, "cgroup": None, "uid": None, "gid": None,
 SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 
 
+# A copy of almaboard.files.write_atomic kept on purpose: this file runs as `python3 -I -S`
+# (no site-packages, not even its own directory on sys.path), so it imports the stdlib only.
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

@@ -38,12 +38,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from almaboard import fields as F
 from almaboard.errors import BoardError, UserError, run_main
-from almaboard.files import boot_id, read_json, write_json
+from almaboard.files import boot_id, iso, read_json, write_json
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
@@ -73,12 +73,32 @@ def vtuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
 
+_PATH = F.string(r"/?[^\x00]+", max_len=4096, what="a path")
+_TOOL = F.string(r"[^\x00\s]+", max_len=4096, what="a program name or path")
+# ota.json, written at image time (recipe alma-ota): every key typed, unknown keys refused.
+CONFIG_FIELDS: F.Schema = {
+    "machine": F.string(r"[A-Za-z0-9][A-Za-z0-9._+-]*", max_len=128, what="a MACHINE name"),
+    "hw_revision": F.string(r"[A-Za-z0-9][A-Za-z0-9._-]*", max_len=64, what="a hardware revision"),
+    "cert": _PATH,
+    "state_dir": _PATH,
+    "lowest_bootloader": F.string(r"([0-9]+(\.[0-9]+)*)?", max_len=64, what="a version (36.4.0) or empty"),
+    "install_lock": _PATH,
+    "nvbootctrl": _TOOL,
+    "systemctl": _TOOL,
+    "swupdate": _TOOL,
+    "set_osindications": _TOOL,
+    "reboot": _TOOL,
+}
+
+
 class Board:
     def __init__(self, root: Path) -> None:
         self.root = root
-        cfg = read_json(root / "etc/alma/ota.json")
-        if not isinstance(cfg, dict):
-            raise UserError(f"{root / 'etc/alma/ota.json'} is missing or not JSON: this image has no ota feature")
+        path = root / "etc/alma/ota.json"
+        raw = read_json(path)
+        if not isinstance(raw, dict):
+            raise UserError(f"{path} is missing or not JSON: this image has no ota feature")
+        cfg = F.check(raw, CONFIG_FIELDS, F.in_file(path), hint="the image writes ota.json (recipe alma-ota)")
         self.cfg = cfg
         self.state = root / str(cfg.get("state_dir", "data/alma-ota")).lstrip("/")
         self.state.mkdir(parents=True, exist_ok=True)
@@ -192,7 +212,7 @@ def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
-    rec = {"run": run, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": a.host}
+    rec = {"run": run, "since": iso(), "host": a.host}
     try:
         fd = os.open(b.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

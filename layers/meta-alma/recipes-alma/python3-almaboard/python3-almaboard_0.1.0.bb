@@ -1,8 +1,8 @@
 SUMMARY = "ALMA-OS board library: the stdlib-only code every on-board program shares"
 DESCRIPTION = "almaboard: one error hierarchy with exit codes, atomic file writes, \
-               root-prefixed machine paths, layered TOML configuration with file:line \
+               root-prefixed machine paths, layered TOML configuration and typed fields with file:line \
                errors, thermal zone reading with plausibility rules, Nagios output and \
-               the fabric bridge checker. alma-guard, alma-health, alma-fabric and \
+               the fabric bridge checker. alma-guard, alma-health, alma-fabric, alma-ota and \
                eran-grid import it."
 HOMEPAGE = "https://github.com/alma-os/alma-toolchain"
 BUGTRACKER = "https://github.com/alma-os/alma-toolchain/issues"
