@@ -4,7 +4,8 @@ Exit codes: 0 success (``status``: working or ready to), 1 ``status``: not worki
 says why) or ``results``: the job has no result yet, 2 usage or configuration error (including
 "disabled: opt-in required" for ``run``, and a corrupt queue file: see ``queue repair``), 3 privacy
 refusal (a capture device is open),
-4 coordinator unreachable, 130 interrupted.
+4 coordinator unreachable, or the queue is not this user's to open (its files are the agent's; the
+message says what to run instead), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _config(args: argparse.Namespace) -> tuple[Config, str]:
 
 def open_backend(cfg: Config) -> Any:
     if cfg.queue.backend == "nats":
+        from . import credentials
         from .nats_queue import NatsQueue  # optional dependency: imported only when configured
 
         return NatsQueue(
@@ -59,6 +61,7 @@ def open_backend(cfg: Config) -> Any:
             max_failures=cfg.max_failures,
             lease_ttl=cfg.lease_ttl,
             connect_timeout=cfg.queue.connect_timeout,
+            credentials=credentials.load(cfg.queue.credentials),
         )
     from .sqlite_queue import SqliteQueue
 

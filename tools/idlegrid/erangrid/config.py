@@ -12,6 +12,7 @@ from typing import Any
 from almaboard.paths import Paths
 from almaboard.thermal import Plausibility
 
+from .credentials import url_has_userinfo
 from .errors import NotOptedIn, UserError
 
 DEFAULT_CONFIG = Path("/etc/eran-grid/eran-grid.toml")
@@ -64,6 +65,9 @@ class QueueConfig:
     url: str = "nats://127.0.0.1:4222"
     stream: str = "ERANGRID"
     connect_timeout: float = 2.0
+    # The NATS credentials' file (erangrid.credentials): never in `url`, which this
+    # world-readable file would show to every user, a job included.
+    credentials: Path = Path("/etc/eran-grid/queue-credentials")
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,15 @@ def from_mapping(data: dict[str, Any], source: str = "config", root: Path | None
     for key in ("url", "stream"):
         if key in queue:
             qkw[key] = _typed(f"queue.{key}", queue.pop(key), str, source)
+    if url_has_userinfo(qkw.get("url", "")):
+        raise UserError(
+            f"{source}: queue.url must not hold credentials (user:password@ or token@): every user can read "
+            "this file, a job included",
+            hint="put them in /etc/eran-grid/queue-credentials (root, mode 0600; docs/eran-grid.md, "
+            '"Queue credentials") and remove them from queue.url',
+        )
+    if "credentials" in queue:
+        qkw["credentials"] = Path(_typed("queue.credentials", queue.pop("credentials"), str, source))
     if "connect_timeout" in queue:
         qkw["connect_timeout"] = float(
             _typed("queue.connect_timeout", queue.pop("connect_timeout"), (int, float), source)
