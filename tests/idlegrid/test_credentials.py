@@ -102,16 +102,30 @@ def test_a_job_uid_cannot_read_the_credentials_file(tmp_path):
     """A real second uid (nobody, as a job's stranger uid) gets EACCES on the 0600 file."""
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to a second uid")
-    creds = tmp_path / "queue-credentials"
-    creds.write_text(f"agent:{SECRET}\n")
-    creds.chmod(0o600)
-    tmp_path.chmod(0o755)
-    probe = (
-        "import os, sys\nos.setgid(65534); os.setuid(65534)\n"
-        f"try:\n    print(open({str(creds)!r}).read())\nexcept PermissionError:\n    print('EACCES')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "EACCES" and SECRET not in out.stdout
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="i28-creds-", dir="/tmp"))  # pytest's tmp dirs are 0700
+    try:
+        os.chmod(base, 0o755)  # as /etc: anyone may traverse, so only the file's mode protects it
+        creds = base / "queue-credentials"
+        creds.write_text(f"agent:{SECRET}\n")
+        creds.chmod(0o600)
+        conf = base / "eran-grid.toml"
+        conf.write_text('[queue]\nbackend = "nats"\nurl = "nats://127.0.0.1:4222"\n')
+        conf.chmod(0o644)
+        probe = (
+            "import os, sys\nos.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+            "for f in sys.argv[1:]:\n"
+            "    try:\n        print(open(f).read())\n    except PermissionError:\n        print('EACCES')\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(conf), str(creds)], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert "nats://127.0.0.1:4222" in out.stdout  # the config is readable, and holds no secret
+    assert out.stdout.strip().endswith("EACCES") and SECRET not in out.stdout, out.stderr
 
 
 def test_errors_never_print_credentials_and_a_refusal_is_named_refused():

@@ -211,6 +211,44 @@ def disk_used(top: Path, stop_above: int) -> int:
     return total
 
 
+LOCK_NAME = "agent.lock"
+
+
+class AlreadyRunning(UserError):
+    """Another agent holds this state dir: it owns the job and the lease in there."""
+
+
+def hold_instance_lock(state_dir: Path) -> int:
+    """Take ``state_dir/agent.lock`` for this process's lifetime and return its descriptor.
+
+    A second agent on the same state dir would take the first one's job directory for a
+    crashed run's: stop its job (SIGKILL) and release its lease. flock() is held until the
+    process dies (the kernel drops it with the last descriptor, kill -9 included), so a
+    stale lock file never blocks a restart. The holder writes its pid into the file so the
+    refusal can name it."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        who = f"pid {holder}" if holder.isdigit() else "a process that has not written its pid yet"
+        raise AlreadyRunning(
+            f"another eran-grid agent ({who}) holds {path}: one agent per state dir",
+            hint="stop that agent first (systemctl stop eran-grid), or give this one its own state_dir",
+        ) from None
+    except OSError:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class Agent:
     def __init__(
         self,
@@ -256,12 +294,15 @@ class Agent:
         self._extra_majors = frozenset[int]()
         self.stranger: Stranger | None = None
         self._disk_next = float("-inf")
+        self._lock_fd: int | None = None  # the state dir's lock, held for the process's life
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> int:
-        """Checks that must pass before any work: opt-in, the empty sensor set, our own files.
-        Then connect and release this node's leases left by a previous run."""
+        """Checks that must pass before any work: opt-in, one agent per state dir, the empty
+        sensor set, our own files. Then connect and release this node's leases left by a
+        previous run."""
         self.cfg.require_opt_in("the configuration")
+        self._lock_fd = hold_instance_lock(self.cfg.state_dir)
         privacy.assert_empty_sensor_set()
         self._extra_majors = privacy.dynamic_capture_majors(self.cfg.machine.proc / "devices")
         privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
@@ -356,6 +397,9 @@ class Agent:
             self.proc.reap_group()  # what the job left behind (its group, its cgroup)
             self._yield("agent stopping")
         self.backend.close()
+        if self._lock_fd is not None:  # nothing of ours is left in the state dir
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # -- one poll ---------------------------------------------------------------------------
     def step(self) -> str:
@@ -761,4 +805,4 @@ class Agent:
             self.shutdown()
 
 
-__all__ = ["Agent", "Conditions", "GridError", "Sensors"]
+__all__ = ["Agent", "AlreadyRunning", "Conditions", "GridError", "Sensors", "hold_instance_lock"]

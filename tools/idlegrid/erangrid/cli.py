@@ -27,7 +27,7 @@ from almaboard.text import terminal
 from . import __version__, power, presence, privacy, thermal
 from .agent import STATUS_REFRESH, Agent, Conditions, blocking_reason, iso
 from .config import DEFAULT_CONFIG, Config, from_mapping, load
-from .errors import CoordinatorUnreachable, UserError
+from .errors import CoordinatorUnreachable, NoAccess, UserError
 from .jobs import Backend, validate_command
 
 EPILOG = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -129,6 +129,8 @@ def live_line(cfg: Config) -> tuple[str, bool]:
             backend.close()
         except CoordinatorUnreachable as exc:
             reason = f"coordinator unreachable since {iso(now)}: {exc}"
+        except NoAccess:
+            reason = "the queue is the agent's: run `sudo eran-grid status` to check it"
     return reason, not reason
 
 
@@ -342,6 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _as_this_user(func: Any, args: argparse.Namespace) -> int:
+    """The admin verbs, run by any user: a file the agent keeps private (DynamicUser=: its state
+    under /var/lib/private/, 0700) is a clear refusal with what to run instead, never a
+    traceback. ``run`` is the agent's own: there a PermissionError stays a bug."""
+    try:
+        return int(func(args))
+    except PermissionError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise NoAccess(
+            f"permission denied{where}: the agent's files are private to it",
+            hint=f"run the same command as root (sudo eran-grid {args.verb} ...)",
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_main("eran-grid", lambda: int(args.func(args)))
+    if args.func is cmd_run:
+        return run_main("eran-grid", lambda: int(args.func(args)))
+    return run_main("eran-grid", lambda: _as_this_user(args.func, args))
