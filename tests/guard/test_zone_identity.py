@@ -86,3 +86,13 @@ def test_tj_with_an_unreadable_type_at_discovery_blocks_like_an_unreadable_criti
     # and the critical rule applies to it by name from now on
     board.set_temp("tj-thermal", 95.0)
     assert "shed" in polls(g, clock, 3)
+
+
+def test_a_hot_zone_of_another_type_at_a_known_path_sheds_at_once(board: FakeBoard) -> None:
+    orin_zones(board, 50.0)
+    clock = Clock()
+    g = make_guard(board, clock, holdoff_s=5.0)
+    assert polls(g, clock, 3) == []
+    _replace_zone_dir(board, "soc0-thermal", "cv9-thermal", 95.0)
+    assert polls(g, clock, 2) == ["shed"]  # guarded from its first poll, not the 30 s rediscovery
+    assert "cv9-thermal" in g.status.reason

@@ -222,6 +222,11 @@ class Guard:
         # While shedding, also check that kept descriptors still name live files (a resume
         # must never rest on a vanished sensor's last value).
         ok, bad = self.reader.read_split(now, verify=st.shedding)
+        if bad and any(r.problem.startswith("replaced") and self._problems.get(n) != r.problem for n, r in bad.items()):
+            # Another zone registered at a known zone's path: guard it from this very poll
+            # (it may be the hot one), not from the next rediscovery.
+            self.discover(now)
+            ok, bad = self.reader.read_split(now, verify=st.shedding)
         thresholds = self.thresholds
         shed_c = self._shed_c
         hot = [(n, t, thresholds[n]) for n, t in ok.items() if t >= shed_c[n]]
