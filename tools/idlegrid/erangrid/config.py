@@ -105,6 +105,8 @@ class Config:
     job_user: str = ""
     stderr_max_bytes: int = 1024 * 1024
     job_disk_max_bytes: int = 256 * 1024 * 1024
+    # Files and directories in a job's HOME: empty files cost inodes, not blocks.
+    job_disk_max_inodes: int = 100_000
     status_path: Path = Path("/run/eran-grid/status.json")
     machine: Machine = field(default_factory=Machine)
     queue: QueueConfig = field(default_factory=QueueConfig)
@@ -144,7 +146,14 @@ _FLOATS = (
     "lease_ttl",
     "guard_stale_after",
 )
-_INTS = ("max_failures", "checkpoint_max_bytes", "result_max_bytes", "stderr_max_bytes", "job_disk_max_bytes")
+_INTS = (
+    "max_failures",
+    "checkpoint_max_bytes",
+    "result_max_bytes",
+    "stderr_max_bytes",
+    "job_disk_max_bytes",
+    "job_disk_max_inodes",
+)
 _BOOLS = ("enabled", "include_serial_ttys", "require_guard")
 
 
