@@ -99,6 +99,7 @@ class FakeBoard:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._zones: dict[str, Path] = {}
+        self._types: dict[str, str] = {}  # key -> the zone's type (a zone comes back as itself)
         self._kmsg_seq = 0
         self.set_boot_id(boot_id)
         self.set_hostname("alma-orin-1")
@@ -131,6 +132,7 @@ class FakeBoard:
             _put(d / f"trip_point_{i}_type", tkind + "\n")
             _put(d / f"trip_point_{i}_temp", f"{int(round(ttemp * 1000))}\n")
         self._zones[key or kind] = d
+        self._types[key or kind] = kind
         self.set_temp(key or kind, temp_c)
         return d
 
@@ -350,7 +352,7 @@ def restore_zone(board: FakeBoard, kind: str, temp_c: float) -> None:
     d = board._zones[kind]
     if not d.exists():
         d.mkdir(parents=True)
-        _put(d / "type", kind + "\n")
+        _put(d / "type", board._types.get(kind, kind) + "\n")
         for i, (tkind, ttemp) in enumerate(ORIN_TRIPS):
             _put(d / f"trip_point_{i}_type", tkind + "\n")
             _put(d / f"trip_point_{i}_temp", f"{int(round(ttemp * 1000))}\n")

@@ -88,9 +88,11 @@ def test_died_below_lists_only_thermal_ends_under_the_threshold() -> None:
 
 def test_ring_is_kept_per_boot_and_history_is_appended_once(board: FakeBoard) -> None:
     paths = Paths(board.root)
-    f = Forensics(paths, every_s=10.0)
+    t = [0.0]
+    f = Forensics(paths, every_s=10.0, clock=lambda: t[0])
     assert f.start(89.0, 79.0, now=100.0) is not None  # first boot ever: "unknown", recorded
     for i in range(50):
+        t[0] = float(i)
         f.sample(100.0 + i, 60.0 + i * 0.1, "tj-thermal", shedding=False)
     data = json.loads(board.p("/var/lib/alma-guard/ring.json").read_text())
     assert 1 <= len(data["samples"]) <= 32 and data["boot_id"] == board.boot_id
@@ -147,3 +149,58 @@ def test_guard_start_warns_about_a_death_below_the_threshold(
         assert guard.run(max_polls=1) == 0
     assert "previous boot previous-boot ended: thermal" in caplog.text
     assert "the board reset at 84.5 C (tj-thermal, boot previous), below the shed threshold 89.0 C" in caplog.text
+
+
+def test_a_wall_clock_step_back_does_not_stop_the_ring(board: FakeBoard) -> None:
+    """The ring's period is on CLOCK_BOOTTIME: after the wall clock steps back one hour the
+    ring is rewritten on time (it was not rewritten for the whole hour: the evidence that a
+    board died below the threshold was lost). A guard drives it, with the wall step injected."""
+    from almaguard.config import GuardConfig
+    from almaguard.guard import Guard
+    from support_guard import orin_zones
+
+    orin_zones(board, 50.0)
+    paths = Paths(board.root)
+    boot = [100.0]
+    wall = [1_780_000_000.0]
+    guard = Guard(
+        GuardConfig(ring_every_s=10.0),
+        paths,
+        wall=lambda: wall[0],
+        forensics=Forensics(paths, 10.0, clock=lambda: boot[0]),
+        boottime_clock=lambda: boot[0],
+    )
+    guard.start_forensics()
+    ring = board.p("/var/lib/alma-guard/ring.json")
+
+    def samples() -> list[dict]:
+        return json.loads(ring.read_text()).get("samples", [])
+
+    for _ in range(30):  # 30 s, as the board polls
+        boot[0] += 1.0
+        wall[0] += 1.0
+        guard.step(boot[0])
+    before = len(samples())
+    assert before >= 2
+    wall[0] -= 3600.0  # NTP, the RTC or an operator steps the wall clock back one hour
+    for _ in range(30):
+        boot[0] += 1.0
+        wall[0] += 1.0
+        guard.step(boot[0])
+    assert len(samples()) >= before + 2  # rewritten every 10 s as before
+
+
+def test_the_ring_keeps_its_period_on_the_real_boot_clock_after_a_wall_step(board: FakeBoard) -> None:
+    """The same with the real CLOCK_BOOTTIME (the default): only the wall time goes back."""
+    import time
+
+    f = Forensics(Paths(board.root), every_s=0.05)
+    f.start(89.0, 79.0, now=1_780_000_000.0)
+    f.sample(1_780_000_000.0, 50.0, "tj-thermal", False, force=True)
+    stepped = 1_780_000_000.0 - 3600.0
+    deadline = time.monotonic() + 60
+    while not f.sample(stepped, 51.0, "tj-thermal", False):
+        assert time.monotonic() < deadline, "the ring was not rewritten after the wall clock stepped back"
+        time.sleep(0.01)
+    data = json.loads(board.p("/var/lib/alma-guard/ring.json").read_text())
+    assert data["samples"][-1]["max_c"] == 51.0

@@ -289,3 +289,21 @@ def test_image_class_is_wired_into_rootfs_postprocess() -> None:
     image = LAYER / "recipes-core/images/alma-image.bb"
     if image.exists():
         assert "alma-fabric-check" in image.read_text()
+
+
+def test_the_work_slice_bounds_memory_and_tasks(unit_copies: Path) -> None:
+    """MemoryMax=/MemoryHigh=/TasksMax= on alma-work.slice, read by systemd's own parser
+    (systemd-analyze verify flags a malformed value of exactly these keys). That the kernel
+    enforces them cannot be shown here: this VM's cgroup v2 has no memory controller."""
+    import re
+
+    tool = require_tool("systemd-analyze")
+    text = (UNITS_DIR / "alma-work.slice").read_text()
+    values = dict(re.findall(r"^(MemoryHigh|MemoryMax|TasksMax)=(\S+)$", text, re.M))
+    high, mx = (int(values[k].rstrip("%")) for k in ("MemoryHigh", "MemoryMax"))
+    assert values["MemoryMax"].endswith("%") and 0 < high < mx <= 50  # of the one CPU+GPU pool
+    assert 64 <= int(values["TasksMax"]) <= 4096
+    broken = unit_copies / "alma-work.slice"
+    broken.write_text(text.replace("MemoryMax=25%", "MemoryMax=a-quarter").replace("TasksMax=512", "TasksMax=many"))
+    r = subprocess.run([tool, "verify", "--man=no", "alma-work.slice"], cwd=unit_copies, capture_output=True, text=True)
+    assert "Invalid memory limit 'a-quarter'" in r.stderr and "Invalid maximum tasks value 'many'" in r.stderr

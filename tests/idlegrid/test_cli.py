@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -164,3 +165,86 @@ def test_submit_without_a_command_or_with_unreadable_input(tmp_path, eran_grid_c
     assert run(eran_grid_cmd, "queue", "stats", *q, "--json").stdout.strip() == (
         b'{"queued": 0, "leased": 0, "done": 0, "dead": 0}'
     )
+
+
+def test_a_second_agent_on_the_same_state_dir_exits_2_naming_the_holder(grid, eran_grid_cmd):
+    """Two real agents, one config: the second must not take the first's running job for a
+    crashed run's (it SIGKILLed the job and released the lease)."""
+    g = grid()
+    job = g.hashchain(50_000_000)
+    cfg = g.config_file()
+    first = subprocess.Popen(
+        [*eran_grid_cmd, "--config", str(cfg), "run"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            [row] = g.queue.jobs()
+            if row["state"] == "leased" and (g.cfg.state_dir / "work" / job / "wrapper.json").exists():
+                break
+            time.sleep(0.1)
+        lease = json.loads((g.cfg.state_dir / "work" / job / "lease.json").read_text())
+        wrapper = json.loads((g.cfg.state_dir / "work" / job / "wrapper.json").read_text())
+        second = run(eran_grid_cmd, "--config", str(cfg), "run")
+        assert second.returncode == 2, second.stderr
+        err = second.stderr.decode()
+        assert f"pid {first.pid}" in err and "agent.lock" in err and "Traceback" not in err
+        [row] = g.queue.jobs()
+        assert row["state"] == "leased" and row["failures"] == 0  # the lease stands
+        assert json.loads((g.cfg.state_dir / "work" / job / "lease.json").read_text()) == lease
+        os.kill(int(wrapper["pgid"]), 0)  # the first agent's job is alive
+        assert first.poll() is None
+        first.terminate()
+        assert first.wait(60) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    # The kernel released the lock with the process: the next agent starts (and runs the job).
+    again = subprocess.Popen(
+        [*eran_grid_cmd, "--config", str(cfg), "run"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and g.queue.jobs()[0]["state"] != "leased":
+            time.sleep(0.1)
+        assert g.queue.jobs()[0]["state"] == "leased"
+    finally:
+        again.kill()
+        again.wait()
+
+
+@pytest.fixture
+def private_state():
+    """The shipped DynamicUser layout: /var/lib/eran-grid is a link into private/, 0700 root's
+    (here under a /tmp dir other users can traverse; pytest's own tmp dirs are 0700)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    base = Path(tempfile.mkdtemp(prefix="i28-private-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    (base / "private" / "eran-grid").mkdir(parents=True)
+    os.chmod(base / "private", 0o700)
+    (base / "eran-grid").symlink_to("private/eran-grid")
+    yield base / "eran-grid"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [("queue", "list"), ("queue", "stats"), ("results",), ("results", "1"), ("queue", "repair"), ("submit",)],
+)
+def test_a_non_root_user_gets_what_to_run_instead_not_a_traceback(eran_grid_cmd, private_state, verb):
+    if os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs root (the agent's private state, a second uid) and /usr/bin/python3")
+    q = ["--queue-path", str(private_state / "queue.db")]
+    assert run(eran_grid_cmd, "submit", *q, "--", "true").returncode == 0  # root may
+    args = [*verb, *q, "--", "true"] if verb == ("submit",) else [*verb, *q]
+    # /usr/bin/python3: the venv's interpreter may live where a second uid cannot reach.
+    other = ["/usr/bin/python3", eran_grid_cmd[-1]]
+    proc = subprocess.run([*other, *args], capture_output=True, timeout=60, user=65534, group=65534, extra_groups=[])
+    err = proc.stderr.decode()
+    assert proc.returncode == 4, err
+    assert "Traceback" not in err and "PermissionError" not in err
+    assert "sudo eran-grid" in err and str(private_state / "queue.db") in err

@@ -126,3 +126,22 @@ def test_entry_point_runs_from_the_checkout():
         timeout=30,
     )
     assert proc.returncode == 0 and proc.stdout.startswith("eran-grid ")
+
+
+def test_queue_credentials_ship_root_only_and_reach_the_unit_by_loadcredential(tmp_path):
+    """The secret never sits in the world-readable config: an empty 0600 file the unit loads
+    (LoadCredential=) into $CREDENTIALS_DIRECTORY/queue, and a config that holds no userinfo."""
+    dest = tmp_path / "image"
+    _install(dest, tmp_path)
+    creds = dest / "etc/eran-grid/queue-credentials"
+    assert creds.is_file() and creds.stat().st_size == 0 and creds.stat().st_mode & 0o777 == 0o600
+    conffiles = re.search(r'^CONFFILES:\$\{PN\} = "([^"]*)"', RECIPE.read_text(), re.M)
+    assert conffiles and "${sysconfdir}/eran-grid/queue-credentials" in conffiles.group(1).split()
+    unit = UNIT.read_text()
+    assert re.search(r"^LoadCredential=queue:/etc/eran-grid/queue-credentials$", unit, re.M)
+    assert (dest / "etc/eran-grid/eran-grid.toml").stat().st_mode & 0o777 == 0o644
+    sys.path.insert(0, str(TOOLS))
+    from erangrid.config import from_mapping
+
+    cfg = from_mapping(tomllib.loads((dest / "etc/eran-grid/eran-grid.toml").read_text()))
+    assert "@" not in cfg.queue.url and cfg.queue.credentials == Path("/etc/eran-grid/queue-credentials")

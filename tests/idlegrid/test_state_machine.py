@@ -242,6 +242,8 @@ class GridMachine(RuleBasedStateMachine):
         """kill -9: no shutdown, the job dies with the agent, the same node restarts."""
         for proc in self.world.procs:
             proc.kill()
+        if self.agent._lock_fd is not None:  # the kernel drops a dead agent's state-dir lock
+            os.close(self.agent._lock_fd)
         self.agent = self._new_agent()
 
     @precondition(lambda self: self.agent.proc is not None)

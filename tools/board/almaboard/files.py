@@ -22,12 +22,17 @@ def parse_iso(text: str) -> float:
     return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int | None = 0o644) -> None:
+def write_atomic(
+    path: Path, data: bytes, *, durable: bool = True, mode: int | None = 0o644, exclusive: bool = False
+) -> None:
     """Write ``path`` so a reader sees the old or the new content, never half of it.
 
     ``durable`` fsyncs the file and its directory: the forensics ring must survive an
     abrupt reset; the /run state file (tmpfs) does not need it. ``mode=None`` keeps the mode
     of the file replaced, else 0644 less the umask (the host's records and manifests).
+    ``exclusive``: create ``path`` only if it does not exist (FileExistsError otherwise), as
+    O_EXCL would, but complete or not at all: the content is written and synced under a
+    temporary name first and then linked into place (a full disk leaves no empty file).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
@@ -47,7 +52,11 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int | N
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

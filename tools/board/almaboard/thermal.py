@@ -30,11 +30,22 @@ class Trip:
     temp_c: float
 
 
+UNTYPED = "type unreadable at discovery: the zone's identity is unknown"
+
+
 @dataclass
 class Zone:
+    """A zone is its path AND its type: the kernel gives a vanished zone's id (and so its
+    path) to the next zone registered, of any type, so the path alone would let a cool
+    sensor stand in for a hot one. ``kind`` is the type read at discovery, checked again at
+    every read (:class:`Reader`); ``""`` = unreadable then (the zone reads as unreadable
+    until it is rediscovered with a type); None = not checked (a caller that names zones
+    itself)."""
+
     name: str  # the zone's type ("tj-thermal"); made unique with "#N" when types repeat
     path: Path  # the thermal_zoneN directory
     trips: list[Trip] = field(default_factory=list)
+    kind: str | None = None
 
     @property
     def throttle_trip_c(self) -> float | None:
@@ -78,17 +89,18 @@ def discover(thermal_dir: Path, include: list[str] | None = None, exclude: list[
     except OSError:
         return []
     for zdir in entries:
-        kind = read_text(zdir / "type")
-        if not kind:
-            kind = zdir.name  # unreadable type: still guard it, under its directory name
-        if not any(fnmatch.fnmatchcase(kind, pat) for pat in include):
+        typed = read_text(zdir / "type") or ""
+        # Unreadable type: still guard it, under its directory name, and never filter it out
+        # (it may be tj): it reads as unreadable until its type can be read.
+        kind = typed or zdir.name
+        if typed and not any(fnmatch.fnmatchcase(kind, pat) for pat in include):
             continue
-        if any(fnmatch.fnmatchcase(kind, pat) for pat in exclude):
+        if typed and any(fnmatch.fnmatchcase(kind, pat) for pat in exclude):
             continue
         n = seen.get(kind, 0)
         seen[kind] = n + 1
         name = kind if n == 0 else f"{kind}#{n}"
-        zones.append(Zone(name=name, path=zdir, trips=_trips(zdir)))
+        zones.append(Zone(name=name, path=zdir, trips=_trips(zdir), kind=typed))
     return zones
 
 
@@ -163,6 +175,7 @@ class Reader:
             self.keep_fds = max(8, min(self.KEEP_FDS, soft // 4, (soft - in_use) // 2))
         self.rules = rules or Plausibility()
         self._fds: dict[str, int] = {}
+        self._tfds: dict[str, int] = {}  # kept descriptors of the zones' ``type`` (identity)
         # The rate rule's memory (``carry`` hands it on to a reader re-created for a new zone
         # list): the last accepted value of each zone, the time of the previous read (when
         # most zones were last accepted), and the accept time of zones NOT accepted then.
@@ -209,6 +222,12 @@ class Reader:
         pread = os.pread
         for z in self.zones:
             name = z.name
+            if z.kind is not None:
+                who = self._identity(z, verify)
+                if who:
+                    self._drop(name)
+                    bad[name] = Reading(None, who)
+                    continue
             fd = fds.get(name)
             try:
                 if fd is None:
@@ -266,12 +285,41 @@ class Reader:
         self._prev_now = now
         return temps, bad
 
+    def _identity(self, z: Zone, verify: bool) -> str:
+        """'' when ``z``'s directory still holds a zone of ``z``'s type, else why not (re-read
+        at every poll: a kept descriptor costs one pread)."""
+        if not z.kind:
+            return UNTYPED
+        tfd = self._tfds.get(z.name)
+        try:
+            if tfd is None:
+                tfd = os.open(z.path / "type", os.O_RDONLY | os.O_CLOEXEC)
+                if len(self._fds) + len(self._tfds) + 2 <= self.keep_fds:
+                    self._tfds[z.name] = tfd
+                else:
+                    try:
+                        raw = os.pread(tfd, 64, 0)
+                    finally:
+                        os.close(tfd)
+                    tfd = None
+            if tfd is not None:
+                raw = os.pread(tfd, 64, 0)
+                if verify and os.fstat(tfd).st_nlink == 0:
+                    return "vanished"
+        except OSError as exc:
+            return f"unreadable type ({os.strerror(exc.errno) if exc.errno else exc})"
+        got = raw.decode(errors="replace").strip()
+        if got != z.kind:
+            return f"replaced: a zone of type {got[:40]!r} is at its path now, not {z.kind!r}"
+        return ""
+
     def _drop(self, name: str) -> None:
-        fd = self._fds.pop(name, None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for fds in (self._fds, self._tfds):
+            fd = fds.pop(name, None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def close(self) -> None:
-        for name in list(self._fds):
+        for name in list(self._fds) + list(self._tfds):
             self._drop(name)

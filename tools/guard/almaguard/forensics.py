@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from almaboard.files import iso, read_json, read_text, write_json
+from almaboard.files import boottime, iso, read_json, read_text, write_json
 from almaboard.paths import Paths
 
 log = logging.getLogger("alma-guard")
@@ -185,13 +186,17 @@ def classify(
 class Forensics:
     """The guard's durable record: the ring of this boot, the clean marker, the history."""
 
-    def __init__(self, paths: Paths, every_s: float = 10.0) -> None:
+    def __init__(self, paths: Paths, every_s: float = 10.0, clock: Callable[[], float] = boottime) -> None:
         self.paths = paths
         self.dir = paths.guard_lib
         self.ring_file = self.dir / "ring.json"
         self.marker_file = self.dir / "clean-shutdown"
         self.history_file = self.dir / "resets.json"
         self.every_s = every_s
+        # The ring's period runs on CLOCK_BOOTTIME: on the wall clock a step back of an hour
+        # stopped every rewrite for that hour, and the evidence of a death below the
+        # threshold with it. Wall time only stamps the samples.
+        self.clock = clock
         self.boot_id = read_text(paths.boot_id_file) or "unknown"
         self.ring: dict[str, Any] = {}
         self._interval_max: tuple[float, str] | None = None
@@ -246,10 +251,11 @@ class Forensics:
 
     # -- during the run ----------------------------------------------------------------
     def sample(self, now: float, max_c: float | None, zone: str | None, shedding: bool, force: bool = False) -> bool:
-        """Track the interval maximum; fsync the ring every ``every_s`` or when forced."""
+        """Track the interval maximum; fsync the ring every ``every_s`` (boot clock) or when
+        forced. ``now`` is the wall time that stamps the sample."""
         if max_c is not None and zone is not None and (self._interval_max is None or max_c > self._interval_max[0]):
             self._interval_max = (max_c, zone)
-        if not force and now - self._last_flush < self.every_s:
+        if not force and self.clock() - self._last_flush < self.every_s:
             return False
         if self._interval_max is not None:
             m, z = self._interval_max
@@ -261,7 +267,7 @@ class Forensics:
         return True
 
     def flush(self, now: float) -> None:
-        self._last_flush = now
+        self._last_flush = self.clock()
         try:
             write_json(self.ring_file, self.ring, durable=True)
         except OSError as exc:

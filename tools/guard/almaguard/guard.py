@@ -95,6 +95,7 @@ class Guard:
         self.pauser = pauser or Pauser(self.cgroup, paths.guard_run / "paused.json", Path("/proc"))
         self.forensics = forensics
         self.zones: list[thermal.Zone] = []
+        self._untyped: set[str] = set()  # zones whose type could not be read: identity unknown
         self.thresholds: dict[str, Thresholds] = {}
         self._shed_c: dict[str, float] = {}
         self.reader = thermal.Reader([], cfg.plausibility)
@@ -131,7 +132,9 @@ class Guard:
                 unique, n = name, 1
                 while unique in self.thresholds:
                     unique, n = f"{name.split('#', 1)[0]}#{n}", n + 1
-                self._add_zone(thermal.Zone(name=unique, path=Path(path)))
+                base = name.split("#", 1)[0]
+                kind = "" if base == Path(path).name else base  # recorded untyped: still unknown
+                self._add_zone(thermal.Zone(name=unique, path=Path(path), kind=kind))
                 watched.add(path)
         if self.pauser.paused:
             # A previous guard (crashed or killed) left the work paused: adopt that pause.
@@ -140,26 +143,34 @@ class Guard:
 
     # -- zones ---------------------------------------------------------------------------
     def discover(self, now: float) -> None:
-        """Add the zones present now. Zones are identified by their sysfs path, never by type:
-        a zone seen before and gone now is kept (unreadable) for the guard's life, and a new
-        zone whose name is taken (``soc-thermal`` vanished, its sibling renumbered) gets a
-        name of its own instead of inheriting the vanished one's."""
+        """Add the zones present now. A zone is its sysfs path AND its type: a zone seen
+        before and gone now is kept (unreadable) for the guard's life; a zone of another type
+        at its path (the kernel reuses the lowest free id) is a new zone, never the old one
+        (the reader checks every poll that each path still holds its type); a new zone whose
+        name is taken (``soc-thermal`` vanished, its sibling renumbered) gets a name of its
+        own. A zone whose type could not be read is kept under its directory name, blocks like
+        an unreadable critical zone, and is replaced once its type reads."""
         self._last_discover = now
         found = thermal.discover(self.paths.thermal, self.cfg.include, self.cfg.exclude)
-        by_path = {str(z.path): z for z in self.zones}
-        new = [z for z in found if str(z.path) not in by_path]
-        if not new and self.zones:
+        known = {(str(z.path), z.kind) for z in self.zones}
+        typed_now = {str(z.path) for z in found if z.kind}
+        paths = {str(z.path) for z in self.zones}
+        # An untyped zone whose type reads now: its identity is known at last; replace it.
+        keep = [z for z in self.zones if z.kind or str(z.path) not in typed_now]
+        # A type unreadable now at a path we already guard: that zone reports it itself.
+        new = [z for z in found if (str(z.path), z.kind) not in known and (z.kind or str(z.path) not in paths)]
+        if not new and len(keep) == len(self.zones) and self.zones:
             self._probe = self._next_zone_path()
             return
-        names = {z.name for z in self.zones}
-        zones = list(self.zones)
+        names = {z.name for z in keep}
+        zones = list(keep)
         for z in new:
             name, n = z.name, 1
             while name in names:
                 base = z.name.split("#", 1)[0]
                 name, n = f"{base}#{n}", n + 1
             names.add(name)
-            zones.append(thermal.Zone(name=name, path=z.path, trips=z.trips))
+            zones.append(thermal.Zone(name=name, path=z.path, trips=z.trips, kind=z.kind))
         self._set_zones(zones)
         self._probe = self._next_zone_path()
 
@@ -184,6 +195,7 @@ class Guard:
         old = self.reader
         old.close()
         self.zones = zones
+        self._untyped = {z.name for z in zones if z.kind == ""}
         self.thresholds = {z.name: self.cfg.thresholds(z) for z in zones}
         self._shed_c = {name: th.shed_c for name, th in self.thresholds.items()}
         self.reader = thermal.Reader(zones, self.cfg.plausibility, carry=old)
@@ -204,11 +216,17 @@ class Guard:
     def step(self, now: float) -> str | None:
         """One poll at monotonic time ``now``; returns "shed", "resume" or None."""
         st = self.status
-        if now - self._last_discover >= (30.0 if self.zones else 1.0) or os.access(self._probe, os.F_OK):
+        every = 30.0 if self.zones and not self._untyped else 1.0  # an untyped zone may read soon
+        if now - self._last_discover >= every or os.access(self._probe, os.F_OK):
             self.discover(now)  # sensors may be probed late or come back
         # While shedding, also check that kept descriptors still name live files (a resume
         # must never rest on a vanished sensor's last value).
         ok, bad = self.reader.read_split(now, verify=st.shedding)
+        if bad and any(r.problem.startswith("replaced") and self._problems.get(n) != r.problem for n, r in bad.items()):
+            # Another zone registered at a known zone's path: guard it from this very poll
+            # (it may be the hot one), not from the next rediscovery.
+            self.discover(now)
+            ok, bad = self.reader.read_split(now, verify=st.shedding)
         thresholds = self.thresholds
         shed_c = self._shed_c
         hot = [(n, t, thresholds[n]) for n, t in ok.items() if t >= shed_c[n]]
@@ -364,7 +382,12 @@ class Guard:
         nine only alerts): a critical zone (tj) unreadable, or at least the configured share."""
         import fnmatch
 
-        crit = [n for n in unreadable if any(fnmatch.fnmatchcase(n.split("#", 1)[0], p) for p in self.cfg.critical)]
+        # A zone whose type never read may be tj: it counts as critical.
+        crit = [
+            n
+            for n in unreadable
+            if n in self._untyped or any(fnmatch.fnmatchcase(n.split("#", 1)[0], p) for p in self.cfg.critical)
+        ]
         if crit:
             return f"critical zone(s) unreadable: {', '.join(crit[:5])}"
         if self.zones and len(unreadable) >= self.cfg.unreadable_shed_share * len(self.zones):

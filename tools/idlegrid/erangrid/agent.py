@@ -170,23 +170,102 @@ def _has_caps(names: tuple[str, ...], status: Path = Path("/proc/self/status")) 
     return all(eff >> _CAP_BITS[n] & 1 for n in names)
 
 
-def disk_used(top: Path, stop_above: int) -> int:
-    """Bytes allocated under ``top`` (symlinks not followed); stops counting above ``stop_above``."""
-    total, stack = 0, [str(top)]
-    while stack and total <= stop_above:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:
-            continue
-    return total
+class HomeMeter:
+    """Bytes and inodes under a job's HOME (symlinks not followed), walked at most ``budget``
+    entries per call: the walk resumes where the last call stopped (a directory iterator kept
+    open across polls), so its work per poll is bounded however many files the job makes.
+
+    200,000 empty files in HOME once cost a ~2 s walk every few slow polls, run before the
+    owner check, and counted 4.5 MB of blocks against a 256 MiB cap: the owner waited 1 s for
+    the stop, and an inode flood was never capped. A partial count only grows within a pass,
+    so a cap it crosses is crossed for certain; the job is judged as the walk goes."""
+
+    def __init__(self, top: Path, budget: int = 2000) -> None:
+        self.top = top
+        self.budget = budget
+        self.work = 0  # entries examined by the last call (what a test bounds)
+        self.passes = 0
+        self._stack: list[str] = [str(top)]
+        self._it: Any = None
+        self._bytes = 0
+        self._inodes = 0
+
+    def step(self) -> tuple[int, int]:
+        """Walk on; return (bytes, inodes) counted so far in this pass (the whole pass's when
+        it just ended: the next call starts a new one)."""
+        n = 0
+        while n < self.budget:
+            if self._it is None:
+                if not self._stack:
+                    done = (self._bytes, self._inodes)
+                    self.passes += 1
+                    self._stack, self._bytes, self._inodes = [str(self.top)], 0, 0
+                    self.work = n
+                    return done
+                try:
+                    self._it = os.scandir(self._stack.pop())
+                except OSError:
+                    continue
+            try:
+                entry = next(self._it)
+            except (StopIteration, OSError):
+                self._it.close()
+                self._it = None
+                continue
+            n += 1
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            self._bytes += st.st_blocks * 512
+            self._inodes += 1
+            if entry.is_dir(follow_symlinks=False):
+                self._stack.append(entry.path)
+        self.work = n
+        return self._bytes, self._inodes
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+            self._it = None
+
+
+LOCK_NAME = "agent.lock"
+
+
+class AlreadyRunning(UserError):
+    """Another agent holds this state dir: it owns the job and the lease in there."""
+
+
+def hold_instance_lock(state_dir: Path) -> int:
+    """Take ``state_dir/agent.lock`` for this process's lifetime and return its descriptor.
+
+    A second agent on the same state dir would take the first one's job directory for a
+    crashed run's: stop its job (SIGKILL) and release its lease. flock() is held until the
+    process dies (the kernel drops it with the last descriptor, kill -9 included), so a
+    stale lock file never blocks a restart. The holder writes its pid into the file so the
+    refusal can name it."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        who = f"pid {holder}" if holder.isdigit() else "a process that has not written its pid yet"
+        raise AlreadyRunning(
+            f"another eran-grid agent ({who}) holds {path}: one agent per state dir",
+            hint="stop that agent first (systemctl stop eran-grid), or give this one its own state_dir",
+        ) from None
+    except OSError:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class Agent:
@@ -233,13 +312,16 @@ class Agent:
         self._status_line = ""
         self._extra_majors = frozenset[int]()
         self.stranger: Stranger | None = None
-        self._disk_next = float("-inf")
+        self.home_meter: HomeMeter | None = None  # the running job's HOME, walked a little every poll
+        self._lock_fd: int | None = None  # the state dir's lock, held for the process's life
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> int:
-        """Checks that must pass before any work: opt-in, the empty sensor set, our own files.
-        Then connect and release this node's leases left by a previous run."""
+        """Checks that must pass before any work: opt-in, one agent per state dir, the empty
+        sensor set, our own files. Then connect and release this node's leases left by a
+        previous run."""
         self.cfg.require_opt_in("the configuration")
+        self._lock_fd = hold_instance_lock(self.cfg.state_dir)
         privacy.assert_empty_sensor_set()
         self._extra_majors = privacy.dynamic_capture_majors(self.cfg.machine.proc / "devices")
         privacy.assert_no_sensor_fds(self.fd_dir, self._extra_majors)
@@ -334,6 +416,9 @@ class Agent:
             self.proc.reap_group()  # what the job left behind (its group, its cgroup)
             self._yield("agent stopping")
         self.backend.close()
+        if self._lock_fd is not None:  # nothing of ours is left in the state dir
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # -- one poll ---------------------------------------------------------------------------
     def step(self) -> str:
@@ -507,7 +592,6 @@ class Agent:
 
     def _step_running(self, cond: Conditions) -> str:
         assert self.proc is not None and self.lease is not None
-        now = cond.now
         job_id = self.lease.job.id
         rc = self.proc.poll()
         if rc is not None:
@@ -519,16 +603,33 @@ class Agent:
             self._finished(rc)
             return f"job {job_id} exited {rc}"
 
-        mono = self._monotonic()
-        if mono >= self._disk_next:
-            self._disk_next = mono + FD_CHECK_EVERY * self.cfg.slow_poll * 0.999
-            used = disk_used(job_dir(self.cfg.state_dir, job_id) / "home", self.cfg.job_disk_max_bytes)
-            if used > self.cfg.job_disk_max_bytes:
+        # The owner first: the stop (or resume) below happens before any other work of this
+        # poll; HOME is measured after it, a bounded slice at a time.
+        line = self._decide_running(cond, job_id)
+        if self.proc is not None and self.lease is not None:
+            over = self._home_over_cap()
+            if over:
                 self.proc.kill()
                 self.proc.wait()
-                self._fail(f"disk use over job_disk_max_bytes ({self.cfg.job_disk_max_bytes}): killed")
-                return f"job {job_id} killed: disk use over its cap"
+                self._fail(f"{over}: killed")
+                return f"job {job_id} killed: {over}"
+        return line
 
+    def _home_over_cap(self) -> str:
+        """One bounded slice of the walk of the running job's HOME; why it is over its cap, or ''."""
+        assert self.lease is not None
+        if self.home_meter is None:
+            self.home_meter = HomeMeter(job_dir(self.cfg.state_dir, self.lease.job.id) / "home")
+        used, inodes = self.home_meter.step()
+        if used > self.cfg.job_disk_max_bytes:
+            return f"disk use over job_disk_max_bytes ({self.cfg.job_disk_max_bytes})"
+        if inodes > self.cfg.job_disk_max_inodes:
+            return f"files in HOME over job_disk_max_inodes ({self.cfg.job_disk_max_inodes})"
+        return ""
+
+    def _decide_running(self, cond: Conditions, job_id: str) -> str:
+        assert self.proc is not None and self.lease is not None
+        now = cond.now
         if now - self.last_hb >= self.cfg.lease_ttl / 3:
             self._heartbeat(now)
             if self.proc is None:
@@ -665,6 +766,9 @@ class Agent:
         self._cleanup()
 
     def _cleanup(self, keep_dir: bool = False) -> None:
+        if self.home_meter is not None:
+            self.home_meter.close()
+            self.home_meter = None
         if self.lease is not None and not job_id_problem(self.lease.job.id):
             workdir = job_dir(self.cfg.state_dir, self.lease.job.id)
             if keep_dir:  # the result waits for the coordinator: HOME (the job's) goes now
@@ -737,4 +841,4 @@ class Agent:
             self.shutdown()
 
 
-__all__ = ["Agent", "Conditions", "GridError", "Sensors"]
+__all__ = ["Agent", "AlreadyRunning", "Conditions", "GridError", "Sensors", "hold_instance_lock"]

@@ -4,7 +4,8 @@ Exit codes: 0 success (``status``: working or ready to), 1 ``status``: not worki
 says why) or ``results``: the job has no result yet, 2 usage or configuration error (including
 "disabled: opt-in required" for ``run``, and a corrupt queue file: see ``queue repair``), 3 privacy
 refusal (a capture device is open),
-4 coordinator unreachable, 130 interrupted.
+4 coordinator unreachable, or the queue is not this user's to open (its files are the agent's; the
+message says what to run instead), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from almaboard.text import terminal
 from . import __version__, power, presence, privacy, thermal
 from .agent import STATUS_REFRESH, Agent, Conditions, blocking_reason, iso
 from .config import DEFAULT_CONFIG, Config, from_mapping, load
-from .errors import CoordinatorUnreachable, UserError
+from .errors import CoordinatorUnreachable, NoAccess, UserError
 from .jobs import Backend, validate_command
 
 EPILOG = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -51,6 +52,7 @@ def _config(args: argparse.Namespace) -> tuple[Config, str]:
 
 def open_backend(cfg: Config) -> Any:
     if cfg.queue.backend == "nats":
+        from . import credentials
         from .nats_queue import NatsQueue  # optional dependency: imported only when configured
 
         return NatsQueue(
@@ -59,6 +61,7 @@ def open_backend(cfg: Config) -> Any:
             max_failures=cfg.max_failures,
             lease_ttl=cfg.lease_ttl,
             connect_timeout=cfg.queue.connect_timeout,
+            credentials=credentials.load(cfg.queue.credentials),
         )
     from .sqlite_queue import SqliteQueue
 
@@ -126,6 +129,8 @@ def live_line(cfg: Config) -> tuple[str, bool]:
             backend.close()
         except CoordinatorUnreachable as exc:
             reason = f"coordinator unreachable since {iso(now)}: {exc}"
+        except NoAccess:
+            reason = "the queue is the agent's: run `sudo eran-grid status` to check it"
     return reason, not reason
 
 
@@ -339,6 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _as_this_user(func: Any, args: argparse.Namespace) -> int:
+    """The admin verbs, run by any user: a file the agent keeps private (DynamicUser=: its state
+    under /var/lib/private/, 0700) is a clear refusal with what to run instead, never a
+    traceback. ``run`` is the agent's own: there a PermissionError stays a bug."""
+    try:
+        return int(func(args))
+    except PermissionError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise NoAccess(
+            f"permission denied{where}: the agent's files are private to it",
+            hint=f"run the same command as root (sudo eran-grid {args.verb} ...)",
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_main("eran-grid", lambda: int(args.func(args)))
+    if args.func is cmd_run:
+        return run_main("eran-grid", lambda: int(args.func(args)))
+    return run_main("eran-grid", lambda: _as_this_user(args.func, args))

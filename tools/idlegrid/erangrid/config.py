@@ -13,6 +13,7 @@ from almaboard.config import load_layers
 from almaboard.paths import Paths
 from almaboard.thermal import Plausibility
 
+from .credentials import url_has_userinfo
 from .errors import NotOptedIn, UserError
 
 DEFAULT_CONFIG = Path("/etc/eran-grid/eran-grid.toml")
@@ -65,6 +66,9 @@ class QueueConfig:
     url: str = "nats://127.0.0.1:4222"
     stream: str = "ERANGRID"
     connect_timeout: float = 2.0
+    # The NATS credentials' file (erangrid.credentials): never in `url`, which this
+    # world-readable file would show to every user, a job included.
+    credentials: Path = Path("/etc/eran-grid/queue-credentials")
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ class Config:
     job_user: str = ""
     stderr_max_bytes: int = 1024 * 1024
     job_disk_max_bytes: int = 256 * 1024 * 1024
+    # Files and directories in a job's HOME: empty files cost inodes, not blocks.
+    job_disk_max_inodes: int = 100_000
     status_path: Path = Path("/run/eran-grid/status.json")
     machine: Machine = field(default_factory=Machine)
     queue: QueueConfig = field(default_factory=QueueConfig)
@@ -155,6 +161,7 @@ _FIELDS: F.Schema = {
     "result_max_bytes": _BYTES,
     "stderr_max_bytes": _BYTES,
     "job_disk_max_bytes": _BYTES,
+    "job_disk_max_inodes": F.integer(0, 1 << 40),
     "state_dir": _PATH,
     "status_path": _PATH,
     "job_user": F.string(max_len=256),
@@ -175,6 +182,7 @@ _QUEUE: F.Schema = {
     "path": _PATH,
     "url": F.string(max_len=4096),
     "stream": F.string(r"[A-Za-z0-9_-]+", max_len=256, what="a stream name ([A-Za-z0-9_-]+)"),
+    "credentials": _PATH,
     "connect_timeout": F.duration(above=0.0, hi=3600.0),
 }
 _PATHS = ("state_dir", "status_path")
@@ -218,6 +226,15 @@ def from_mapping(
     queue = F.check(top.get("queue", {}), _QUEUE, where, prefix=("queue",))
     if "path" in queue:
         queue["path"] = Path(queue["path"])
+    if "credentials" in queue:
+        queue["credentials"] = Path(queue["credentials"])
+    if url_has_userinfo(queue.get("url", "")):
+        raise UserError(
+            f"{where(('queue', 'url'))}: queue.url must not hold credentials (user:password@ or token@): every user "
+            "can read this file, a job included",
+            hint="put them in /etc/eran-grid/queue-credentials (root, mode 0600; docs/eran-grid.md, "
+            '"Queue credentials") and remove them from queue.url',
+        )
     kw["queue"] = QueueConfig(**queue)
     return Config(**kw)
 

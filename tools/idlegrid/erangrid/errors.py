@@ -24,4 +24,12 @@ class CoordinatorUnreachable(BoardError):
     exit_code = 4
 
 
-__all__ = ["CoordinatorUnreachable", "GridError", "NotOptedIn", "PrivacyViolation", "UserError"]
+class NoAccess(BoardError):
+    """This user may not open the queue (its files are the agent's, 0700 under DynamicUser;
+    the credentials are root's): the error says what to run instead. The queue is out of
+    reach for this user, so the same code as an unreachable coordinator."""
+
+    exit_code = 4
+
+
+__all__ = ["CoordinatorUnreachable", "GridError", "NoAccess", "NotOptedIn", "PrivacyViolation", "UserError"]

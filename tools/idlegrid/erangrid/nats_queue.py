@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .credentials import QueueCredentials, redact
 from .errors import CoordinatorUnreachable, UserError
 from .jobs import Job, Lease, Outcome, parse_job, validate_command
 
@@ -58,8 +59,11 @@ class NatsQueue:
         connect_timeout: float = 2.0,
         fetch_timeout: float = 0.2,
         backoff: float = 5.0,
+        credentials: QueueCredentials | None = None,
     ) -> None:
         self.url = url
+        self.shown_url = redact(url)  # every message names the server without its secrets
+        self.credentials = credentials
         self.stream = stream
         self.subject = f"{stream.lower()}.jobs"
         self.results_stream = f"{stream}_RESULTS"
@@ -90,22 +94,44 @@ class NatsQueue:
             raise
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             fut.cancel()
-            raise CoordinatorUnreachable(f"NATS at {self.url}: {exc.__class__.__name__} {exc}".strip()) from exc
+            raise CoordinatorUnreachable(f"NATS at {self.shown_url}: {self._why(exc)}") from exc
+
+    def _why(self, exc: BaseException) -> str:
+        """What went wrong, secrets redacted. A first connection that timed out because every
+        attempt was refused says "connection refused": nothing listens there, which is not a
+        slow network (nats-py retries the refusals until our bound, then only times out)."""
+        if isinstance(exc, TimeoutError) and "ConnectionRefused" in self.last_error:
+            return "connection refused (no NATS server listens there)"
+        if isinstance(exc, TimeoutError) and self.last_error:
+            return f"timed out after {self.connect_timeout:g} s ({redact(self.last_error)})"
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused (no NATS server listens there)"
+        return redact(f"{exc.__class__.__name__} {exc}".strip())
 
     async def _connect(self) -> None:
         if self._nc is not None and self._nc.is_connected:
             return
         if self._nc is not None and not self._nc.is_closed:
-            raise CoordinatorUnreachable(f"NATS at {self.url}: disconnected, reconnecting")
+            raise CoordinatorUnreachable(f"NATS at {self.shown_url}: disconnected, reconnecting")
         # nats-py retries a first connection as long as later reconnects (forever, here):
         # bound the first one so an unreachable coordinator is reported, not waited on.
+        self.last_error = ""  # what this attempt meets, for _why()
         self._nc = await asyncio.wait_for(self._open_connection(), timeout=self.connect_timeout)
         self._js = self._nc.jetstream(timeout=self.connect_timeout)
         await self._ensure_streams()
 
     async def _open_connection(self) -> Any:
+        cred = self.credentials
+        auth: dict[str, Any] = {}
+        if cred is not None and cred.creds_file:
+            auth["user_credentials"] = cred.creds_file
+        elif cred is not None and cred.token:
+            auth["token"] = cred.token
+        elif cred is not None and cred.user:
+            auth["user"], auth["password"] = cred.user, cred.password
         return await nats.connect(
             self.url,
+            **auth,
             connect_timeout=self.connect_timeout,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
@@ -117,7 +143,7 @@ class NatsQueue:
         )
 
     async def _quiet(self, exc: Exception) -> None:
-        self.last_error = f"{exc.__class__.__name__} {exc}".strip()
+        self.last_error = redact(f"{exc.__class__.__name__} {exc}".strip())
 
     async def _noop(self) -> None:
         pass
@@ -365,7 +391,7 @@ class NatsQueue:
     def heartbeat(self, lease: Lease, checkpoint: bytes | None) -> bool:
         async def go() -> bool:
             if self._nc is None or not self._nc.is_connected:
-                raise CoordinatorUnreachable(f"NATS at {self.url}: disconnected")
+                raise CoordinatorUnreachable(f"NATS at {self.shown_url}: disconnected")
             if checkpoint is not None:
                 await self._put_checkpoint(lease, checkpoint)
             await lease.handle.in_progress()

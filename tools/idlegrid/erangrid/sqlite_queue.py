@@ -10,6 +10,7 @@ Yields are counted apart from failures: a job preempted a hundred times is never
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import time
@@ -18,7 +19,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from .errors import CoordinatorUnreachable, UserError
+from .errors import CoordinatorUnreachable, NoAccess, UserError
 from .jobs import Job, Lease, Outcome, job_id_problem, validate_command
 
 SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
@@ -163,6 +164,7 @@ class SqliteQueue:
     # -- connection -------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
+            self._check_access()
             if not self.path.parent.is_dir():
                 raise CoordinatorUnreachable(
                     f"queue directory {self.path.parent} does not exist", hint=f"try: mkdir -p {self.path.parent}"
@@ -178,6 +180,28 @@ class SqliteQueue:
                 raise self._error(exc, "cannot open queue ") from exc
             self._db = db
         return self._db
+
+    def _check_access(self) -> None:
+        """A user who may not open the queue gets the reason and what to run instead, never a
+        traceback: under the shipped unit (DynamicUser=) /var/lib/eran-grid is a link into
+        /var/lib/private/, 0700 root's, and the queue is the agent's (UMask=0077)."""
+        parent = self.path.parent
+        try:
+            os.stat(parent)
+            ok = not parent.is_dir() or (
+                os.access(parent, os.W_OK | os.X_OK)
+                and (not self.path.exists() or os.access(self.path, os.R_OK | os.W_OK))
+            )
+        except (FileNotFoundError, NotADirectoryError):
+            return  # a missing directory: _connect says so
+        except PermissionError:
+            ok = False
+        if not ok:
+            raise NoAccess(
+                f"cannot open the queue {self.path}: it is the agent's, and this user may not read or write it",
+                hint="run the same eran-grid command as root (sudo eran-grid ...); "
+                "`eran-grid status` works as any user",
+            )
 
     def _error(self, exc: sqlite3.Error, before: str = "", after: str = "") -> Exception:
         """A corrupt file is the operator's to fix (exit 2, never a restart loop); anything

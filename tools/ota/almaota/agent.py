@@ -43,7 +43,7 @@ from typing import Any
 
 from almaboard import fields as F
 from almaboard.errors import BoardError, UserError, run_main
-from almaboard.files import boot_id, iso, read_json, write_json
+from almaboard.files import boot_id, iso, read_json, write_atomic, write_json
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
@@ -174,10 +174,13 @@ class Board:
             raise Busy(f"board busy: update run {held.get('run')} since {held.get('since')}")
         return held
 
-    def release(self, run: str) -> None:
+    def release(self, run: str) -> bool:
+        """Drop ``run``'s lock; False when ``run`` held nothing (no lock, or another run's)."""
         held = self.lock()
         if held is not None and held.get("run") == run:
             self.lock_path.unlink()
+            return True
+        return False
 
     def pending(self) -> dict[str, Any] | None:
         got = read_json(self.state / "pending.json")
@@ -214,7 +217,9 @@ def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
     rec = {"run": run, "since": iso(), "host": a.host}
     try:
-        fd = os.open(b.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # Complete or absent, never empty: written and synced aside, then linked into place
+        # (which fails like O_EXCL when a lock exists). A full disk leaves no lock at all.
+        write_atomic(b.lock_path, (json.dumps(rec) + "\n").encode(), mode=0o600, exclusive=True)
     except FileExistsError:
         held = b.lock()
         if held is not None and held.get("run") == run:
@@ -225,10 +230,8 @@ def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         raise Busy(
             f"board busy: update run {held.get('run')} from {held.get('host')} since {held.get('since')}"
         ) from None
-    with os.fdopen(fd, "w") as fh:
-        json.dump(rec, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    except OSError as exc:
+        raise StepFailed(f"cannot write {b.lock_path}: {os.strerror(exc.errno or errno.EIO)}") from None
     return {"lock": rec, "resumed": False}
 
 
@@ -483,8 +486,12 @@ def cmd_release(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     if pend is not None and pend.get("run") == run and not pend.get("rolling_back"):
         raise UserError("an installed update is pending: commit or roll back first")
     (b.state / "pending.json").unlink(missing_ok=True)
-    b.release(run)
-    return {"released": True}
+    if b.release(run):
+        return {"released": True}
+    # Idempotent (exit 0: a host cleaning up twice is not an error), but never a false "released".
+    held = b.lock()
+    other = f"; the board is held by run {held.get('run')}" if held is not None else ""
+    return {"released": False, "detail": f"run {run} held nothing{other}"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -518,18 +525,21 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def body() -> int:
+        board: Board | None = None
         try:
             board = Board(args.root)
             try:
                 out = handlers[args.cmd](board, args)
             finally:
-                if board._tmp is not None:
+                if board is not None and board._tmp is not None:
                     shutil.rmtree(board._tmp, ignore_errors=True)
         except BoardError as exc:
             print(json.dumps({"error": str(exc), "code": exc.exit_code}))
             raise
         except OSError as exc:
-            err = StepFailed(f"{exc.filename or ''}: {os.strerror(exc.errno or errno.EIO)}")
+            # Always a path: "error: : No space left on device" told the operator nothing.
+            where = exc.filename or (board.state if board is not None else args.root)
+            err = StepFailed(f"{where}: {os.strerror(exc.errno or errno.EIO)}")
             print(json.dumps({"error": str(err), "code": err.exit_code}))
             raise err from None
         print(json.dumps(out, sort_keys=True))

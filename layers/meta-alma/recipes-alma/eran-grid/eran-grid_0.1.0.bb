@@ -36,11 +36,13 @@ do_install:append() {
     install -m 0755 ${S}/examples/hashchain.py ${D}${datadir}/eran-grid/examples/hashchain.py
     install -d ${D}${sysconfdir}/eran-grid
     install -m 0644 ${S}/conf/eran-grid.toml ${D}${sysconfdir}/eran-grid/eran-grid.toml
+    # The queue's secret: root's alone, handed to the unit by LoadCredential= (empty = none).
+    install -m 0600 /dev/null ${D}${sysconfdir}/eran-grid/queue-credentials
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${S}/systemd/eran-grid.service ${D}${systemd_system_unitdir}/eran-grid.service
 }
 
-CONFFILES:${PN} = "${sysconfdir}/eran-grid/eran-grid.toml"
+CONFFILES:${PN} = "${sysconfdir}/eran-grid/eran-grid.toml ${sysconfdir}/eran-grid/queue-credentials"
 # Exactly the stdlib parts the agent imports (oe-core's python3 manifest). The NATS backend
 # needs nats-py, which the image does not ship: the SQLite queue is the default.
 RDEPENDS:${PN} = "python3-almaboard python3-core python3-crypt python3-ctypes python3-datetime python3-io python3-json \
