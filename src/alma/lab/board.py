@@ -156,14 +156,15 @@ class Board:
         return probe.ok
 
     def wait_ready(self, timeout: float = BOOT_TIMEOUT_S, after_boot: int = 0) -> float:
-        """Seconds until ready (from now); the boot counter must be past ``after_boot``."""
+        """Wait until the boot after ``after_boot`` is ready; returns its boot-to-ready seconds
+        (from the power-on the supervisor recorded, CLOCK_MONOTONIC is system-wide)."""
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.supervisor() is None:
-                raise UserError(
-                    f"board {self.name} stopped while booting", hint=f"read {self.dir / 'console.log'}"
-                )
+                raise UserError(f"board {self.name} stopped while booting", hint=f"read {self.dir / 'console.log'}")
             if self.boots() > after_boot and self.ready():
+                with contextlib.suppress(OSError, ValueError):
+                    return time.monotonic() - float((self.dir / "powered-on").read_text())
                 return time.monotonic() - start
             time.sleep(0.2)
         raise UserError(
@@ -226,7 +227,7 @@ def _ensure_keys(lab: Path) -> None:
 
 
 def _host_enabled_units() -> set[str]:
-    units = set()
+    units: set[str] = set()
     for wants in Path("/etc/systemd/system").glob("*.wants"):
         units.update(p.name for p in wants.iterdir())
     return units - KEEP_HOST_UNITS
@@ -390,11 +391,15 @@ def start_supervisor(board: Board) -> None:
     deadline = time.monotonic() + 30
     while board.supervisor() is None:
         if time.monotonic() > deadline:
-            raise UserError(f"board {board.name}: its supervisor did not start", hint=f"read {board.dir}/supervisor.log")
+            raise UserError(
+                f"board {board.name}: its supervisor did not start", hint=f"read {board.dir}/supervisor.log"
+            )
         time.sleep(0.05)
 
 
-def up(lab: Path, count: int, prefix: str, progress: Callable[[str], None] = lambda _: None) -> list[tuple[Board, float]]:
+def up(
+    lab: Path, count: int, prefix: str, progress: Callable[[str], None] = lambda _: None
+) -> list[tuple[Board, float]]:
     made = [create(lab, f"{prefix}{i}") for i in range(1, count + 1)]
     progress(f"booting {', '.join(b.name for b in made)}")
     out = []
@@ -422,7 +427,10 @@ def fleet_toml(lab: Path) -> str:
     text = (
         "# Written by `alma lab up`: the lab's virtual boards (docs/lab.md).\n[ssh]\n"
         f'config = "{lab / "ssh_config"}"\nknown_hosts = "{lab / "known_hosts"}"\n'
-        'strict_host_key_checking = "yes"\nconnect_timeout = 10\n\n[health]\ntimeout = 60\n'
+        'strict_host_key_checking = "yes"\nconnect_timeout = 10\n\n'
+        # As root through the image's admin sudo: the kernel log (GPU faults) and health's
+        # own state need it (this host's kernel has dmesg_restrict=1).
+        '[health]\ntimeout = 60\ncommand = "sudo -n alma-health --json"\n'
     )
     for b in boards(lab):
         if not (b.dir / "board.json").exists():

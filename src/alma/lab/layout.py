@@ -127,9 +127,7 @@ def install(layout: Layout, upper: Path, src_root: Path | None = None) -> None:
         for name, entry in py.scripts(src_root).items():
             module, func = entry.split(":")
             target = _put(upper, f"/usr/bin/{name}")
-            target.write_text(
-                f"#!{PYTHON}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
-            )
+            target.write_text(f"#!{PYTHON}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n")
             os.chmod(target, 0o755)
     # Site-packages and scripts: root-owned, world-readable, as a package manager leaves them.
     for dirpath, dirs, files in os.walk(site):

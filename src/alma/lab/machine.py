@@ -60,16 +60,18 @@ def find_zone(top: Path, zone: str) -> Path:
         kind = (z / "type").read_text().strip() if (z / "type").exists() else ""
         if z.name == zone or kind in want:
             return z
-    known = ", ".join(sorted((z / "type").read_text().strip() for z in top.glob("thermal_zone*/") if (z / "type").exists()))
+    known = ", ".join(
+        sorted((z / "type").read_text().strip() for z in top.glob("thermal_zone*/") if (z / "type").exists())
+    )
     raise UserError(f"no thermal zone {zone!r} on this board", hint=f"zones: {known}")
 
 
 def set_temp(top: Path, zone: str, celsius: float) -> Path:
+    """Written in place, as sysfs changes: readers keep the file open and pread it again."""
     z = find_zone(top, zone)
-    tmp = z / ".temp.new"
-    tmp.write_text(f"{round(celsius * 1000)}\n")
-    os.chmod(tmp, 0o644)
-    tmp.replace(z / "temp")
+    with open(z / "temp", "r+") as fh:
+        fh.write(f"{round(celsius * 1000)}\n")
+        fh.truncate()
     return z
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from alma.lab import machine
@@ -30,6 +31,7 @@ def nspawn_argv(board: Path) -> list[str]:
         f"--bind={board / 'machine/slot'}:/var/lib/alma-lab",
         # The kernel log, read-only: alma-health's GPU-fault check reads it as on a board
         "--bind-ro=/dev/kmsg",
+        "--capability=CAP_SYSLOG",  # nspawn drops it; alma-health.service holds it on a board
     ]  # fmt: skip
 
 
@@ -40,6 +42,7 @@ def main(argv: list[str]) -> int:
     try:
         while not (board / "stop").exists():
             machine.power_on(board / "machine/slot")
+            (board / "powered-on").write_text(f"{time.monotonic()}\n")  # boot-to-ready counts from here
             with open(board / "console.log", "ab") as console:
                 proc = subprocess.Popen(
                     nspawn_argv(board), stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env
