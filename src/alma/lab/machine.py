@@ -21,7 +21,7 @@ from typing import Any
 from alma.errors import UserError
 
 # Orin (R36): every zone has a 70 C passive trip (hot-surface alert), 99 C passive (throttle)
-# and 104.5 C critical (kernel shutdown); FIELD-NOTES §2.
+# and 104.5 C critical (kernel shutdown).
 ZONES = (
     "cpu-thermal",
     "gpu-thermal",
