@@ -54,6 +54,12 @@ class Unit:
 
 
 @dataclass(frozen=True)
+class Mask:
+    recipe: str
+    unit: str
+
+
+@dataclass(frozen=True)
 class Python:
     recipe: str
     tree: str
@@ -76,6 +82,7 @@ class Layout:
     links: tuple[Link, ...]
     units: tuple[Unit, ...]
     python: tuple[Python, ...]
+    masks: tuple[Mask, ...] = ()
 
 
 def root() -> Path:
@@ -95,6 +102,7 @@ def load(path: Path | None = None) -> Layout:
             links=tuple(Link(k["recipe"], k["dest"], k["target"]) for k in data.get("link", [])),
             units=tuple(Unit(u["recipe"], u["name"], bool(u["enabled"])) for u in data.get("unit", [])),
             python=tuple(Python(p["recipe"], p["tree"]) for p in data.get("python", [])),
+            masks=tuple(Mask(m["recipe"], u) for m in data.get("mask", []) for u in m["units"]),
         )
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: not a board layout ({exc})", hint="restore it from git") from None
@@ -118,6 +126,10 @@ def install(layout: Layout, upper: Path, src_root: Path | None = None) -> None:
         target = _put(upper, k.dest)
         target.unlink(missing_ok=True)
         target.symlink_to(k.target)
+    for m in layout.masks:
+        target = _put(upper, f"/etc/systemd/system/{m.unit}")
+        target.unlink(missing_ok=True)
+        target.symlink_to("/dev/null")
     site = upper / SITE_PACKAGES.lstrip("/")
     for py in layout.python:
         for pkg in py.packages(src_root):
