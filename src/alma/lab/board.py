@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -359,6 +360,11 @@ def create(lab: Path, name: str) -> Board:
         runner.capture(["mount", "-t", "tmpfs", "-o", "mode=0755,size=2g", "tmpfs", str(board.disk)])
         board.upper.mkdir()
         (board.disk / "work").mkdir()
+        for path in board_layout.board_state_paths(board_layout.load()):
+            # a whiteout (0/0 char device) in the upper layer: the host's copy does not show
+            hide = board.upper / path.lstrip("/")
+            hide.parent.mkdir(parents=True, exist_ok=True)
+            os.mknod(hide, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
         runner.capture(
             [
                 "mount", "-t", "overlay", "overlay", "-o",

@@ -108,6 +108,22 @@ def load(path: Path | None = None) -> Layout:
         raise ConfigError(f"{path}: not a board layout ({exc})", hint="restore it from git") from None
 
 
+def board_state_paths(layout: Layout, src_root: Path | None = None) -> list[str]:
+    """Paths that are the board's alone: its configuration directories and every unit's
+    StateDirectory= (and DynamicUser's /var/lib/private). The host's copies (its own runs of
+    these programs) must not show through the board's lower layer."""
+    src_root = src_root or root()
+    paths = {"/data", "/var/lib/private"}
+    for f in layout.files:
+        if f.dest.startswith("/etc/") and f.dest.count("/") == 3:
+            paths.add(f.dest.rsplit("/", 1)[0])  # /etc/alma, /etc/eran-grid
+        if f.dest.startswith("/usr/lib/systemd/system/"):
+            for line in (src_root / f.src).read_text().splitlines():
+                if line.startswith("StateDirectory="):
+                    paths.update(f"/var/lib/{d}" for d in line.split("=", 1)[1].split())
+    return sorted(paths)
+
+
 def _put(upper: Path, dest: str) -> Path:
     target = upper / dest.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
