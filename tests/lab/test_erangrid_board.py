@@ -1,0 +1,105 @@
+"""ERAN-GRID under its shipped unit (DynamicUser, ambient capabilities, syscall filter,
+Delegate=) on a virtual board, with hostile jobs: what only the real unit shows."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from support_lab import sh, virtual_lab, wait_for
+
+from alma.lab import board as lab
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """enabled = true
+job_user = "eran-job"
+# The board's /proc/stat is the host's (one kernel): its load is not an owner at the desk.
+cpu_busy = 1.0
+idle_after = 1.0
+[queue]
+backend = "sqlite"
+path = "/var/lib/eran-grid/queue.db"
+"""
+
+# Forks a setsid daemon, then kills every process it may signal (kill(-1)) and ends: the
+# daemon and the job are the job's; nothing else on the board may die of it.
+HOSTILE = r"""
+import os, signal, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(os.environ["HOME"] + "/daemon.pid", "w").write(str(os.getpid()))
+        time.sleep(100000)
+    os._exit(0)
+time.sleep(0.5)
+try:
+    os.kill(-1, signal.SIGKILL)
+except OSError:
+    pass
+print("job ran as", os.getuid())
+"""
+
+
+@pytest.fixture(scope="module")
+def grid_board() -> Iterator[lab.Board]:
+    with virtual_lab(1) as (_, boards):
+        b = boards[0]
+        sh(b, "sh", "-c", f"cat > /etc/eran-grid/eran-grid.toml <<'EOF'\n{CONFIG}EOF")
+        sh(b, "systemctl", "start", "eran-grid.service")
+        # the agent makes its queue (owned by its dynamic user) before anyone opens it as root
+        wait_for("the agent idle", lambda: "idle" in sh(b, "cat", "/run/eran-grid/status.json", check=False))
+        yield b
+
+
+def _submit(b: lab.Board, *command: str) -> str:
+    name = f"/tmp/in-{uuid.uuid4().hex[:8]}"
+    sh(b, "sh", "-c", f"echo input > {name}")
+    return sh(b, "eran-grid", "submit", "--no-checkpoint", "--input", name, "--", *command).split()[-1]
+
+
+def _result(b: lab.Board, job: str) -> dict[str, object]:
+    out = sh(b, "eran-grid", "results", "--json", job, check=False)
+    return json.loads(out) if out.startswith("{") else {}
+
+
+def _agent(b: lab.Board) -> tuple[str, str]:
+    return (
+        sh(b, "systemctl", "show", "-P", "MainPID", "eran-grid.service"),
+        sh(b, "systemctl", "show", "-P", "NRestarts", "eran-grid.service"),
+    )
+
+
+def test_the_shipped_unit_starts_a_job_and_records_its_result(grid_board: lab.Board) -> None:
+    """The unit's syscall filter lets the agent do what it does (chown of the job's HOME to
+    the shared group, setresuid to the job user): a job runs once and its result is kept."""
+    before = _agent(grid_board)
+    job = _submit(grid_board, "/bin/sh", "-c", "echo hello from $(id -un)")
+    res = wait_for("the job's result", lambda: (r := _result(grid_board, job)).get("state") in ("done", "dead") and r)
+    assert res["state"] == "done", res  # type: ignore[index]
+    assert res["result"] == "hello from eran-job\n"  # type: ignore[index]
+    assert _agent(grid_board) == before  # no crash, no restart
+
+
+def test_a_job_that_kills_everything_it_may_leaves_the_board_alive(grid_board: lab.Board) -> None:
+    """The job's end (and its clean-up) never holds a capability: kill(-1) from the job and the
+    clean-up of its uid reach only the job's own processes; journald, the agent, the guard,
+    sshd and logind live on, the daemon the job left is gone and the result is recorded once."""
+    keep = {
+        unit: sh(grid_board, "systemctl", "show", "-P", "MainPID", unit)
+        for unit in ("systemd-journald.service", "eran-grid.service", "alma-guard.service", "ssh.service")
+    }
+    restarts = _agent(grid_board)[1]
+    sh(grid_board, "sh", "-c", f"cat > /usr/local/bin/hostile-job <<'EOF'\n#!/usr/bin/python3\n{HOSTILE}EOF")
+    sh(grid_board, "chmod", "0755", "/usr/local/bin/hostile-job")
+    job = _submit(grid_board, "/usr/local/bin/hostile-job")
+    res = wait_for("the job's result", lambda: (r := _result(grid_board, job)).get("state") in ("done", "dead") and r)
+    assert res["state"] == "done", res  # type: ignore[index]
+    assert str(res["result"]).startswith("job ran as ")  # type: ignore[index]
+    for unit, pid in keep.items():
+        assert sh(grid_board, "systemctl", "show", "-P", "MainPID", unit) == pid, f"{unit} was killed"
+    assert _agent(grid_board)[1] == restarts
+    # nothing of the job's uid is left (its daemon included)
+    assert sh(grid_board, "pgrep", "-u", "eran-job", check=False) == ""
