@@ -4,6 +4,7 @@ Delegate=) on a virtual board, with hostile jobs: what only the real unit shows.
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -103,3 +104,43 @@ def test_a_job_that_kills_everything_it_may_leaves_the_board_alive(grid_board: l
     assert _agent(grid_board)[1] == restarts
     # nothing of the job's uid is left (its daemon included)
     assert sh(grid_board, "pgrep", "-u", "eran-job", check=False) == ""
+
+
+def _status(b: lab.Board) -> dict[str, object]:
+    out = sh(b, "cat", "/run/eran-grid/status.json", check=False)
+    return json.loads(out) if out.startswith("{") else {}
+
+
+def test_the_owner_logging_in_stops_the_job_at_once_and_it_finishes_later(grid_board: lab.Board) -> None:
+    """A login over ssh (a new logind session) is the owner: the running job is stopped
+    (its cgroup frozen) and resumed once the board is idle again; its result is kept."""
+    job = _submit(grid_board, "/bin/sh", "-c", "for i in $(seq 40); do sleep 0.25; done; echo finished")
+    wait_for("the job running", lambda: _status(grid_board).get("job") == job and _status(grid_board).get("working"))
+    cgroups = sh(
+        grid_board, "sh", "-c", "ls -d /sys/fs/cgroup/alma.slice/alma-work.slice/eran-grid.service/eran-grid-job-*"
+    )
+    assert cgroups  # the job has its own cgroup in the delegated subtree
+    owner = grid_board.ssh_argv(["-o", "BatchMode=yes", "sleep", "3"])
+    proc = subprocess.Popen(owner, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(
+            "the job frozen while the owner is here",
+            lambda: "frozen 1" in sh(grid_board, "sh", "-c", f"cat {cgroups.split()[0]}/cgroup.events", check=False),
+        )
+    finally:
+        proc.wait(timeout=120)
+    res = wait_for("the job's result", lambda: (r := _result(grid_board, job)).get("state") in ("done", "dead") and r)
+    assert res["state"] == "done" and res["result"] == "finished\n", res  # type: ignore[index]
+
+
+def test_kill_9_of_the_agent_mid_job_loses_no_job(grid_board: lab.Board) -> None:
+    job = _submit(grid_board, "/bin/sh", "-c", "sleep 3; echo survived")
+    wait_for("the job running", lambda: _status(grid_board).get("job") == job and _status(grid_board).get("working"))
+    pid, restarts = _agent(grid_board)
+    sh(grid_board, "kill", "-9", pid)
+    wait_for(
+        "the agent restarted by systemd",
+        lambda: _agent(grid_board)[1] != restarts and _agent(grid_board)[0] not in ("0", pid),
+    )
+    res = wait_for("the job's result", lambda: (r := _result(grid_board, job)).get("state") in ("done", "dead") and r)
+    assert res["state"] == "done" and res["result"] == "survived\n", res  # type: ignore[index]
