@@ -172,3 +172,19 @@ def test_a_reboot_and_a_power_cut_boot_again_with_the_disk_kept(lab_board: lab.B
             ),
         )
         assert guard
+
+
+def test_a_reboot_after_a_slot_switch_boots_the_other_slot(lab_board: lab.Board) -> None:
+    """The board's nvbootctrl keeps its state outside the board: a switch survives the reboot
+    and the bootloader (the supervisor) boots the slot it names, uncommitted (one retry used)."""
+    assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "0"
+    sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "1")
+    try:
+        lab_board.reboot()
+        assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "1"
+        info = sh(lab_board, "nvbootctrl", "-t", "rootfs", "dump-slots-info")
+        assert "Current rootfs slot: B" in info and "slot: 1,             retry_count: 2," in info, info
+    finally:
+        sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "0", check=False)
+        lab_board.reboot()
+    assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "0"
