@@ -16,6 +16,14 @@ from alma.cli.output import secho
 if TYPE_CHECKING:
     from alma.lab.board import Board
 
+EPILOG = (
+    "Exit codes: 0 done; 2 not root, a tool missing, an unknown board or zone, a board that did not "
+    "boot (each with its fix); 70 internal error; 130 interrupted."
+)
+SSH_EPILOG = (
+    "Exit codes: 0 done; 1 ssh or the remote command ended with a non-zero code; 2 not root, a tool "
+    "missing, an unknown board; 70 internal error; 130 interrupted."
+)
 _DIR_HELP = "The lab's directory (default: $ALMA_LAB_DIR or /run/alma-lab)."
 
 
@@ -39,10 +47,7 @@ def _board(lab: Path, name: str) -> Board:
     return Board(lab, name)
 
 
-@click.group(
-    epilog="Exit codes: 0 done; 2 not root, a tool missing, an unknown board or zone, a board that did "
-    "not boot (each with its fix); 70 internal error; 130 interrupted."
-)
+@click.group(epilog=EPILOG)
 def lab() -> None:
     """Virtual boards: ALMA-OS's userland as the image installs it, under real systemd.
 
@@ -52,7 +57,7 @@ def lab() -> None:
     """
 
 
-@lab.command()
+@lab.command(epilog=EPILOG)
 @click.option("--boards", "count", type=click.IntRange(1, 16), default=1, show_default=True, help="How many.")
 @click.option(
     "--fleet",
@@ -85,7 +90,7 @@ def up(count: int, fleet_path: Path | None, prefix: str, lab_dir: Path | None, a
         click.echo(f"fleet file: {fleet_path} (alma fleet health --fleet {fleet_path})")
 
 
-@lab.command()
+@lab.command(epilog=EPILOG)
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def status(lab_dir: Path | None, as_json: bool) -> None:
@@ -120,7 +125,7 @@ def status(lab_dir: Path | None, as_json: bool) -> None:
         click.echo(f"no boards in {lab_path}")
 
 
-@lab.command(context_settings={"ignore_unknown_options": True})
+@lab.command(context_settings={"ignore_unknown_options": True}, epilog=SSH_EPILOG)
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_dir_option
@@ -137,7 +142,7 @@ def ssh(name: str, command: tuple[str, ...], lab_dir: Path | None) -> None:
         raise AlmaError(f"ssh to {name} ended with exit code {rc}")
 
 
-@lab.command()
+@lab.command(epilog=EPILOG)
 @click.argument("name")
 @click.option(
     "--power-cut", is_flag=True, help="Cut the power (every process killed at once) instead of a clean reboot."
@@ -154,7 +159,7 @@ def reboot(name: str, power_cut: bool, lab_dir: Path | None) -> None:
     click.echo(f"{name}: ready in {secs:.1f} s")
 
 
-@lab.command()
+@lab.command(epilog=EPILOG)
 @click.argument("name")
 @click.argument("zone")
 @click.argument("celsius", type=click.FloatRange(-40, 150))
@@ -169,7 +174,7 @@ def heat(name: str, zone: str, celsius: float, lab_dir: Path | None) -> None:
     click.echo(f"{name}: {z.name} ({(z / 'type').read_text().strip()}) at {celsius:g} C")
 
 
-@lab.command()
+@lab.command(epilog=EPILOG)
 @_dir_option
 def down(lab_dir: Path | None) -> None:
     """Power every board off and remove the lab: no mount, process or file is left."""
