@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from support_lab import sh, virtual_lab, wait_for
 
 from alma.lab import board as lab
+
+REPO = Path(__file__).resolve().parents[2]
+QUIET: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +26,7 @@ job_user = "eran-job"
 # The board's /proc/stat is the host's (one kernel): its load is not an owner at the desk.
 cpu_busy = 1.0
 idle_after = 1.0
+vacate_after = 2.0
 [queue]
 backend = "sqlite"
 path = "/var/lib/eran-grid/queue.db"
@@ -55,10 +62,11 @@ def grid_board() -> Iterator[lab.Board]:
         yield b
 
 
-def _submit(b: lab.Board, *command: str) -> str:
+def _submit(b: lab.Board, *command: str, checkpoint: bool = False) -> str:
     name = f"/tmp/in-{uuid.uuid4().hex[:8]}"
     sh(b, "sh", "-c", f"echo input > {name}")
-    return sh(b, "eran-grid", "submit", "--no-checkpoint", "--input", name, "--", *command).split()[-1]
+    opts = [] if checkpoint else ["--no-checkpoint"]
+    return sh(b, "eran-grid", "submit", *opts, "--input", name, "--", *command).split()[-1]
 
 
 def _result(b: lab.Board, job: str) -> dict[str, object]:
@@ -144,3 +152,37 @@ def test_kill_9_of_the_agent_mid_job_loses_no_job(grid_board: lab.Board) -> None
     )
     res = wait_for("the job's result", lambda: (r := _result(grid_board, job)).get("state") in ("done", "dead") and r)
     assert res["state"] == "done" and res["result"] == "survived\n", res  # type: ignore[index]
+
+
+def test_an_owner_who_stays_gets_the_job_checkpointed_requeued_and_resumed(grid_board: lab.Board) -> None:
+    """Paused longer than vacate_after, the job is asked to checkpoint (SIGTERM), requeued with
+    its checkpoint, resumed from it, and its answer is the uninterrupted run's."""
+    steps = "10000000"
+    chain = ("/usr/bin/python3", "/usr/share/eran-grid/examples/hashchain.py", "--steps", steps, "--every", "0.2")
+    job = _submit(grid_board, *chain, checkpoint=True)
+    wait_for("the job running", lambda: _status(grid_board).get("job") == job and _status(grid_board).get("working"))
+    yields = _status(grid_board)["stats"]["yields"]  # type: ignore[index]
+
+    logins: list[subprocess.Popen[bytes]] = []
+
+    def owner_stays_until_vacated() -> object:
+        # a login's start is the owner's activity: one every few tenths of a second, each
+        # session alive long enough for the agent's poll to see it
+        logins.append(subprocess.Popen(grid_board.ssh_argv(["-o", "BatchMode=yes", "sleep", "1"]), **QUIET))
+        time.sleep(0.3)
+        return _status(grid_board)["stats"]["yields"] > yields  # type: ignore[index]
+
+    try:
+        wait_for("the job vacated while the owner keeps logging in", owner_stays_until_vacated)
+    finally:
+        for p in logins:
+            p.wait(timeout=120)
+    res = wait_for("the job's result", lambda: (r := _result(grid_board, job)).get("state") in ("done", "dead") and r)
+    assert res["state"] == "done", res  # type: ignore[index]
+    got = json.loads(str(res["result"]))  # type: ignore[index]
+    assert got["resumed_from"] > 0 and got["checkpoints"] >= 1, got
+    straight = subprocess.run(
+        ["python3", str(REPO / "tools/idlegrid/examples/hashchain.py"), "--steps", steps],
+        input=b"input\n", capture_output=True, check=True,
+    )  # fmt: skip
+    assert got["digest"] == json.loads(straight.stdout)["digest"]
