@@ -58,6 +58,7 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
     fleet = tmp_path / "lab.toml"
     prefix = f"t{uuid.uuid4().hex[:8]}-"
     before = _host_snapshot(lab_dir)
+    names: list[str] = []
     try:
         code, out, err = run_cli(
             capsys, "lab", "up", "--boards", "2", "--prefix", prefix, "--fleet", fleet, "--dir", lab_dir, "--json"
@@ -88,7 +89,14 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
         code, out, err = run_cli(capsys, "lab", "down", "--dir", lab_dir)
     assert code == 0, err
     after = _host_snapshot(lab_dir)
-    assert after == before
+    assert after["mounts"] == [] and after["procs"] == []
+    # other tests may run beside this one (xdist): only what the lab could have made counts
+    new_links = set(after["links"]) - set(before["links"])  # type: ignore[call-overload]
+    assert not [link for link in new_links if any(n[:8] in link for n in names) or link.startswith("ve-")]
+    assert after["netns"] == before["netns"] or not any(n in str(after["netns"]) for n in names)
+    for db in ("passwd", "group"):
+        added = set(str(after[db]).splitlines()) - set(str(before[db]).splitlines())
+        assert not [line for line in added if line.split(":")[0] in ("alma", "eran-job", "wheel")], added
     assert not lab_dir.exists()
     assert not any(Path("/run/systemd/nspawn/propagate", n).exists() for n in names)
 
