@@ -4,7 +4,8 @@ a failure under CI=true.
 
 ``virtual_lab(count)`` starts ``count`` boards with names and ports unique to the test worker
 (xdist) and takes them down (no mount, process or file left) when the block ends;
-``lab_board`` is one booted board shared by a test module.
+``virtual_fleet(count)`` adds the fleet file; ``lab_board`` is one booted board shared by
+a test module. ``sh(board, ...)`` runs a command inside a board as root.
 """
 
 from __future__ import annotations
@@ -45,6 +46,20 @@ def virtual_lab(count: int = 1) -> Iterator[tuple[Path, list[lab.Board]]]:
         yield lab_dir, [b for b, _ in made]
     finally:
         lab.down(lab_dir)
+        assert not lab_dir.exists(), f"alma lab down left {sorted(p.name for p in lab_dir.iterdir())}"
+
+
+@contextlib.contextmanager
+def virtual_fleet(count: int = 2) -> Iterator[tuple[Path, list[lab.Board]]]:
+    """``count`` boards and a fleet file reaching them (what `alma lab up --fleet` writes),
+    for `alma fleet ...` / `alma update --fleet FILE` against real systemd over real ssh."""
+    with virtual_lab(count) as (lab_dir, boards):
+        fleet = lab_dir / "fleet.toml"
+        fleet.write_text(lab.fleet_toml(lab_dir))
+        try:
+            yield fleet, boards
+        finally:
+            fleet.unlink(missing_ok=True)  # the lab directory goes with the boards
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float = WAIT_S) -> object:
