@@ -64,6 +64,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "setup": ("alma.cli.setup", "setup", "Prepare this host (udev rules for plugdev flashing)."),
     "fleet": ("alma.cli.fleet", "fleet", "Fleet-wide health and read-only inspection over SSH."),
     "panel": ("alma.cli.panel", "panel", "Render (and serve) the honest public status panel."),
+    "lab": ("alma.cli.lab", "lab", "Virtual boards: the image's userland under real systemd (needs root)."),
     "update": ("alma.cli.update", "update", "Signed A/B updates of boards over ssh, committed only when healthy."),
 }
 

@@ -157,6 +157,35 @@ def _become(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _drop_capabilities() -> bool:
+    """Empty this process's permitted, effective and inheritable sets (capset) and the ambient
+    set; True when /proc says none is left. A switch between two non-root uids keeps every
+    capability (capabilities(7)): an agent running as a non-root user with CAP_KILL would
+    otherwise clean up as the job's uid with CAP_KILL, and kill(-1) would reach every process."""
+    import ctypes
+
+    libc = _libc()
+    with contextlib.suppress(OSError, AttributeError):
+        libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two __user_cap_data_struct, all zero
+    with contextlib.suppress(OSError, AttributeError):
+        libc.capset(header, data)
+    return _no_capabilities()
+
+
+def _no_capabilities() -> bool:
+    try:
+        with open("/proc/self/status") as fh:
+            sets = {k: v.strip() for k, _, v in (line.partition(":") for line in fh)}
+        return all(int(sets[k], 16) == 0 for k in ("CapPrm", "CapEff", "CapAmb"))
+    except (OSError, KeyError, ValueError):
+        return False
+
+
 def _uid_alive(uid: int) -> bool:
     """A process of ``uid`` that is not a zombie is still there (as seen by that uid)."""
     for name in os.listdir("/proc"):
@@ -197,9 +226,11 @@ def _remove_tree(top: str) -> None:
 def _as_job(uid: int, gid: int, home: str | None, timeout: float = 5.0) -> None:
     """In a child that becomes the job's uid (the owner of what the job made and ran):
 
-    1. kill every process of that uid (kill(-1) reaches exactly the processes the caller may
-       signal: its own uid's). The cgroup holds a setsid/double-fork daemon where one is
-       writable; without one this is what does: the uid is the job's alone (one job at a time);
+    1. drop every capability, then kill every process of that uid (kill(-1) reaches exactly
+       the processes the caller may signal: with no capability, its own uid's). The cgroup
+       holds a setsid/double-fork daemon where one is writable; without one this is what does:
+       the uid is the job's alone (one job at a time). If a capability cannot be dropped,
+       kill(-1) is never called (it would reach every process): the cgroup is the clean-up;
     2. remove what the uid left in the shared temp directories (SHARED_TMP), so nothing
        carries over to the next job of the same uid and nothing accumulates there;
     3. make HOME removable by the agent: every directory rwx and every file rw for the group
@@ -211,6 +242,9 @@ def _as_job(uid: int, gid: int, home: str | None, timeout: float = 5.0) -> None:
         try:
             _become(uid, gid)
             deadline = time.monotonic() + timeout
+            if not _drop_capabilities():
+                print("eran-grid wrapper: capabilities kept: no kill(-1) clean-up", file=sys.stderr)
+                deadline = 0.0
             while time.monotonic() < deadline:
                 try:
                     os.kill(-1, signal.SIGKILL)

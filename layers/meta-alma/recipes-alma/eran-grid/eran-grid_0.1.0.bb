@@ -37,7 +37,7 @@ do_install:append() {
     install -d ${D}${sysconfdir}/eran-grid
     install -m 0644 ${S}/conf/eran-grid.toml ${D}${sysconfdir}/eran-grid/eran-grid.toml
     # The queue's secret: root's alone, handed to the unit by LoadCredential= (empty = none).
-    install -m 0600 /dev/null ${D}${sysconfdir}/eran-grid/queue-credentials
+    install -m 0600 ${S}/conf/queue-credentials ${D}${sysconfdir}/eran-grid/queue-credentials
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${S}/systemd/eran-grid.service ${D}${systemd_system_unitdir}/eran-grid.service
 }

@@ -1,0 +1,445 @@
+"""A lab of virtual boards: the on-board userland (tools/board-layout.toml) over this host's
+own tree, booted with ``systemd-nspawn -b`` under real systemd (docs/lab.md).
+
+One lab is one directory (``--dir``, default /run/alma-lab)::
+
+    id_ed25519, known_hosts, ssh_config   the admin key and the boards' pinned host keys
+    <board>/disk/{upper,work}             a tmpfs: the board's own disk (the overlay's upper layer)
+    <board>/root                          overlayfs: lower = /, upper = disk/upper
+    <board>/machine/thermal, slot/        the fake machine (alma.lab.machine), outside the board
+    <board>/board.json                    name, ssh port, supervisor pid
+    <board>/console.log                   the container's console (every boot)
+
+Each board has a supervisor (alma.lab.supervise) that boots the container again after a
+reboot or a power cut; the network is the host's (no namespace or link is created): each
+board's sshd listens on 127.0.0.1 at its own port, keys only, as the image's drop-in says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from alma import runner
+from alma.errors import ToolError, UserError
+from alma.lab import layout as board_layout
+from alma.lab import machine
+
+DEFAULT_DIR = Path("/run/alma-lab")
+ADMIN = "alma"
+BOOT_TIMEOUT_S = 240.0
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+# The container's PATH (nsenter keeps the caller's environment otherwise).
+BOARD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# The host's own services (its tree is the board's lower layer) are not the board's: every
+# unit the host enabled is masked except sshd.
+KEEP_HOST_UNITS = {"ssh.service"}
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise UserError(
+            "alma lab needs root (it mounts the boards' disks and boots them with systemd-nspawn)",
+            hint="run it as root: sudo alma lab ...",
+        )
+    for tool in ("systemd-nspawn", "nsenter", "useradd", "ssh-keygen", "ssh"):
+        if shutil.which(tool) is None:
+            raise UserError(
+                f"{tool} is not installed",
+                hint="apt-get install systemd-container openssh-server openssh-client passwd util-linux",
+            )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Board:
+    lab: Path
+    name: str
+
+    @property
+    def dir(self) -> Path:
+        return self.lab / self.name
+
+    @property
+    def disk(self) -> Path:
+        return self.dir / "disk"
+
+    @property
+    def upper(self) -> Path:
+        return self.disk / "upper"
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def thermal(self) -> Path:
+        return self.dir / "machine" / "thermal"
+
+    @property
+    def slot_dir(self) -> Path:
+        return self.dir / "machine" / "slot"
+
+    def info(self) -> dict[str, object]:
+        try:
+            data: dict[str, object] = json.loads((self.dir / "board.json").read_text())
+        except (OSError, ValueError):
+            raise UserError(f"no board {self.name!r} in {self.lab}", hint="alma lab status") from None
+        return data
+
+    @property
+    def port(self) -> int:
+        return int(str(self.info()["port"]))
+
+    # ---- processes --------------------------------------------------------------------------
+
+    def _pid(self, what: str) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.dir / f"{what}.pid").read_text())
+            os.kill(pid, 0)
+            return pid
+        return None
+
+    def supervisor(self) -> int | None:
+        return self._pid("supervisor")
+
+    def init_pid(self) -> int | None:
+        """The container's PID 1, as a host pid (the child of systemd-nspawn)."""
+        nspawn = self._pid("nspawn")
+        if nspawn is None:
+            return None
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int(Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()[0])
+        return None
+
+    def boots(self) -> int:
+        return int(machine.slots(self.slot_dir)["boots"])
+
+    def exec(self, argv: list[str], *, timeout: float = 60.0, check: bool = True) -> runner.Result:
+        """Run ``argv`` inside the board (all its namespaces, as root), output kept."""
+        pid = self.init_pid()
+        if pid is None:
+            raise UserError(f"board {self.name} is not running", hint=f"alma lab reboot {self.name}")
+        return runner.capture(["nsenter", "-t", str(pid), "-a", *argv], env=BOARD_ENV, timeout=timeout, check=check)
+
+    def ssh_argv(self, command: list[str] | None = None) -> list[str]:
+        return ["ssh", "-F", str(self.lab / "ssh_config"), self.name, *(command or [])]
+
+    def ready(self) -> bool:
+        """systemd reached its target (running or degraded) and sshd lets the admin in."""
+        if self.init_pid() is None:
+            return False
+        try:
+            state = self.exec(["systemctl", "is-system-running"], timeout=30, check=False)
+        except (ToolError, UserError):
+            return False
+        if not state.lines or state.lines[-1].strip() not in ("running", "degraded"):
+            return False
+        probe = runner.capture(self.ssh_argv(["-o", "BatchMode=yes", "true"]), timeout=30, check=False)
+        return probe.ok
+
+    def wait_ready(self, timeout: float = BOOT_TIMEOUT_S, after_boot: int = 0) -> float:
+        """Wait until the boot after ``after_boot`` is ready; returns its boot-to-ready seconds
+        (from the power-on the supervisor recorded, CLOCK_MONOTONIC is system-wide)."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.supervisor() is None:
+                raise UserError(f"board {self.name} stopped while booting", hint=f"read {self.dir / 'console.log'}")
+            if self.boots() > after_boot and self.ready():
+                with contextlib.suppress(OSError, ValueError):
+                    return time.monotonic() - float((self.dir / "powered-on").read_text())
+                return time.monotonic() - start
+            time.sleep(0.2)
+        raise UserError(
+            f"board {self.name} was not ready after {timeout:.0f} s", hint=f"read {self.dir / 'console.log'}"
+        )
+
+    # ---- power ------------------------------------------------------------------------------
+
+    def reboot(self, power_cut: bool = False, timeout: float = BOOT_TIMEOUT_S) -> float:
+        before = self.boots()
+        pid = self.init_pid()
+        if pid is None:
+            raise UserError(f"board {self.name} is not running", hint="alma lab up")
+        if power_cut:
+            os.kill(pid, signal.SIGKILL)  # PID 1 of the namespace: every process of the board dies at once
+        else:
+            self.exec(["systemctl", "reboot"], check=False)
+        return self.wait_ready(timeout, after_boot=before)
+
+    def heat(self, zone: str, celsius: float) -> Path:
+        return machine.set_temp(self.thermal, zone, celsius)
+
+    def stop(self, timeout: float = 90.0) -> None:
+        """Power off cleanly (halt), else kill; unmount the board's disk and root."""
+        (self.dir / "stop").touch()
+        nspawn = self._pid("nspawn")
+        if nspawn is not None:
+            os.kill(nspawn, signal.SIGTERM)  # nspawn halts the container (systemd's poweroff)
+        deadline = time.monotonic() + timeout
+        while self.supervisor() is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = self.init_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        sup = self.supervisor()
+        if sup is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sup, signal.SIGKILL)
+        for mnt in (self.root, self.disk):
+            if os.path.ismount(mnt):
+                runner.capture(["umount", str(mnt)], timeout=60)
+        # nspawn leaves its propagation directory behind when it cannot remove it itself
+        with contextlib.suppress(OSError):
+            Path("/run/systemd/nspawn/propagate", self.name).rmdir()
+        if any(os.path.ismount(m) for m in (self.root, self.disk)):
+            raise UserError(f"board {self.name}: its disk is still mounted", hint=f"umount {self.root} {self.disk}")
+        shutil.rmtree(self.dir, ignore_errors=True)  # never while mounted: root is the host's tree
+
+
+# ---- assembly -----------------------------------------------------------------------------------
+
+
+def _ensure_keys(lab: Path) -> None:
+    key = lab / "id_ed25519"
+    if not key.exists():
+        runner.capture(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alma-lab", "-f", str(key)])
+    for name in ("known_hosts", "ssh_config"):
+        (lab / name).touch(mode=0o600)
+
+
+def _host_enabled_units() -> set[str]:
+    units: set[str] = set()
+    for wants in Path("/etc/systemd/system").glob("*.wants"):
+        units.update(p.name for p in wants.iterdir())
+    return units - KEEP_HOST_UNITS
+
+
+def assemble(board: Board, port: int, pubkey: str) -> None:
+    """The board's disk: what the image installs (the layout), its users as the recipes add
+    them, its own identity (hostname, machine-id, host key) and the lab's sshd port."""
+    up = board.root  # written through the overlay (never into a mounted upper layer directly)
+    lay = board_layout.load()
+    board_layout.install(lay, up)
+    machine.install_nvbootctrl(up)
+    # Users through the real useradd, with the recipes' parameters, into the board's root.
+    groups = {g for u in lay.users for g in u.groups}
+    for g in sorted(groups):
+        runner.capture(["groupadd", "--prefix", str(board.root), "-f", g])
+    for u in lay.users:
+        argv = ["useradd", "--prefix", str(board.root), "--home-dir", u.home, "--shell", u.shell, "--user-group"]
+        argv += ["--system", "--no-create-home"] if u.system else ["--create-home"]
+        if u.groups:
+            argv += ["--groups", ",".join(u.groups)]
+        runner.capture([*argv, u.name])
+    # alma-access's postinst: the admin is keys-only ("*": no password, not locked).
+    shadow = up / "etc/shadow"
+    shadow.write_text(re.sub(rf"^{ADMIN}:![^:]*:", f"{ADMIN}:*:", shadow.read_text(), flags=re.MULTILINE))
+    uid, gid = _ids(up, ADMIN)
+    ssh_dir = board.root / "home" / ADMIN / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(pubkey)
+    for p, mode in ((ssh_dir, 0o700), (ssh_dir / "authorized_keys", 0o600), (ssh_dir.parent, 0o755)):
+        os.chown(p, uid, gid)
+        os.chmod(p, mode)
+    # Presets: enabled units linked where their [Install] says; the host's own services masked.
+    system = up / "etc/systemd/system"
+    system.mkdir(parents=True, exist_ok=True)
+    for unit in lay.units:
+        target = board_layout.unit_wants(up, unit.name)
+        if unit.enabled and target:
+            (system / f"{target}.wants").mkdir(exist_ok=True)
+            link = system / f"{target}.wants" / unit.name
+            link.unlink(missing_ok=True)
+            link.symlink_to(f"/usr/lib/systemd/system/{unit.name}")
+    (system / "alma-lab-boot-id.service").write_text(machine.BOOT_ID_UNIT)
+    (system / "sysinit.target.wants").mkdir(exist_ok=True)
+    (system / "sysinit.target.wants/alma-lab-boot-id.service").symlink_to("../alma-lab-boot-id.service")
+    for f in lay.files:  # services that mount their own /proc (ProtectProc=): the board's boot id
+        unit = up / f.dest.lstrip("/")
+        text = unit.read_text() if f.dest.endswith(".service") else ""
+        if "ProtectProc=" in text and "ProcSubset=pid" not in text:  # ProcSubset=pid: no /proc/sys
+            dropin = system / f"{unit.name}.d"
+            dropin.mkdir(exist_ok=True)
+            (dropin / "50-alma-lab-boot-id.conf").write_text(machine.BOOT_ID_DROPIN)
+    for unit in _host_enabled_units():
+        mask = system / unit
+        mask.unlink(missing_ok=True)
+        mask.symlink_to("/dev/null")
+    # Identity.
+    (up / "etc/hostname").write_text(board.name + "\n")
+    (up / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    sshd = up / "etc/ssh"
+    sshd.mkdir(parents=True, exist_ok=True)
+    host_key = sshd / "ssh_host_ed25519_key"
+    host_key.unlink(missing_ok=True)
+    runner.capture(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", board.name, "-f", str(host_key)])
+    (sshd / "sshd_config.d").mkdir(exist_ok=True)
+    (sshd / "sshd_config.d/00-alma-lab.conf").write_text(
+        f"# alma lab: this board's address on the host's network\nPort {port}\nListenAddress 127.0.0.1\n"
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n"
+    )
+    # ota.json as alma-ota's recipe writes it (MACHINE of the lab: an AGX Orin devkit).
+    (up / "etc/alma/ota.json").write_text(
+        json.dumps(
+            {
+                "machine": "jetson-agx-orin-devkit",
+                "hw_revision": "1.0",
+                "cert": "/etc/alma/ota-cert.pem",
+                "state_dir": "/data/alma-ota",
+                "lowest_bootloader": "",
+            }
+        )
+        + "\n"
+    )
+
+
+def _ids(upper: Path, user: str) -> tuple[int, int]:
+    for line in (upper / "etc/passwd").read_text().splitlines():
+        f = line.split(":")
+        if f[0] == user:
+            return int(f[2]), int(f[3])
+    raise UserError(f"user {user} was not created on the board")
+
+
+def _write_ssh(lab: Path) -> None:
+    """ssh_config and known_hosts for every board of the lab (pinned host keys, keys only)."""
+    cfg, known = [], []
+    for d in sorted(p.parent for p in lab.glob("*/board.json")):  # complete boards only
+        b = Board(lab, d.name)
+        port = b.port
+        pub = (b.root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+        cfg.append(
+            f"Host {b.name}\n  HostName 127.0.0.1\n  Port {port}\n  User {ADMIN}\n"
+            f'  IdentityFile "{lab / "id_ed25519"}"\n  IdentitiesOnly yes\n'
+            f'  UserKnownHostsFile "{lab / "known_hosts"}"\n  StrictHostKeyChecking yes\n'
+            "  PasswordAuthentication no\n  LogLevel ERROR\n"
+        )
+        known.append(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n")
+    (lab / "ssh_config").write_text("".join(cfg))
+    (lab / "known_hosts").write_text("".join(known))
+
+
+def boards(lab: Path) -> list[Board]:
+    """Every board of the lab, half-made ones included (down must find them too)."""
+    return [Board(lab, p.parent.name) for p in sorted(lab.glob("*/disk"))]
+
+
+def create(lab: Path, name: str) -> Board:
+    """Mount the board's disk and root, assemble it, start its supervisor (which boots it)."""
+    if not _NAME.match(name):
+        raise UserError(f"board name {name!r}: lower-case letters, digits and '-' (at most 31)")
+    board = Board(lab, name)
+    if board.dir.exists():
+        raise UserError(f"board {name} already exists in {lab}", hint="alma lab down, or another --prefix")
+    lab.mkdir(parents=True, exist_ok=True)
+    os.chmod(lab, 0o700)
+    _ensure_keys(lab)
+    for d in (board.disk, board.root):
+        d.mkdir(parents=True)
+    try:
+        runner.capture(["mount", "-t", "tmpfs", "-o", "mode=0755,size=2g", "tmpfs", str(board.disk)])
+        board.upper.mkdir()
+        (board.disk / "work").mkdir()
+        for path in board_layout.board_state_paths(board_layout.load()):
+            # a whiteout (0/0 char device) in the upper layer: the host's copy does not show
+            hide = board.upper / path.lstrip("/")
+            hide.parent.mkdir(parents=True, exist_ok=True)
+            os.mknod(hide, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+        runner.capture(
+            [
+                "mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir=/,upperdir={board.upper},workdir={board.disk / 'work'}", str(board.root),
+            ]
+        )  # fmt: skip
+        machine.make_thermal(board.thermal)
+        machine.new_slots(board.slot_dir)
+        port = _free_port()
+        assemble(board, port, (lab / "id_ed25519.pub").read_text())
+        (board.dir / "board.json").write_text(json.dumps({"name": name, "port": port}) + "\n")
+        _write_ssh(lab)
+        start_supervisor(board)
+    except BaseException:
+        board.stop(timeout=30)
+        raise
+    return board
+
+
+def start_supervisor(board: Board) -> None:
+    with open(board.dir / "supervisor.log", "ab") as log:
+        subprocess.Popen(  # detached: it outlives `alma lab up` until `alma lab down`
+            [sys.executable, "-m", "alma.lab.supervise", str(board.dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + 30
+    while board.supervisor() is None:
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"board {board.name}: its supervisor did not start", hint=f"read {board.dir}/supervisor.log"
+            )
+        time.sleep(0.05)
+
+
+def up(
+    lab: Path, count: int, prefix: str, progress: Callable[[str], None] = lambda _: None
+) -> list[tuple[Board, float]]:
+    made = [create(lab, f"{prefix}{i}") for i in range(1, count + 1)]
+    progress(f"booting {', '.join(b.name for b in made)}")
+    out = []
+    for b in made:
+        secs = b.wait_ready()
+        progress(f"{b.name}: ready (ssh 127.0.0.1:{b.port})")
+        out.append((b, secs))
+    return out
+
+
+def down(lab: Path) -> list[str]:
+    gone = []
+    for b in boards(lab):
+        b.stop()
+        gone.append(b.name)
+    for name in ("id_ed25519", "id_ed25519.pub", "known_hosts", "ssh_config"):
+        (lab / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        lab.rmdir()
+    return gone
+
+
+def fleet_toml(lab: Path) -> str:
+    """A fleet file (alma.fleet.inventory) reaching every board of the lab."""
+    text = (
+        "# Written by `alma lab up`: the lab's virtual boards (docs/lab.md).\n[ssh]\n"
+        f'config = "{lab / "ssh_config"}"\nknown_hosts = "{lab / "known_hosts"}"\n'
+        'strict_host_key_checking = "yes"\nconnect_timeout = 10\n\n'
+        # As root through the image's admin sudo: the kernel log (GPU faults) and health's
+        # own state need it (this host's kernel has dmesg_restrict=1).
+        '[health]\ntimeout = 60\ncommand = "sudo -n alma-health --json"\n'
+    )
+    for b in boards(lab):
+        if not (b.dir / "board.json").exists():
+            continue
+        text += f'\n[[node]]\nname = "{b.name}"\nssh = "{b.name}"\nrole = "board"\n'
+    return text

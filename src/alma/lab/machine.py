@@ -1,0 +1,228 @@
+"""The fake machine under a virtual board: what the shipped code reads at the board's paths.
+
+- Thermal zones (``/sys/class/thermal`` in the container is a bind of ``thermal/`` here): the
+  Orin R36 zone set with its trip points; a test changes a zone's temperature, type or
+  presence by writing these host files, and the board's programs see it at their next read.
+- The boot slots (``/var/lib/alma-lab/uefi.json`` in the container is ``slot/uefi.json``
+  here), kept outside the board's disk so a reboot into the other slot is real: the
+  supervisor picks the slot at every power-on the way UEFI does (:func:`power_on`), and the
+  board's ``nvbootctrl`` (:data:`NVBOOTCTRL`, a stand-in for L4T's tool with the commands
+  alma-ota uses) reads and writes the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from alma.errors import UserError
+
+# Orin (R36): every zone has a 70 C passive trip (hot-surface alert), 99 C passive (throttle)
+# and 104.5 C critical (kernel shutdown).
+ZONES = (
+    "cpu-thermal",
+    "gpu-thermal",
+    "cv0-thermal",
+    "cv1-thermal",
+    "cv2-thermal",
+    "soc0-thermal",
+    "soc1-thermal",
+    "soc2-thermal",
+    "tj-thermal",
+)
+TRIPS = (("passive", 70000), ("passive", 99000), ("critical", 104500))
+IDLE_C = 45.0
+RETRIES = 3
+
+
+def make_thermal(top: Path, celsius: float = IDLE_C) -> None:
+    top.mkdir(parents=True, exist_ok=True)
+    for n, name in enumerate(ZONES):
+        z = top / f"thermal_zone{n}"
+        z.mkdir(exist_ok=True)
+        (z / "type").write_text(name + "\n")
+        (z / "temp").write_text(f"{round(celsius * 1000)}\n")
+        for k, (kind, milli) in enumerate(TRIPS):
+            (z / f"trip_point_{k}_type").write_text(kind + "\n")
+            (z / f"trip_point_{k}_temp").write_text(f"{milli}\n")
+    for p in top.rglob("*"):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    os.chmod(top, 0o755)
+
+
+def find_zone(top: Path, zone: str) -> Path:
+    """A zone by its directory (``thermal_zone8``), its type (``tj-thermal``) or short type (``tj``)."""
+    want = {zone, f"{zone}-thermal"}
+    for z in sorted(top.glob("thermal_zone*")):
+        kind = (z / "type").read_text().strip() if (z / "type").exists() else ""
+        if z.name == zone or kind in want:
+            return z
+    known = ", ".join(
+        sorted((z / "type").read_text().strip() for z in top.glob("thermal_zone*/") if (z / "type").exists())
+    )
+    raise UserError(f"no thermal zone {zone!r} on this board", hint=f"zones: {known}")
+
+
+def set_temp(top: Path, zone: str, celsius: float) -> Path:
+    """Written in place, as sysfs changes: readers keep the file open and pread it again."""
+    z = find_zone(top, zone)
+    with open(z / "temp", "r+") as fh:
+        fh.write(f"{round(celsius * 1000)}\n")
+        fh.truncate()
+    return z
+
+
+# ---- boot slots ----------------------------------------------------------------------------
+
+
+def new_slots(top: Path) -> None:
+    top.mkdir(parents=True, exist_ok=True)
+    state = {
+        "rootfs": {
+            "current": 0,
+            "active": 0,
+            "slots": [{"retry_count": RETRIES, "status": "normal"} for _ in range(2)],
+            "successful": [True, False],
+        },
+        "bootloader": {"current": 0, "active": 0, "version": "36.4.3", "capsule_status": 0},
+        "boots": 0,
+    }
+    _save(top, state)
+
+
+def _save(top: Path, state: dict[str, Any]) -> None:
+    tmp = top / ".uefi.json.new"
+    tmp.write_text(json.dumps(state, indent=1))
+    os.chmod(tmp, 0o644)
+    tmp.replace(top / "uefi.json")
+
+
+def slots(top: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((top / "uefi.json").read_text())
+    return data
+
+
+def power_on(top: Path) -> int:
+    """Pick the rootfs slot for this boot as UEFI does: the active slot unless it is
+    unbootable or out of retries (an uncommitted slot costs one retry per boot); returns it."""
+    st = slots(top)
+    rf = st["rootfs"]
+    target = rf["active"]
+    for _ in range(4):
+        slot = rf["slots"][target]
+        if slot["status"] == "unbootable" or (not rf["successful"][target] and slot["retry_count"] == 0):
+            slot["status"] = "unbootable"
+            target = 1 - target
+            rf["active"] = target
+            continue
+        if not rf["successful"][target]:
+            slot["retry_count"] -= 1
+        break
+    rf["current"] = target
+    st["boots"] += 1
+    _save(top, st)
+    return int(target)
+
+
+# A container restart keeps the kernel's boot id; nspawn gives the container a new one at
+# every start, but units with ProtectProc= mount their own /proc and read the kernel's. So
+# guard (a unit) and health (over ssh) would disagree, and a reboot would not change what the
+# guard sees. The board copies nspawn's id early in every boot and binds it over the /proc of
+# those units: one id per boot for every program, new at every reboot, as on a board.
+BOOT_ID_UNIT = """[Unit]
+Description=alma lab: this boot's id for units with their own /proc
+DefaultDependencies=no
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/cp /proc/sys/kernel/random/boot_id /run/alma-lab-boot-id
+
+[Install]
+WantedBy=sysinit.target
+"""
+BOOT_ID_DROPIN = """# alma lab: the board's one boot id (alma-lab-boot-id.service), over this unit's own /proc
+[Unit]
+Requires=alma-lab-boot-id.service
+After=alma-lab-boot-id.service
+
+[Service]
+BindReadOnlyPaths=/run/alma-lab-boot-id:/proc/sys/kernel/random/boot_id
+"""
+
+
+# The board's nvbootctrl: stdlib only, run by the board's python3 (same output as L4T R36's
+# tool for what alma-ota reads: get-current-slot, dump-slots-info, set-active-boot-slot,
+# mark-boot-successful, set-slot-as-unbootable, bootloader verify).
+NVBOOTCTRL = r'''#!/usr/bin/python3
+"""nvbootctrl of an alma lab virtual board (state: /var/lib/alma-lab/uefi.json, on the host)."""
+import json, os, sys
+STATE = "/var/lib/alma-lab/uefi.json"
+RETRIES = 3
+def main(argv):
+    target = "bootloader"
+    if argv[:1] == ["-t"]:
+        target, argv = argv[1], argv[2:]
+    with open(STATE) as fh:
+        st = json.load(fh)
+    rf, bl = st["rootfs"], st["bootloader"]
+    cmd = argv[0] if argv else ""
+    letter = "AB"
+    if target == "rootfs" and cmd == "get-current-slot":
+        print(rf["current"])
+    elif target == "rootfs" and cmd == "get-number-slots":
+        print(2)
+    elif target == "rootfs" and cmd == "dump-slots-info":
+        print(f"Current rootfs slot: {letter[rf['current']]}")
+        print(f"Active rootfs slot: {letter[rf['active']]}")
+        print("num_slots: 2")
+        for i, s in enumerate(rf["slots"]):
+            print(f"slot: {i},             retry_count: {s['retry_count']},             status: {s['status']}")
+    elif target == "rootfs" and cmd == "set-active-boot-slot":
+        n = int(argv[1])
+        rf["active"] = n
+        rf["slots"][n].update(retry_count=RETRIES, status="normal")
+        if n != rf["current"]:
+            rf["successful"][n] = False
+    elif target == "rootfs" and cmd == "mark-boot-successful":
+        rf["successful"][rf["current"]] = True
+        rf["slots"][rf["current"]].update(retry_count=RETRIES, status="normal")
+    elif target == "rootfs" and cmd == "set-slot-as-unbootable":
+        rf["slots"][int(argv[1])]["status"] = "unbootable"
+    elif target == "bootloader" and cmd == "dump-slots-info":
+        print(f"Current version: {bl['version']}")
+        print(f"Capsule update status: {bl['capsule_status']}")
+        print(f"Current bootloader slot: {letter[bl['current']]}")
+        print(f"Active bootloader slot: {letter[bl['active']]}")
+        print("num_slots: 2")
+        for i in range(2):
+            print(f"slot: {i},             status: normal")
+    elif target == "bootloader" and cmd == "verify":
+        bl["capsule_status"] = 0
+    elif target == "bootloader" and cmd == "get-current-slot":
+        print(bl["current"])
+    else:
+        print(f"nvbootctrl: unknown command {cmd}", file=sys.stderr)
+        return 1
+    tmp = STATE + ".new"
+    with open(tmp, "w") as fh:
+        json.dump(st, fh, indent=1)
+    os.replace(tmp, STATE)
+    return 0
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def install_nvbootctrl(upper: Path) -> None:
+    dest = upper / "usr/bin/nvbootctrl"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(NVBOOTCTRL)
+    os.chmod(dest, 0o755)
+
+
+def remove(top: Path) -> None:
+    shutil.rmtree(top, ignore_errors=True)

@@ -1,0 +1,21 @@
+"""`alma lab` without root: a clear error with the next step, before anything is touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import run_cli
+
+
+@pytest.mark.parametrize("verb", [["up", "--boards", "1"], ["down"], ["heat", "vb1", "tj", "90"], ["status"]])
+def test_not_root_is_a_usage_error_that_says_what_to_run(
+    verb: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("alma.lab.board.os.geteuid", lambda: 1000)
+    lab_dir = tmp_path / "lab"
+    code, out, err = run_cli(capsys, "lab", *verb, "--dir", lab_dir)
+    assert code == 2
+    assert "needs root" in err and "sudo alma lab" in err
+    assert "Traceback" not in err
+    assert not lab_dir.exists()
