@@ -39,11 +39,22 @@ SPDX3_CONTEXT = "https://spdx.org/rdf/3.0.1/spdx-context.jsonld"
 NS = "http://spdx.org/spdxdocs"
 
 
-def issue(cve: str, status: str, v3: str = "0.0", v4: str = "0.0", detail: str | None = None) -> dict[str, Any]:
+def issue(
+    cve: str,
+    status: str,
+    v3: str = "0.0",
+    v4: str = "0.0",
+    detail: str | None = None,
+    reason: str | None = None,
+    v2: str = "0.0",
+) -> dict[str, Any]:
+    """One issue as cve_write_data_json writes it: ``detail`` is CVE_STATUS's key (always set for
+    Patched/Ignored by decode_cve_status, meta/lib/oe/cve_check.py), ``description`` the reason
+    after "key: " when the waiver gave one."""
     out: dict[str, Any] = {
         "id": cve,
         "summary": f"summary of {cve}",
-        "scorev2": "0.0",
+        "scorev2": v2,
         "scorev3": v3,
         "scorev4": v4,
         "vector": "NETWORK",
@@ -53,7 +64,8 @@ def issue(cve: str, status: str, v3: str = "0.0", v4: str = "0.0", detail: str |
     }
     if detail:
         out["detail"] = detail
-        out["description"] = f"why {cve} is {detail}"
+    if reason:
+        out["description"] = reason
     return out
 
 
@@ -77,8 +89,14 @@ def default_cve() -> dict[str, Any]:
                 [
                     issue("CVE-2024-0001", "Patched", v3="9.8", detail="fixed-version"),
                     issue("CVE-2024-0002", "Unpatched", v3="7.0"),
-                    issue("CVE-2024-0003", "Ignored", v3="9.1", detail="not-applicable-config"),
-                    issue("CVE-2024-0004", "Ignored", v3="5.0"),  # no detail: a finding
+                    issue(
+                        "CVE-2024-0003",
+                        "Ignored",
+                        v3="9.1",
+                        detail="not-applicable-config",
+                        reason="built without the affected engine",
+                    ),  # fmt: skip
+                    issue("CVE-2024-0004", "Ignored", v3="5.0", detail="not-applicable-config"),  # no reason: a finding
                 ],
             ),
             package("busybox", "1.36.1", [issue("CVE-2023-0005", "Unpatched", v3="6.9", v4="8.9")]),

@@ -44,8 +44,16 @@ def test_cve_check_and_spdx3_become_facts(project: Path, alma) -> None:
     assert counts["Patched"]["critical"] == 1 and counts["Unpatched"]["high"] == 2
     assert counts["Ignored"]["critical"] == 1 and counts["Ignored"]["medium"] == 1
     assert f["cve_unpatched_critical"] == 0 and f["cve_unpatched_high"] == 2
-    assert f["cve_unpatched"] == ["busybox CVE-2023-0005 high", "openssl CVE-2024-0002 high"]
-    assert {"package": "openssl", "id": "CVE-2024-0003", "detail": "not-applicable-config"} in f["cve_ignored"]
+    assert f["cve_unpatched"] == [
+        "busybox CVE-2023-0005 high (CVSS 4.0 8.9)",
+        "openssl CVE-2024-0002 high (CVSS 3.x 7.0)",
+    ]
+    assert {
+        "package": "openssl",
+        "id": "CVE-2024-0003",
+        "detail": "not-applicable-config",
+        "reason": "built without the affected engine",
+    } in f["cve_ignored"]
     assert f["cve_ignored_without_detail"] == ["openssl CVE-2024-0004"]
     assert f["cve_blind_spots"] == ["alma-guard", "tegra-binaries"]
     assert f["cve_blind_spots_critical"] == ["tegra-binaries"]  # Proprietary in the SBOM, and the boot chain
@@ -88,7 +96,7 @@ def test_verify_sbom_prints_the_summary_and_json_has_all(project: Path, alma) ->
     r = alma("verify", d.dir, "--root", project, "--sbom")
     assert r.code == 0, r.err
     assert "SBOM: SPDX-3.0.1, 5 packages" in r.out and "Proprietary: 1 tegra-binaries" in r.out
-    assert "Unpatched" in r.out and "without a detail (a finding): 1 openssl CVE-2024-0004" in r.out
+    assert "Unpatched" in r.out and "without a reason (a finding): 1 openssl CVE-2024-0004" in r.out
     assert "Proprietary or boot chain: tegra-binaries" in r.out
     r = alma("verify", d.dir, "--root", project, "--json")
     facts = json.loads(r.out)["facts"]
@@ -112,6 +120,57 @@ def test_a_gate_claim_of_no_unpatched_critical_goes_stale_when_one_appears(proje
     assert alma("verify", d.dir, "--root", project).code == 0
     r = alma("gates", "check", "--root", project)
     assert r.code == 1 and "cve_unpatched_critical" in r.out, (r.out, r.err)
+
+
+def test_a_cve_scored_only_by_cvss_v2_is_graded_by_nvd_v2_ranges_and_gated(project: Path, alma) -> None:
+    # NVD entries before 2016 often carry only scorev2 (v3/v4 "0.0"): a v2 10.0 is "high" by
+    # NVD's v2 ranges, and, v2 having no critical band, counts toward cve_unpatched_critical
+    d = build_deploy(project)
+    data = sf.default_cve()
+    data["package"][1]["issue"] += [
+        sf.issue("CVE-2014-0160", "Unpatched", v2="10.0"),
+        sf.issue("CVE-2012-0001", "Unpatched", v2="5.0"),
+        sf.issue("CVE-2013-0001", "Patched", v2="3.9", detail="fixed-version"),
+    ]
+    sf.write_cve(d.dir, LINK, data)
+    assert alma("verify", d.dir, "--root", project).code == 0
+    f = _facts(project)
+    assert f["cve_unpatched_critical"] == 1 and "v2" in _source(project, "cve_unpatched_critical")
+    assert f["cve_counts"]["Unpatched"]["high"] == 3 and f["cve_counts"]["Unpatched"]["medium"] == 1
+    assert f["cve_counts"]["Patched"]["low"] == 1
+    assert "busybox CVE-2014-0160 high (CVSS 2.0 10.0)" in f["cve_unpatched"]
+    r = alma("verify", d.dir, "--root", project, "--sbom")
+    assert "busybox CVE-2014-0160 high (CVSS 2.0 10.0)" in r.out, r.out
+
+
+def test_the_grade_takes_the_best_version_present() -> None:
+    assert sbom.grade(10.0, 5.0, None) == ("medium", "3.x", 5.0)  # v3 present: v2 is not looked at
+    assert sbom.grade(2.0, 9.8, 6.0) == ("medium", "4.0", 6.0)  # v4 beats v3, even when lower
+    assert sbom.grade(7.0, 0.0, 0.0) == ("high", "2.0", 7.0)
+    assert sbom.grade(3.9, 0.0, 0.0) == ("low", "2.0", 3.9)
+    assert sbom.grade(0.0, 0.0, 0.0) == ("none", None, 0.0)
+
+
+def test_a_waiver_reason_is_read_from_description_not_detail(project: Path, alma) -> None:
+    # decode_cve_status: detail is the CVE_STATUS key (always set), description the reason
+    d = build_deploy(project)
+    data = {"version": "1", "package": [sf.package("zlib", "1.3", [
+        sf.issue("CVE-2024-1001", "Ignored", v3="9.8", detail="cpe-incorrect"),
+        sf.issue("CVE-2024-1002", "Ignored", v3="9.8", detail="not-applicable-platform", reason="Windows only"),
+    ])]}  # fmt: skip
+    sf.write_cve(d.dir, LINK, data)
+    assert alma("verify", d.dir, "--root", project).code == 0
+    f = _facts(project)
+    assert f["cve_ignored_without_detail"] == ["zlib CVE-2024-1001"]
+    reasons = {i["id"]: i["reason"] for i in f["cve_ignored"]}
+    assert reasons == {"CVE-2024-1001": None, "CVE-2024-1002": "Windows only"}
+    r = alma("verify", d.dir, "--root", project, "--sbom")
+    assert "zlib CVE-2024-1002 not-applicable-platform: Windows only" in r.out, r.out
+    assert "without a reason (a finding): 1 zlib CVE-2024-1001" in r.out
+
+
+def _source(project: Path, name: str) -> str:
+    return load_manifest(manifest_path(project, "alma-image", MACHINE)).fact(name).source
 
 
 def _deep(n: int) -> bytes:

@@ -73,18 +73,25 @@ class SbomError(UserError):
         )
 
 
-def severity(scorev3: float | None, scorev4: float | None) -> str:
-    """CVSS v3/v4 base score (the higher one): >= 9.0 critical, >= 7.0 high, >= 4.0 medium, > 0 low."""
-    score = max((s for s in (scorev3, scorev4) if s is not None), default=0.0)
-    if score >= 9.0:
-        return "critical"
-    if score >= 7.0:
-        return "high"
-    if score >= 4.0:
-        return "medium"
-    if score > 0.0:
-        return "low"
-    return "none"
+def grade(scorev2: float | None, scorev3: float | None, scorev4: float | None) -> tuple[str, str | None, float]:
+    """(severity, CVSS version, score) by the best version present: v4, else v3.x, else v2.
+
+    NVD writes "0.0" for a version it has no score of (older entries carry only v2), so a
+    version is present when its score is above 0. v3/v4 ranges: >= 9.0 critical, >= 7.0 high,
+    >= 4.0 medium, > 0 low. v2 has no critical band; NVD's v2 ranges: 7.0-10.0 high, 4.0-6.9
+    medium, 0-3.9 low. A v2 high spans v3's high and critical, so :data:`COUNTS_AS_CRITICAL`
+    counts an unpatched v2-only high toward ``cve_unpatched_critical`` (a gate cannot rule
+    critical out from a v2 score; docs/verify.md, "CVE severity")."""
+    for version, score in (("4.0", scorev4), ("3.x", scorev3)):
+        if score is not None and score > 0.0:
+            if score >= 9.0:
+                return "critical", version, score
+            if score >= 7.0:
+                return "high", version, score
+            return ("medium" if score >= 4.0 else "low"), version, score
+    if scorev2 is not None and scorev2 > 0.0:
+        return ("high" if scorev2 >= 7.0 else "medium" if scorev2 >= 4.0 else "low"), "2.0", scorev2
+    return "none", None, 0.0
 
 
 @dataclass
@@ -93,7 +100,20 @@ class Issue:
     cve: str
     status: str
     severity: str
-    detail: str | None
+    detail: str | None  # cve-check's status key (fixed-version, cpe-incorrect, ...)
+    reason: str | None = None  # the waiver's reason: cve-check's "description"
+    cvss: str | None = None  # the version graded by ("4.0", "3.x", "2.0"), None when unscored
+    score: float = 0.0
+
+    @property
+    def critical(self) -> bool:
+        """Counts toward cve_unpatched_critical: critical by v3/v4, or high by v2 alone."""
+        return self.severity == "critical" or (self.severity == "high" and self.cvss == "2.0")
+
+    def shown(self) -> str:
+        """The issue as the facts list it: package, id, severity and the CVSS version and score."""
+        score = f" (CVSS {self.cvss} {self.score:.1f})" if self.cvss else ""
+        return f"{self.package} {self.cve} {self.severity}{score}"
 
 
 @dataclass
@@ -102,6 +122,9 @@ class CveReport:
     packages: int = 0
     issues: list[Issue] = field(default_factory=list)
     blind_spots: list[str] = field(default_factory=list)  # packages NVD knows no product of
+
+    def unpatched_critical(self) -> int:
+        return sum(1 for i in self.issues if i.status == "Unpatched" and i.critical)
 
     def counts(self) -> dict[str, dict[str, int]]:
         out = {s: dict.fromkeys(SEVERITIES, 0) for s in STATUSES}
@@ -181,12 +204,15 @@ def read_cve(path: Path) -> CveReport:
             seen_ids.add(cve)
             status = i.get("status")
             _want(status in STATUSES, path, f"{name} {cve}: status {status!r} (want {'/'.join(STATUSES)})")
-            detail = i.get("detail")
+            # decode_cve_status (meta/lib/oe/cve_check.py) splits CVE_STATUS "key: reason" into
+            # detail (the key, always set) and description (the reason, when one was given)
+            detail, reason = i.get("detail"), i.get("description")
             _want(detail is None or isinstance(detail, str), path, f"{name} {cve}: detail is not text")
-            sev = severity(
-                _score(i.get("scorev3"), path, f"{name} {cve}"), _score(i.get("scorev4"), path, f"{name} {cve}")
-            )
-            report.issues.append(Issue(name, cve, status, sev, detail or None))
+            _want(reason is None or isinstance(reason, str), path, f"{name} {cve}: description is not text")
+            scores = (_score(i.get(f"scorev{v}"), path, f"{name} {cve}") for v in (2, 3, 4))
+            sev, cvss, score = grade(*scores)
+            reason = reason.strip() if reason else None
+            report.issues.append(Issue(name, cve, status, sev, detail or None, reason or None, cvss, score))
     report.packages = len(seen_pkgs)
     return report
 
@@ -403,20 +429,23 @@ class SupplyChain:
             counts = c.counts()
             prop = set(s.proprietary()) if s else set()
             ignored = [
-                {"package": i.package, "id": i.cve, "detail": i.detail} for i in c.issues if i.status == "Ignored"
+                {"package": i.package, "id": i.cve, "detail": i.detail, "reason": i.reason}
+                for i in c.issues
+                if i.status == "Ignored"
             ]
+            graded = "best CVSS version present: v4, v3.x (>= 9 critical, >= 7 high), else v2 (>= 7 high)"
             out["cve_package_count"] = (c.packages, src)
-            out["cve_counts"] = (counts, f"{src}: status x severity (CVSS v3/v4: >= 9 critical, >= 7 high)")
-            out["cve_unpatched_critical"] = (counts["Unpatched"]["critical"], src)
-            out["cve_unpatched_high"] = (counts["Unpatched"]["high"], src)
-            out["cve_unpatched"] = (
-                sorted(f"{i.package} {i.cve} {i.severity}" for i in c.issues if i.status == "Unpatched"),
-                src,
+            out["cve_counts"] = (counts, f"{src}: status x severity ({graded})")
+            out["cve_unpatched_critical"] = (
+                c.unpatched_critical(),
+                f"{src}: Unpatched, critical by CVSS v4/v3.x or high by v2 alone (v2 has no critical band)",
             )
-            out["cve_ignored"] = (ignored, f"{src}: every Ignored with its detail")
+            out["cve_unpatched_high"] = (counts["Unpatched"]["high"], src)
+            out["cve_unpatched"] = (sorted(i.shown() for i in c.issues if i.status == "Unpatched"), src)
+            out["cve_ignored"] = (ignored, f"{src}: every Ignored, its status key (detail) and reason (description)")
             out["cve_ignored_without_detail"] = (
-                sorted(f"{d['package']} {d['id']}" for d in ignored if not d["detail"]),
-                src,
+                sorted(f"{d['package']} {d['id']}" for d in ignored if not d["reason"]),
+                f"{src}: Ignored without a reason (cve-check's description is empty)",
             )
             out["cve_blind_spots"] = (sorted(c.blind_spots), f"{src}: cvesInRecord No (NVD knows no such product)")
             out["cve_blind_spots_critical"] = (

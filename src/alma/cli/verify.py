@@ -209,9 +209,13 @@ def _sbom_summary(m: Any) -> list[str]:
             f"  blind spots (NVD knows no product): {len(blind)}; "
             f"Proprietary or boot chain: {' '.join(worst) or 'none'}"
         )
-        bare = v("cve_ignored_without_detail")
-        lines.append(
-            f"  Ignored: {len(v('cve_ignored'))}, without a detail (a finding): {len(bare)} "
-            f"{' '.join(bare[:10])}".rstrip()
-        )
+        unpatched = v("cve_unpatched") or []
+        lines.append(f"  Unpatched ({len(unpatched)}; critical or v2-only high: {v('cve_unpatched_critical')}):")
+        lines += [f"    {u}" for u in unpatched]
+        ignored, bare = v("cve_ignored") or [], v("cve_ignored_without_detail")
+        lines.append(f"  Ignored ({len(ignored)}), each with its status key and reason:")
+        for i in ignored:
+            why = f": {i.get('reason')}" if i.get("reason") else " (no reason given)"
+            lines.append(f"    {i['package']} {i['id']} {i.get('detail') or '(no status key)'}{why}")
+        lines.append(f"  Ignored without a reason (a finding): {len(bare)} {' '.join(bare[:10])}".rstrip())
     return lines
