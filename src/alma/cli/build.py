@@ -12,11 +12,13 @@ if TYPE_CHECKING:
     from alma.imagebuild.plan import BuildPlan
 
 EXIT_CODES = (
-    "Exit codes: 0 build (or --check) succeeded; 1 the build or check failed: kas or bitbake failed (their "
+    "Exit codes: 0 build (or --check) succeeded, or --dry-run found nothing a run would stop on; 1 the "
+    "build or check failed: kas or bitbake failed (their "
     "own exit code is printed, with the failed tasks and their logs or kas's last words), or --check found "
     "an ALMA component missing from the image's graph; 2 bad option, unknown machine/image, invalid kas "
     "file, a release image without an admin key (or a malformed/private --admin-key file), "
-    "or a preflight problem (each listed with the command that fixes it); 70 internal error; "
+    "or a preflight problem (each listed with the command that fixes it; --dry-run prints the plan, then "
+    "exits 2 on the plan's own problems; the host's are shown); 70 internal error; "
     "130 interrupted with Ctrl-C (bitbake stopped cleanly)."
 )
 
@@ -177,6 +179,10 @@ def build(
             emit_json({**plan.to_dict(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
         else:
             _print_dry_run(plan, problems)
+        if plan.problems:  # the plan refuses itself (no admin key, not a checkout...): so does the exit code
+            from alma.errors import PreflightError
+
+            raise PreflightError(plan.problems)
         return
 
     engine.require_preflight(plan, probes)
