@@ -92,17 +92,29 @@ class BuildTree:
         return {"KAS_WORK_DIR": str(self.work_dir), "DL_DIR": str(self.downloads), "SSTATE_DIR": str(self.sstate)}
 
 
-def build_tree(root: Path, build_dir: Path | None = None, env: Mapping[str, str] | None = None) -> BuildTree:
+def build_tree(
+    root: Path,
+    build_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    kas_env: Mapping[str, str] | None = None,
+) -> BuildTree:
     """The tree of checkout ``root``.
 
     Precedence, for each directory: ``--build-dir`` (the work dir only), then the exported
-    variable (``env``: KAS_WORK_DIR, KAS_BUILD_DIR, DL_DIR, SSTATE_DIR), then the default
-    under ``<root>/build``. ``sources`` records which one won, for the plan.
+    variable (``env``: KAS_WORK_DIR, KAS_BUILD_DIR, DL_DIR, SSTATE_DIR), then for DL_DIR and
+    SSTATE_DIR the kas files' ``env:`` (``kas_env``: kas exports those values to bitbake
+    unless the environment has one, kas/libkas.py get_build_environ), then the default under
+    ``<root>/build``. ``sources`` records which one won, for the plan.
     """
     env = {} if env is None else env
+    kas_env = {} if kas_env is None else kas_env
 
     def exported(name: str) -> Path | None:
         value = env.get(name, "").strip()
+        return Path(value).expanduser().resolve() if value else None
+
+    def from_kas(name: str) -> Path | None:
+        value = kas_env.get(name, "").strip() if name in ("DL_DIR", "SSTATE_DIR") else ""
         return Path(value).expanduser().resolve() if value else None
 
     sources: list[tuple[str, str]] = []
@@ -117,7 +129,10 @@ def build_tree(root: Path, build_dir: Path | None = None, env: Mapping[str, str]
     dirs: dict[str, Path | None] = {}
     for name in ("KAS_BUILD_DIR", "DL_DIR", "SSTATE_DIR"):
         dirs[name] = exported(name)
-        sources.append((name, "environment" if dirs[name] else ("--build-dir" if build_dir else "default")))
+        how = "environment" if dirs[name] else ("--build-dir" if build_dir else "default")
+        if dirs[name] is None and from_kas(name) is not None:
+            dirs[name], how = from_kas(name), "kas files env:"
+        sources.append((name, how))
     return BuildTree(
         work,
         downloads_dir=dirs["DL_DIR"],

@@ -106,8 +106,20 @@ EXIT_CODES = (
     help="More kas files after the features, kas's colon list (repeatable), checked like every kas file; "
     "inside the checkout (kas merges files of one repository).",
 )
-@click.option("--target", metavar="RECIPE", help="Build this recipe instead of the image (bitbake's target).")
-@click.option("--task", metavar="TASK", help="Run this task only (bitbake -c TASK), e.g. fetch, compile, cleansstate.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="RECIPE",
+    help="Build this recipe instead of the image (bitbake's target; repeatable; virtual/kernel too). "
+    "Default: KAS_TARGET when exported, else --image, else the kas files' target.",
+)
+@click.option(
+    "--task",
+    metavar="TASK",
+    help="Run this task only (bitbake -c TASK), e.g. fetch, compile, cleansstate. "
+    "Default: KAS_TASK when exported, else the kas files' task (build).",
+)
 @click.option("-k", "--keep-going", is_flag=True, help="Continue as much as possible after an error (bitbake -k).")
 @click.argument("bitbake_args", nargs=-1, metavar="[-- BITBAKE_ARGS...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
@@ -125,7 +137,7 @@ def build(
     no_admin_access: bool,
     ota_cert: Path | None,
     kas_files: tuple[str, ...],
-    target: str | None,
+    targets: tuple[str, ...],
     task: str | None,
     keep_going: bool,
     bitbake_args: tuple[str, ...],
@@ -161,13 +173,15 @@ def build(
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
         ota_cert=ota_cert,
-        target=target,
+        targets=targets,
         task=task,
+        machine_given=machine is not None,
+        image_given=image is not None,
         keep_going=keep_going,
         bitbake_args=bitbake_args,
         kas_files=kas_files,
     )
-    if check and (target or task or keep_going or bitbake_args):
+    if check and (targets or task or keep_going or bitbake_args):
         from alma.errors import UserError
 
         raise UserError("--check parses and computes the graph only", hint="drop --target/--task/-k/-- with --check")
@@ -215,6 +229,12 @@ def _print_dry_run(plan: BuildPlan, problems: list[tuple[str, str]]) -> None:
     req = plan.request
     click.echo(f"alma build --dry-run: {plan.mode} {req.image} for {req.machine} (nothing is run)")
     click.echo("kas files: " + " ".join(str(f.relative_to(plan.root)) for f in plan.kas_files))
+    if plan.kas_view is not None:
+        kv = plan.kas_view
+        click.echo("kas will build (as kas resolves its files and KAS_* variables):")
+        for name, v in (("MACHINE", kv.machine), ("DISTRO", kv.distro), ("task", kv.task)):
+            click.echo(f"  {name} {v.value}  ({v.source})")
+        click.echo(f"  targets {' '.join(kv.targets.value)}  ({kv.targets.source})")
     for note in plan.notes:
         click.echo(note)
     click.echo("environment (added for kas; an exported value wins over the default):")
