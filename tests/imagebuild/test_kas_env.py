@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +36,7 @@ def _postread(call: dict[str, Any]) -> list[str]:
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, probes, **env: str) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("TMPDIR", raising=False)  # a login's TMPDIR is refused (its own test below)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     probes(ls_remote=pf._ls_remote, env=dict(os.environ))  # the environment alma plans with is kas's
@@ -180,3 +183,47 @@ def test_the_view_resolves_as_kas_own_getters_do(env, data, monkeypatch) -> None
     assert view.distro.value == Config.get_distro(shim)  # type: ignore[arg-type]
     assert view.targets.value == Config.get_bitbake_targets(shim)  # type: ignore[arg-type]
     assert view.task.value == Config.get_bitbake_task(shim)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_so_alma_refuses_it(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    root = real_kas_project
+    login_tmp = tmp_path / "user-tmp"
+    login_tmp.mkdir()
+    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    # the fact the refusal rests on: real kas hands bitbake the exported TMPDIR, listed for its datastore
+    kas = Path(sys.executable).parent / "kas"
+    res = subprocess.run(
+        [
+            str(kas),
+            "shell",
+            f"kas/machines/{NANO}.yml",
+            "-c",
+            'echo "T=$TMPDIR"; echo "P=$BB_ENV_PASSTHROUGH_ADDITIONS"',
+        ],
+        cwd=root,
+        env={**os.environ, "KAS_WORK_DIR": str(root / "build"), "KAS_BUILD_DIR": str(tmp_path / "kb")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert f"T={login_tmp}" in res.stdout
+    assert "TMPDIR" in res.stdout.split("P=", 1)[1].split()
+    code, out, err = alma("build")
+    assert code == 2 and f"TMPDIR={login_tmp} is exported" in err and f"{login_tmp}-glibc" in err
+    assert "env -u TMPDIR alma build" in err and _bitbake_calls(tmp_path) == []
+    code, out, _ = alma("build", "--dry-run")
+    assert f"TMPDIR={login_tmp} is exported" in out
+    # a kas file that sets bitbake's TMPDIR itself decides: nothing to refuse
+    (root / "kas" / "tmp.yml").write_text(
+        f'header:\n  version: 14\nlocal_conf_header:\n  tmp: |\n    TMPDIR = "{tmp_path / "bbtmp"}"\n'
+    )
+    code, out, err = alma("build", "--kas-file", "kas/tmp.yml")
+    assert code == 0, out + err

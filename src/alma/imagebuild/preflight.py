@@ -393,9 +393,40 @@ def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_
     return problems
 
 
+def check_tmpdir(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    """An exported TMPDIR (libpam-tmpdir sets one at login) reaches bitbake: kas forwards it and
+    lists it in BB_ENV_PASSTHROUGH_ADDITIONS (kas/libkas.py get_build_environ), so it becomes
+    bitbake's TMPDIR variable, the whole build output (~110 GB), plus oe-core's TCLIBCAPPEND
+    (defaultsetup.conf: "-glibc"), instead of the build tree that the disk check measured and
+    ``alma verify`` reads. Refused unless the kas files set TMPDIR themselves (local.conf wins)."""
+    from alma.imagebuild.plan import kas_sets
+
+    exported = probes.env.get("TMPDIR")
+    if not exported or kas_sets(plan.kas, "TMPDIR"):
+        return []
+    ours = plan.tree.tmp_dirs(plan.request.machine)[0]
+    return [
+        (
+            f"TMPDIR={exported} is exported (libpam-tmpdir sets one at login): kas passes it to bitbake, whose "
+            f"TMPDIR (the build output, ~110 GB) would become {exported}-glibc instead of {ours}, which the disk "
+            "check measures and alma verify reads",
+            "run without it: env -u TMPDIR alma build …  (or set TMPDIR in a kas file's local_conf_header)",
+        )
+    ]
+
+
 Check = Callable[["BuildPlan", Probes], list[Problem]]
 # Offline checks (also shown by --dry-run), then the ones that reach the network.
-CHECKS: list[Check] = [check_user, check_tools, check_locale, check_build_tree, check_disk, check_cpus, check_ram]
+CHECKS: list[Check] = [
+    check_user,
+    check_tools,
+    check_locale,
+    check_tmpdir,
+    check_build_tree,
+    check_disk,
+    check_cpus,
+    check_ram,
+]
 NETWORK_CHECKS: list[Check] = [check_network]
 
 
