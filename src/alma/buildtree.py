@@ -142,6 +142,32 @@ def build_tree(
     )
 
 
+# build/<machine>/alma-build-tree.json: the directories the last alma build of that machine
+# gave kas (its plan's environment), so alma verify reads DL_DIR where the build had it
+TREE_RECORD = "alma-build-tree.json"
+_RECORD_MAX = 64 << 10
+
+
+def recorded_env(deploy: Path) -> tuple[dict[str, str], Path] | None:
+    """The environment the build that made ``deploy`` (``<TOPDIR>/<tmp>/deploy/images/<machine>``)
+    ran with, from its TOPDIR's record; None when there is none or it is not ours."""
+    import json
+
+    parents = Path(deploy).resolve().parents
+    if len(parents) < 4:
+        return None
+    record = parents[3] / TREE_RECORD
+    try:
+        if record.stat().st_size > _RECORD_MAX:
+            return None
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None
+    return data, record
+
+
 def deploy_dir_hint(machine: str) -> str:
     """The deploy dir of ``machine`` relative to the checkout, as docs and hints write it."""
     return f"{BUILD_DIR_NAME}/{machine}/{TMPDIR_NAMES[0]}/deploy/images/{machine}"

@@ -23,7 +23,7 @@ from alma.artefacts.kernel import KernelFacts, read_kernel
 from alma.artefacts.manifest import FACT_KINDS, STATUS_FACTS, Manifest
 from alma.artefacts.rootfs import COMPONENTS, legitimize, read_rootfs_manifest
 from alma.artefacts.status import derive_status
-from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree
+from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree, recorded_env
 from alma.errors import UserError
 from alma.ground import utc_iso
 
@@ -303,8 +303,12 @@ def _supply_chain_facts(c: _Collect) -> None:
     """SPDX SBOM and cve-check output (alma.artefacts.sbom)."""
     from alma.artefacts.sbom import read_supply_chain
 
+    downloads = c.tree.downloads
+    recorded = recorded_env(c.deploy)
+    if recorded is not None and c.tree.source("DL_DIR") == "default" and recorded[0].get("DL_DIR"):
+        downloads = Path(recorded[0]["DL_DIR"])  # where the build that made this deploy dir had it
     try:
-        chain = read_supply_chain(c.deploy, c.link, c.tree.downloads)
+        chain = read_supply_chain(c.deploy, c.link, downloads)
     except UserError as exc:
         c.problems.append(exc.message)
     else:

@@ -6,6 +6,7 @@ points at the newest) with the command, the generated config and the summary aro
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from alma import runner
+from alma.buildtree import TREE_RECORD
 from alma.errors import Interrupted, PreflightError
 from alma.ground import utc_stamp, write_atomic
 from alma.imagebuild import preflight as pf
@@ -183,6 +185,7 @@ def execute(
     bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
+    write_atomic(plan.machine_dir / TREE_RECORD, json.dumps(plan.env, indent=2, sort_keys=True) + "\n")
     _drop_old_auto_conf(plan)
     if plan.request.check:  # a graph left by an earlier run must not pass for this one's
         for name in (BUILDLIST, TASK_DOT):
