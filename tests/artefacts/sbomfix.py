@@ -106,8 +106,11 @@ def default_cve() -> dict[str, Any]:
     }
 
 
-def write_cve(deploy: Path, link: str, data: Any | None = None, raw: bytes | None = None) -> Path:
-    real = deploy / f"{link}-20261130120000.json"
+STAMP = "20261130120000"  # alma_deployfix's bundle stamp: these files are of the same build
+
+
+def write_cve(deploy: Path, link: str, data: Any | None = None, raw: bytes | None = None, stamp: str = STAMP) -> Path:
+    real = deploy / f"{link}-{stamp}.json"
     real.write_bytes(raw if raw is not None else json.dumps(data or default_cve(), indent=2).encode())
     (deploy / f"{link}.json").unlink(missing_ok=True)
     os.symlink(real.name, deploy / f"{link}.json")
@@ -160,24 +163,32 @@ def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
     return {"@context": SPDX3_CONTEXT, "@graph": graph}
 
 
-def write_spdx3(deploy: Path, link: str, licences: dict[str, str] | None = None, raw: bytes | None = None) -> Path:
-    real = deploy / f"{link}-20261130120000.spdx.json"
+def write_spdx3(
+    deploy: Path, link: str, licences: dict[str, str] | None = None, raw: bytes | None = None, stamp: str = STAMP
+) -> Path:
+    real = deploy / f"{link}-{stamp}.spdx.json"
     real.write_bytes(raw if raw is not None else json.dumps(spdx3_graph(licences or LICENCES)).encode())
     os.symlink(real.name, deploy / f"{link}.spdx.json")
     return real
 
 
-def spdx22_tar(licences: dict[str, str], extra: list[tarfile.TarInfo] | None = None) -> bytes:
+def spdx22_tar(
+    licences: dict[str, str], extra: list[tarfile.TarInfo] | None = None, more: dict[str, dict[str, Any]] | None = None
+) -> bytes:
+    """One package document per licence entry (as create-spdx writes one per package), plus
+    ``more``: document name -> {package: licenseDeclared} for documents with several."""
     buf = io.BytesIO()
     index: dict[str, Any] = {"documents": []}
+    docs = {name: {name: lic} for name, lic in licences.items()} | (more or {})
     with tarfile.open(fileobj=buf, mode="w|") as tar:
-        for name, lic in sorted(licences.items()):
+        for name, pkgs in sorted(docs.items()):
             doc = {
                 "spdxVersion": "SPDX-2.2",
                 "name": name,
                 "documentNamespace": f"{NS}/{name}-uuid",
-                "packages": [{"SPDXID": f"SPDXRef-Package-{name}", "name": name, "versionInfo": "1.0",
-                              "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}],
+                "packages": [{"SPDXID": f"SPDXRef-Package-{pkg}", "name": pkg, "versionInfo": "1.0",
+                              "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}
+                             for pkg, lic in pkgs.items()],
             }  # fmt: skip
             body = json.dumps(doc, sort_keys=True).encode()
             info = tarfile.TarInfo(f"{name}.spdx.json")
@@ -200,10 +211,12 @@ def spdx22_tar(licences: dict[str, str], extra: list[tarfile.TarInfo] | None = N
     return buf.getvalue()
 
 
-def write_spdx22(deploy: Path, link: str, tar_bytes: bytes | None = None, raw: bytes | None = None) -> Path:
+def write_spdx22(
+    deploy: Path, link: str, tar_bytes: bytes | None = None, raw: bytes | None = None, stamp: str = STAMP
+) -> Path:
     import zstandard
 
-    real = deploy / f"{link}-20261130120000.spdx.tar.zst"
+    real = deploy / f"{link}-{stamp}.spdx.tar.zst"
     data = raw if raw is not None else zstandard.ZstdCompressor().compress(tar_bytes or spdx22_tar(LICENCES))
     real.write_bytes(data)
     os.symlink(real.name, deploy / f"{link}.spdx.tar.zst")

@@ -169,6 +169,56 @@ def test_a_waiver_reason_is_read_from_description_not_detail(project: Path, alma
     assert "without a reason (a finding): 1 zlib CVE-2024-1001" in r.out
 
 
+def test_supply_chain_files_of_another_build_are_refused_naming_both_stamps(project: Path, alma) -> None:
+    d = build_deploy(project)  # the bundle is stamped 20261130120000
+    sf.write_cve(d.dir, LINK, stamp="20250101000000")
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "stamped 20250101000000, but the image's bundle is stamped 20261130120000" in r.err, r.err
+    assert not manifest_path(project, "alma-image", MACHINE).exists()
+
+
+def test_both_sbom_formats_present_this_builds_is_read_and_the_other_named(project: Path, alma) -> None:
+    d = build_deploy(project)
+    stale = sf.write_spdx3(d.dir, LINK, stamp="20250101000000")  # left by an earlier build with create-spdx-3.0
+    sf.write_spdx22(d.dir, LINK)
+    assert alma("verify", d.dir, "--root", project).code == 0
+    assert _facts(project)["sbom_format"] == "SPDX-2.2"
+    assert f"also present, not read: {stale.name}" in _source(project, "sbom_format")
+
+
+def test_one_package_with_two_licences_is_refused_naming_both(project: Path, alma) -> None:
+    d = build_deploy(project)
+    tar = sf.spdx22_tar({"zlib": "Zlib"}, more={"zz-other": {"zlib": "LicenseRef-Proprietary"}})
+    sf.write_spdx22(d.dir, LINK, tar_bytes=tar)
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "package 'zlib' has two licences: 'Zlib' in zlib.spdx.json" in r.err, r.err
+    assert "'LicenseRef-Proprietary' in zz-other.spdx.json" in r.err
+
+
+def test_a_wrong_typed_licence_is_refused_not_turned_into_noassertion(project: Path, alma) -> None:
+    d = build_deploy(project)
+    sf.write_spdx22(d.dir, LINK, tar_bytes=sf.spdx22_tar({}, more={"zlib": {"zlib": ["Zlib", "MIT"]}}))
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "licenseDeclared ['Zlib', 'MIT'] is not text" in r.err, r.err
+
+
+def test_an_spdx3_licence_relationship_to_a_missing_id_is_refused(project: Path, alma) -> None:
+    d = build_deploy(project)
+    graph = sf.spdx3_graph({"zlib": "Zlib"})
+    rel = next(o for o in graph["@graph"] if o["type"] == "Relationship")
+    rel["to"] = [f"{sf.NS}/lic-gone"]
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and f"refers to missing id(s): {sf.NS}/lic-gone" in r.err, r.err
+
+
+def test_licence_refs_and_proprietary_licences_are_listed_for_the_gates(project: Path, alma) -> None:
+    d = build_deploy(project)
+    sf.write_spdx3(d.dir, LINK, {**sf.LICENCES, "nvidia-firmware": "LicenseRef-NVIDIA-Software-License"})
+    assert alma("verify", d.dir, "--root", project).code == 0
+    assert _facts(project)["licence_proprietary"] == ["nvidia-firmware", "tegra-binaries"]
+
+
 def _source(project: Path, name: str) -> str:
     return load_manifest(manifest_path(project, "alma-image", MACHINE)).fact(name).source
 

@@ -222,12 +222,16 @@ class Sbom:
     path: Path
     format: str  # "SPDX-2.2" | "SPDX-3.0.1"
     licences: dict[str, str] = field(default_factory=dict)  # package -> declared licence expression
+    other: Path | None = None  # the SBOM of the other format that was not read (named in the facts)
 
     def by_licence(self) -> dict[str, int]:
         return dict(sorted(Counter(self.licences.values()).items()))
 
     def proprietary(self) -> list[str]:
-        return sorted(p for p, lic in self.licences.items() if "proprietary" in lic.lower())
+        """Packages whose licence is not an SPDX list licence: Proprietary, or any LicenseRef-*
+        (create-spdx writes LicenseRef-<name> for a LICENSE that is no SPDX id: NVIDIA's
+        firmware and L4T binaries among them), each needing a reviewer's look."""
+        return sorted(p for p, lic in self.licences.items() if "proprietary" in lic.lower() or "LicenseRef-" in lic)
 
     def unknown(self) -> list[str]:
         return sorted(p for p, lic in self.licences.items() if lic in ("", "NOASSERTION", "NONE"))
@@ -272,6 +276,9 @@ def read_spdx3(path: Path) -> Sbom:
             _want(isinstance(to, list) and all(isinstance(t, str) for t in to), path, f"@graph[{n}]: 'to' {to!r}")
             if kind in ("hasDeclaredLicense", "hasConcludedLicense"):
                 rels.append((kind, frm, to))
+    for _k, frm, to in rels:  # a licence that points nowhere is not "no assertion": the document is broken
+        missing = [t for t in (frm, *to) if t not in ids]
+        _want(not missing, path, f"licence relationship from {frm} refers to missing id(s): {', '.join(missing)}")
     sbom = Sbom(path, "SPDX-3.0.1", {name: "NOASSERTION" for name in packages.values()})
     for kind in ("hasConcludedLicense", "hasDeclaredLicense"):  # declared wins: applied last
         for k, frm, to in rels:
@@ -372,7 +379,9 @@ def _spdx22_packages(doc: Any, path: Path, fname: str) -> dict[str, str]:
         sid, name = pkg.get("SPDXID"), pkg.get("name")
         if isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
             _want(isinstance(name, str), path, f"{fname}: package {sid} has no name")
-            out[name] = _licence(pkg.get("licenseDeclared"))
+            lic = pkg.get("licenseDeclared")
+            _want(lic is None or isinstance(lic, str), path, f"{fname}: {name}: licenseDeclared {lic!r} is not text")
+            out[name] = _licence(lic)
     return out
 
 
@@ -395,11 +404,20 @@ def read_spdx22(path: Path) -> Sbom:
     _want(index is not None, path, "no index.json in the SBOM tarball")
     _want(isinstance(index, dict) and isinstance(index.get("documents"), list), path, "index.json: no documents list")
     sbom = Sbom(path, "SPDX-2.2")
+    origin: dict[str, str] = {}
     for n, entry in enumerate(index["documents"]):
         fname = entry.get("filename") if isinstance(entry, dict) else None
         _want(isinstance(fname, str) and fname in docs, path, f"index.json documents[{n}]: {fname!r} not in tar")
         assert isinstance(fname, str)
-        sbom.licences.update(docs[fname])
+        for name, lic in docs[fname].items():
+            # one package, two licences: merging would drop one of them without a word
+            _want(
+                name not in sbom.licences or sbom.licences[name] == lic,
+                path,
+                f"package {name!r} has two licences: {sbom.licences.get(name)!r} in {origin.get(name)} "
+                f"and {lic!r} in {fname}",
+            )
+            sbom.licences[name], origin[name] = lic, fname
     return sbom
 
 
@@ -416,10 +434,11 @@ class SupplyChain:
         s, c = self.sbom, self.cve
         if s is not None:
             src = f"{s.path}: {s.format}"
-            out["sbom_format"] = (s.format, src)
+            fmt_src = src + (f" (this build's; also present, not read: {s.other.resolve().name})" if s.other else "")
+            out["sbom_format"] = (s.format, fmt_src)
             out["sbom_package_count"] = (len(s.licences), f"{src} packages")
             out["licences"] = (s.by_licence(), f"{src} declared licence per package")
-            out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary")
+            out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary or LicenseRef-*")
             out["licence_unknown"] = (s.unknown(), f"{src}: NOASSERTION/NONE")
         else:
             for name in ("sbom_format", "sbom_package_count", "licences", "licence_proprietary", "licence_unknown"):
@@ -476,19 +495,51 @@ def _first(*paths: Path) -> Path | None:
     return next((p for p in paths if p.is_file()), None)
 
 
-def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None) -> SupplyChain:
-    """Everything above for one image (``link_name`` = IMAGE_LINK_NAME, ``<image>-<machine>.rootfs``).
+_STAMP = re.compile(r"\.rootfs-(\d{14})\.")  # IMAGE_NAME = ${IMAGE_LINK_NAME}-${DATETIME} (UTC)
+
+
+def _stamp_of(path: Path) -> str | None:
+    m = _STAMP.search(path.resolve().name)
+    return m.group(1) if m else None
+
+
+def _this_build(path: Path | None, stamp: str | None) -> Path | None:
+    """``path`` when it is this image's: a file whose IMAGE_NAME stamp is another's belongs to
+    another build, and its facts would be false ones (SbomError, exit 2)."""
+    if path is None or stamp is None:
+        return path
+    other = _stamp_of(path)
+    _want(
+        other is None or other == stamp,
+        path,
+        f"is {path.resolve().name}, stamped {other}, but the image's bundle is stamped {stamp}: "
+        "a supply-chain file of another build",
+    )
+    return path
+
+
+def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None, stamp: str | None = None) -> SupplyChain:
+    """Everything above for one image (``link_name`` = IMAGE_LINK_NAME, ``<image>-<machine>.rootfs``;
+    ``stamp`` = the bundle's DATETIME: every supply-chain file must carry the same one).
 
     Absent files are unknown facts (null, with where they were looked for); present but bad
-    files are a SbomError."""
+    files, or files of another build, are a SbomError."""
     spdx3 = _first(deploy / f"{link_name}.spdx.json")
     spdx2 = _first(deploy / f"{link_name}.spdx.tar.zst")
+    other = None
+    if spdx3 and spdx2 and stamp is not None and _stamp_of(spdx3) != stamp and _stamp_of(spdx2) == stamp:
+        spdx3, other = None, spdx3  # a stale SPDX 3 file beside this build's 2.2 tarball
+    elif spdx3 and spdx2:
+        spdx2, other = None, spdx2
+    spdx3, spdx2 = _this_build(spdx3, stamp), _this_build(spdx2, stamp)
     sbom = read_spdx3(spdx3) if spdx3 else (read_spdx22(spdx2) if spdx2 else None)
+    if sbom is not None and other is not None:
+        sbom.other = other
     tmp = deploy.parent.parent.parent  # <tmp>/deploy/images/<machine>
     # the image's own report; else the build's summary (every recipe cve-check saw, same shape:
     # cve-check.bbclass:114-135 generate_json_report, CVE_CHECK_SUMMARY_DIR = ${LOG_DIR}/cve)
     cve_path = _first(deploy / f"{link_name}.json", tmp / "log" / "cve" / "cve-summary.json")
-    cve = read_cve(cve_path) if cve_path else None
+    cve = read_cve(_this_build(cve_path, stamp)) if cve_path else None
     nvd_date, nvd_source = None, "no NVD database found"
     for db in ([downloads / NVD_DB] if downloads else []) + [tmp / "sysroots" / NVD_DB]:
         if db.is_file():

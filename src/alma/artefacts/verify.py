@@ -123,6 +123,7 @@ class _Collect:
     on_cache: Callable[[str, bool], None] | None
     problems: list[str] = field(default_factory=list)
     kernel_pkg: tuple[str, str] | None = None  # (legitimized release, package) from the image manifest
+    stamp: str | None = None  # the bundle's IMAGE_NAME DATETIME: the supply-chain files must carry it
 
     @property
     def link(self) -> str:
@@ -205,6 +206,8 @@ def _bundle_facts(c: _Collect) -> None:
     stamp = dp.stamp_time(b.real.name)
     if stamp:
         m.set("build_time", stamp, f"{b.real.name}: IMAGE_NAME DATETIME stamp (UTC)")
+        found = dp.STAMP.search(b.real.name)
+        c.stamp = found.group(1) if found else None
     _bundle_env_facts(c, scan, b.real)
 
 
@@ -308,7 +311,7 @@ def _supply_chain_facts(c: _Collect) -> None:
     if recorded is not None and c.tree.source("DL_DIR") == "default" and recorded[0].get("DL_DIR"):
         downloads = Path(recorded[0]["DL_DIR"])  # where the build that made this deploy dir had it
     try:
-        chain = read_supply_chain(c.deploy, c.link, downloads)
+        chain = read_supply_chain(c.deploy, c.link, downloads, c.stamp)
     except UserError as exc:
         c.problems.append(exc.message)
     else:
