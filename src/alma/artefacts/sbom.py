@@ -539,7 +539,8 @@ def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None, stam
     # the image's own report; else the build's summary (every recipe cve-check saw, same shape:
     # cve-check.bbclass:114-135 generate_json_report, CVE_CHECK_SUMMARY_DIR = ${LOG_DIR}/cve)
     cve_path = _first(deploy / f"{link_name}.json", tmp / "log" / "cve" / "cve-summary.json")
-    cve = read_cve(_this_build(cve_path, stamp)) if cve_path else None
+    cve_path = _this_build(cve_path, stamp)
+    cve = read_cve(cve_path) if cve_path else None
     nvd_date, nvd_source = None, "no NVD database found"
     for db in ([downloads / NVD_DB] if downloads else []) + [tmp / "sysroots" / NVD_DB]:
         if db.is_file():
