@@ -227,3 +227,32 @@ def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_so_alma_refuses_it(
     )
     code, out, err = alma("build", "--kas-file", "kas/tmp.yml")
     assert code == 0, out + err
+
+
+@pytest.mark.slow
+def test_a_dirty_or_moved_repository_is_in_the_plan_and_force_checkout_reaches_kas(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+) -> None:
+    from imagebuild.test_build_real_kas import git
+
+    root = real_kas_project
+    code, out, err = alma("build")  # real kas clones and checks out the pins
+    assert code == 0, out + err
+    oe = root / "build" / "openembedded-core"
+    pinned = git("rev-parse", "HEAD", cwd=oe)
+    (oe / "meta" / "conf" / "layer.conf").write_text('BBFILE_COLLECTIONS += "core"\n# moved\n')
+    git("commit", "-qam", "a local commit", cwd=oe)  # moved off the pin
+    (oe / "meta" / "conf" / "layer.conf").write_text('BBFILE_COLLECTIONS += "core"\n# local change\n')  # dirty
+    code, out, err = alma("build", "--dry-run")
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("repository openembedded-core:"))
+    assert "dirty (1 file changed" in line and f"not the pinned {pinned[:12]}" in line and "--force-checkout" in line
+    code, out, err = alma("build", "--force-checkout", "--json")
+    assert code == 0, out + err
+    kas_log = (root / "build" / NANO / "alma-build-latest.log").read_text()
+    assert "--force-checkout" in kas_log and git("rev-parse", "HEAD", cwd=oe) == pinned
+    assert "# local change" not in (oe / "meta" / "conf" / "layer.conf").read_text()  # kas discarded it
+    code, out, _ = alma("build", "--dry-run")
+    assert "repository openembedded-core:" not in out  # clean at its pin again

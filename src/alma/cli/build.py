@@ -121,6 +121,17 @@ EXIT_CODES = (
     "Default: KAS_TASK when exported, else the kas files' task (build).",
 )
 @click.option("-k", "--keep-going", is_flag=True, help="Continue as much as possible after an error (bitbake -k).")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="kas --update: pull the repositories' branch heads (ignores the lock; to try the next lock update).",
+)
+@click.option(
+    "--force-checkout",
+    is_flag=True,
+    help="kas --force-checkout: discard local changes in the repositories and check the pins out "
+    "(the plan lists dirty and moved repositories).",
+)
 @click.argument("bitbake_args", nargs=-1, metavar="[-- BITBAKE_ARGS...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
 def build(
@@ -140,6 +151,8 @@ def build(
     targets: tuple[str, ...],
     task: str | None,
     keep_going: bool,
+    update: bool,
+    force_checkout: bool,
     bitbake_args: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -180,6 +193,8 @@ def build(
         keep_going=keep_going,
         bitbake_args=bitbake_args,
         kas_files=kas_files,
+        update=update,
+        force_checkout=force_checkout,
     )
     if check and (targets or task or keep_going or bitbake_args):
         from alma.errors import UserError

@@ -60,6 +60,8 @@ class BuildRequest:
     bitbake_args: tuple[str, ...] = ()  # after `--`: passed to bitbake verbatim (quoted)
     kas_files: tuple[str, ...] = ()  # --kas-file a.yml[:b.yml]: more kas files, after the features
     shell: str | None = None  # alma shell: the command for kas shell -c ("" = interactive)
+    update: bool = False  # kas --update: follow the branch heads (ignores the lock)
+    force_checkout: bool = False  # kas --force-checkout: discard local changes in the repositories
 
 
 @dataclass
@@ -341,14 +343,21 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     rel = [str(f.relative_to(project.root)) for f in files]
     from alma.imagebuild.preflight import _find_kas  # the path kas will really run from
 
+    for pin in kas.repos(tree.work_dir):
+        state = pin.state()
+        if state:
+            notes.append(f"repository {pin.repo_id}: {state}")
+    kas_opts = (["--update"] if req.update else []) + (["--force-checkout"] if req.force_checkout else [])
+
     if req.shell is not None:
         # bitbake reads BBPOSTCONF as if given -R (bitbake/lib/bb/main.py): bitbake typed in the
         # shell reads the plan's config at the same point as alma build's bitbake -R. kas hands
         # the shell only its own environment, so the export is part of the command.
         post = f"export BBPOSTCONF={shlex.quote(str(conf_path))}; "
-        argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", post + (req.shell or 'exec "${SHELL:-/bin/sh}"')]
+        cmd = post + (req.shell or 'exec "${SHELL:-/bin/sh}"')
+        argv = [_find_kas() or "kas", "shell", *kas_opts, ":".join(rel), "-c", cmd]
     else:
-        argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", bitbake_command(req, view, conf_path)]
+        argv = [_find_kas() or "kas", "shell", *kas_opts, ":".join(rel), "-c", bitbake_command(req, view, conf_path)]
     env_added = {**tree.env(), "KAS_BUILD_DIR": str(machine_dir)}
     problems = [project.vcs_problem(), access_problem, ota_problem, _distro_problem(view, kas)]
     return BuildPlan(
