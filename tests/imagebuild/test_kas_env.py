@@ -256,3 +256,49 @@ def test_a_dirty_or_moved_repository_is_in_the_plan_and_force_checkout_reaches_k
     assert "# local change" not in (oe / "meta" / "conf" / "layer.conf").read_text()  # kas discarded it
     code, out, _ = alma("build", "--dry-run")
     assert "repository openembedded-core:" not in out  # clean at its pin again
+
+
+def _remote_urls(root: Path, tmp_path: Path) -> str:
+    """Point the kas files at an unreachable https host; the local repositories become its mirror."""
+    base = root / "kas" / "alma.yml"
+    base.write_text(base.read_text().replace(f"file://{tmp_path / 'upstream'}/", "https://git.example.invalid/"))
+    return "https://git.example.invalid/"
+
+
+@pytest.mark.slow
+def test_kas_premirrors_make_the_reachability_check_and_kas_work_offline(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    remote = _remote_urls(real_kas_project, tmp_path)
+    _env(monkeypatch, probes)
+    code, _, err = alma("build")
+    assert code == 2 and f"repository bitbake ({remote}bitbake)" in err and "KAS_PREMIRRORS=" in err
+    _env(monkeypatch, probes, KAS_PREMIRRORS=f"https://git\\.example\\.invalid/(.*) file://{tmp_path / 'upstream'}/\\1")
+    code, out, err = alma("build")
+    assert code == 0, out + err  # the preflight asked the mirror, as kas then cloned from it
+    assert [c["tool"] for c in read_record(tmp_path / "record.jsonl")].count("bitbake") == 1
+
+
+@pytest.mark.slow
+def test_an_insteadof_rule_only_in_the_users_gitconfig_is_refused_with_gitconfig_file(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    remote = _remote_urls(real_kas_project, tmp_path)
+    home = Path(os.environ["HOME"])  # the per-test HOME of the autouse fixture
+    cfg = home / ".gitconfig"
+    cfg.write_text(f'[url "file://{tmp_path / "upstream"}/"]\n\tinsteadOf = {remote}\n')
+    _env(monkeypatch, probes)
+    # git as the user passes; kas's git (its own HOME) would not see the rule: refused up front
+    code, _, err = alma("build")
+    assert code == 2 and f"export GITCONFIG_FILE={cfg}" in err, err
+    _env(monkeypatch, probes, GITCONFIG_FILE=str(cfg))
+    code, out, err = alma("build")
+    assert code == 0, out + err  # kas took the rule into its HOME, as the preflight did
