@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from alma.artefacts import deploy as dp
 from alma.artefacts.bundle import ENV_MEMBER, REQUIRED_MEMBERS, BundleScan, Progress, scan_bundle
@@ -124,6 +125,7 @@ class _Collect:
     problems: list[str] = field(default_factory=list)
     kernel_pkg: tuple[str, str] | None = None  # (legitimized release, package) from the image manifest
     stamp: str | None = None  # the bundle's IMAGE_NAME DATETIME: the supply-chain files must carry it
+    on_supply_chain: Callable[[Any], None] | None = None  # gets the SupplyChain read (alma verify --vex)
 
     @property
     def link(self) -> str:
@@ -144,12 +146,14 @@ def verify(
     progress: Progress | None = None,
     on_cache: Callable[[str, bool], None] | None = None,
     tree: BuildTree | None = None,
+    on_supply_chain: Callable[[Any], None] | None = None,
 ) -> Manifest:
     tree = tree or build_tree(root)
     deploy, machine = resolve_deploy(deploy, machine, tree)
     image = image or _only_image(deploy, machine)
     m = Manifest(machine=machine, image=image, generated=utc_iso())
     ctx = _Collect(m, deploy, image, machine, tree, cache or Cache(), rehash, progress, on_cache)
+    ctx.on_supply_chain = on_supply_chain
     for collect in COLLECTORS:
         collect(ctx)
     ctx.cache.save()
@@ -317,6 +321,8 @@ def _supply_chain_facts(c: _Collect) -> None:
     else:
         for name, (value, source) in chain.facts().items():
             c.m.set(name, value, source)
+        if c.on_supply_chain is not None:
+            c.on_supply_chain(chain)
 
 
 def _build_time_fallback(c: _Collect) -> None:
