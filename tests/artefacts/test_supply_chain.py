@@ -219,6 +219,26 @@ def test_licence_refs_and_proprietary_licences_are_listed_for_the_gates(project:
     assert _facts(project)["licence_proprietary"] == ["nvidia-firmware", "tegra-binaries"]
 
 
+def test_spdx3_packages_are_counted_by_id_and_one_name_with_two_licences_is_refused(project: Path, alma) -> None:
+    d = build_deploy(project)
+    graph = sf.spdx3_graph({"zlib": "Zlib", "zlib2": "Zlib"})
+    for o in graph["@graph"]:
+        if o.get("name") == "zlib2":
+            o["name"] = "zlib"  # two installed packages (two ids), one name
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    assert alma("verify", d.dir, "--root", project).code == 0
+    assert _facts(project)["sbom_package_count"] == 2
+    for o in graph["@graph"]:
+        if o.get("simplelicensing_licenseExpression") == "Zlib":
+            o["simplelicensing_licenseExpression"] = "MIT"
+            break
+    for p in (d.dir / f"{LINK}.spdx.json", *d.dir.glob(f"{LINK}-*.spdx.json")):
+        p.unlink()
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "package 'zlib' has two licences" in r.err, r.err
+
+
 def _source(project: Path, name: str) -> str:
     return load_manifest(manifest_path(project, "alma-image", MACHINE)).fact(name).source
 

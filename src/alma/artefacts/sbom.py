@@ -223,6 +223,7 @@ class Sbom:
     format: str  # "SPDX-2.2" | "SPDX-3.0.1"
     licences: dict[str, str] = field(default_factory=dict)  # package -> declared licence expression
     other: Path | None = None  # the SBOM of the other format that was not read (named in the facts)
+    count: int | None = None  # installed packages, when the format tells them apart from names (SPDX 3 ids)
 
     def by_licence(self) -> dict[str, int]:
         return dict(sorted(Counter(self.licences.values()).items()))
@@ -279,11 +280,21 @@ def read_spdx3(path: Path) -> Sbom:
     for _k, frm, to in rels:  # a licence that points nowhere is not "no assertion": the document is broken
         missing = [t for t in (frm, *to) if t not in ids]
         _want(not missing, path, f"licence relationship from {frm} refers to missing id(s): {', '.join(missing)}")
-    sbom = Sbom(path, "SPDX-3.0.1", {name: "NOASSERTION" for name in packages.values()})
+    by_id: dict[str, str] = dict.fromkeys(packages, "NOASSERTION")
     for kind in ("hasConcludedLicense", "hasDeclaredLicense"):  # declared wins: applied last
         for k, frm, to in rels:
             if k == kind and frm in packages and to and to[0] in exprs and exprs[to[0]] != "NOASSERTION":
-                sbom.licences[packages[frm]] = exprs[to[0]]
+                by_id[frm] = exprs[to[0]]
+    sbom = Sbom(path, "SPDX-3.0.1", count=len(packages))  # two ids are two packages, even with one name
+    origin: dict[str, str] = {}
+    for oid, lic in by_id.items():
+        name = packages[oid]
+        _want(
+            name not in sbom.licences or sbom.licences[name] == lic,
+            path,
+            f"package {name!r} has two licences: {sbom.licences.get(name)!r} ({origin.get(name)}) and {lic!r} ({oid})",
+        )
+        sbom.licences[name], origin[name] = lic, oid
     return sbom
 
 
@@ -436,7 +447,7 @@ class SupplyChain:
             src = f"{s.path}: {s.format}"
             fmt_src = src + (f" (this build's; also present, not read: {s.other.resolve().name})" if s.other else "")
             out["sbom_format"] = (s.format, fmt_src)
-            out["sbom_package_count"] = (len(s.licences), f"{src} packages")
+            out["sbom_package_count"] = (s.count if s.count is not None else len(s.licences), f"{src} packages")
             out["licences"] = (s.by_licence(), f"{src} declared licence per package")
             out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary or LicenseRef-*")
             out["licence_unknown"] = (s.unknown(), f"{src}: NOASSERTION/NONE")
