@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -259,9 +260,13 @@ def _print_dry_run(plan: BuildPlan, problems: list[tuple[str, str]]) -> None:
     for line in plan.conf_text.splitlines():
         click.echo(f"  | {line}")
     click.echo("commands:")
+    from alma.imagebuild.preflight import premirror_url
+
+    mirrors = os.environ.get("KAS_PREMIRRORS", "")  # the URL kas's git asks (kas's effective_url)
     for repo in plan.kas.repos(plan.work_dir):
         if repo.url and not repo.checked_out:
-            click.echo(f"  {format_command(['git', 'ls-remote', '--quiet', repo.url, 'HEAD'], plan.root)}")
+            url = premirror_url(repo.url, mirrors)
+            click.echo(f"  {format_command(['git', 'ls-remote', '--quiet', url, 'HEAD'], plan.root)}")
     click.echo(f"  {format_command(plan.argv, plan.root)}")
     if problems:
         click.echo(f"preflight (offline part): {len(problems)} problem(s) a real run would stop on:")
