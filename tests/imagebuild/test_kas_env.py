@@ -302,3 +302,9 @@ def test_an_insteadof_rule_only_in_the_users_gitconfig_is_refused_with_gitconfig
     _env(monkeypatch, probes, GITCONFIG_FILE=str(cfg))
     code, out, err = alma("build")
     assert code == 0, out + err  # kas took the rule into its HOME, as the preflight did
+
+
+def test_an_exported_kas_machine_alma_has_no_file_for_is_refused_naming_the_variable(project, alma, probes) -> None:  # type: ignore[no-untyped-def]
+    probes(env={"KAS_MACHINE": "qemux86-64"})
+    code, _, err = alma("build", "--dry-run")
+    assert code == 2 and "KAS_MACHINE=qemux86-64 is exported, but ALMA-OS has no kas/machines/qemux86-64.yml" in err

@@ -307,6 +307,12 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     env = probes.env if probes is not None else os.environ
     project.require_layout()
     req = _machine_from_env(req, env)
+    if env.get("KAS_MACHINE") == req.machine and req.machine not in project.machines():
+        raise UserError(
+            f"KAS_MACHINE={req.machine} is exported, but ALMA-OS has no kas/machines/{req.machine}.yml "
+            f"(valid machines: {', '.join(project.machines())})",
+            hint="unset KAS_MACHINE, or export one of the valid machines",
+        )
     files = project.kas_files(req.machine, req.features) + project.extra_kas_files(req.kas_files)
     project.check_image(req.image)
     _check_names(req)
