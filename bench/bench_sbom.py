@@ -1,6 +1,7 @@
 """Benchmark: `alma verify` with supply-chain facts on a deploy dir holding a 1,500-package
 SPDX SBOM (3.0.1 JSON-LD, and the 2.2 tarball in a second run) and a 200-package cve-check
-report (issue 22 targets: < 2 s, < 200 MB peak RSS, CLI start-up included).
+report of 8 CVEs each, 1,600 CVEs (targets: <= 0.5 s and <= 64 MB peak RSS for 1,500 packages
+and 200 CVEs, CLI start-up included; this run reads 8x the CVEs).
 
 Anchor, in the same run: the same verify of the same deploy dir without the SBOM and CVE
 files (what the supply-chain facts add is the difference), and `python -c "import json;
@@ -56,7 +57,9 @@ def _cve(n: int) -> dict:
     pkgs = []
     for i in range(n):
         issues = [sf.issue(f"CVE-2024-{i * 10 + j:05d}", ("Patched", "Unpatched", "Ignored")[j % 3],
-                           v3=f"{(i + j) % 10}.{j}", detail="fixed-version" if j % 3 != 1 else None)
+                           v3=f"{(i + j) % 10}.{j}" if j % 4 else "0.0", v2=f"{(i + j) % 10}.5",
+                           detail="fixed-version" if j % 3 != 1 else None,
+                           reason="reviewed: not built" if j % 3 == 2 and i % 2 else None)
                   for j in range(8)]  # fmt: skip
         pkgs.append(sf.package(f"pkg{i}", "1.0", issues, known=i % 7 != 0))
     return {"version": "1", "package": pkgs}
@@ -85,8 +88,9 @@ def main() -> None:
             p.unlink()
         sf.write_spdx22(d.dir, LINK, sf.spdx22_tar(licences))
         t2, rss2 = _run(base, "spdx22")
-        print(f"SPDX 3.0.1 {args.packages} packages + cve-check {args.cve_packages} packages: "
-              f"{t3:.2f} s, peak RSS {rss3:.0f} MB (target < 2 s, < 200 MB)")  # fmt: skip
+        print(f"SPDX 3.0.1 {args.packages} packages + cve-check {args.cve_packages} packages "
+              f"({args.cve_packages * 8} CVEs): {t3:.2f} s, peak RSS {rss3:.0f} MB "
+              "(target <= 0.5 s, <= 64 MB)")  # fmt: skip
         print(f"SPDX 2.2 tarball {args.packages} packages + the same cve-check: {t2:.2f} s, peak RSS {rss2:.0f} MB")
         print(f"anchor: verify without supply-chain files {t_plain:.2f} s ({rss_plain:.0f} MB); "
               f"json.load of the SPDX file alone {t_json:.2f} s; supply chain adds {t3 - t_plain:.2f} s "

@@ -101,7 +101,7 @@ GOOD = dict(
     mem_total=lambda: 64 * pf.GIB,
     cpu_count=lambda: 8,
     locales=lambda: {"c.utf8", "en_us.utf8", "posix"},
-    ls_remote=lambda url, timeout: None,
+    ls_remote=lambda url, timeout, env: None,
     access=lambda path, mode: True,
     owner=lambda path: 1000,
     user_name=lambda uid: {0: "root", 1000: "builder"}.get(uid, str(uid)),
@@ -116,7 +116,7 @@ import sys
 from alma.imagebuild import preflight as pf
 healthy = pf.Probes(euid=lambda: 1000, which=lambda t: "/usr/bin/" + t, disk_free=lambda p: 500 * pf.GB,
                     mem_total=lambda: 64 * pf.GIB, cpu_count=lambda: 8, locales=lambda: {"en_us.utf8"},
-                    ls_remote=lambda url, t: None, access=lambda p, m: True, owner=lambda p: 1000,
+                    ls_remote=lambda url, t, env: None, access=lambda p, m: True, owner=lambda p: 1000,
                     user_name=lambda uid: "builder", env={})
 pf.default_probes = lambda: healthy
 from alma.cli.main import main

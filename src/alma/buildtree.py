@@ -92,17 +92,29 @@ class BuildTree:
         return {"KAS_WORK_DIR": str(self.work_dir), "DL_DIR": str(self.downloads), "SSTATE_DIR": str(self.sstate)}
 
 
-def build_tree(root: Path, build_dir: Path | None = None, env: Mapping[str, str] | None = None) -> BuildTree:
+def build_tree(
+    root: Path,
+    build_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    kas_env: Mapping[str, str] | None = None,
+) -> BuildTree:
     """The tree of checkout ``root``.
 
     Precedence, for each directory: ``--build-dir`` (the work dir only), then the exported
-    variable (``env``: KAS_WORK_DIR, KAS_BUILD_DIR, DL_DIR, SSTATE_DIR), then the default
-    under ``<root>/build``. ``sources`` records which one won, for the plan.
+    variable (``env``: KAS_WORK_DIR, KAS_BUILD_DIR, DL_DIR, SSTATE_DIR), then for DL_DIR and
+    SSTATE_DIR the kas files' ``env:`` (``kas_env``: kas exports those values to bitbake
+    unless the environment has one, kas/libkas.py get_build_environ), then the default under
+    ``<root>/build``. ``sources`` records which one won, for the plan.
     """
     env = {} if env is None else env
+    kas_env = {} if kas_env is None else kas_env
 
     def exported(name: str) -> Path | None:
         value = env.get(name, "").strip()
+        return Path(value).expanduser().resolve() if value else None
+
+    def from_kas(name: str) -> Path | None:
+        value = kas_env.get(name, "").strip() if name in ("DL_DIR", "SSTATE_DIR") else ""
         return Path(value).expanduser().resolve() if value else None
 
     sources: list[tuple[str, str]] = []
@@ -117,7 +129,10 @@ def build_tree(root: Path, build_dir: Path | None = None, env: Mapping[str, str]
     dirs: dict[str, Path | None] = {}
     for name in ("KAS_BUILD_DIR", "DL_DIR", "SSTATE_DIR"):
         dirs[name] = exported(name)
-        sources.append((name, "environment" if dirs[name] else ("--build-dir" if build_dir else "default")))
+        how = "environment" if dirs[name] else ("--build-dir" if build_dir else "default")
+        if dirs[name] is None and from_kas(name) is not None:
+            dirs[name], how = from_kas(name), "kas files env:"
+        sources.append((name, how))
     return BuildTree(
         work,
         downloads_dir=dirs["DL_DIR"],
@@ -125,6 +140,32 @@ def build_tree(root: Path, build_dir: Path | None = None, env: Mapping[str, str]
         build_dir=dirs["KAS_BUILD_DIR"],
         sources=tuple(sources),
     )
+
+
+# build/<machine>/alma-build-tree.json: the directories the last alma build of that machine
+# gave kas (its plan's environment), so alma verify reads DL_DIR where the build had it
+TREE_RECORD = "alma-build-tree.json"
+_RECORD_MAX = 64 << 10
+
+
+def recorded_env(deploy: Path) -> tuple[dict[str, str], Path] | None:
+    """The environment the build that made ``deploy`` (``<TOPDIR>/<tmp>/deploy/images/<machine>``)
+    ran with, from its TOPDIR's record; None when there is none or it is not ours."""
+    import json
+
+    parents = Path(deploy).resolve().parents
+    if len(parents) < 4:
+        return None
+    record = parents[3] / TREE_RECORD
+    try:
+        if record.stat().st_size > _RECORD_MAX:
+            return None
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None
+    return data, record
 
 
 def deploy_dir_hint(machine: str) -> str:

@@ -39,11 +39,22 @@ SPDX3_CONTEXT = "https://spdx.org/rdf/3.0.1/spdx-context.jsonld"
 NS = "http://spdx.org/spdxdocs"
 
 
-def issue(cve: str, status: str, v3: str = "0.0", v4: str = "0.0", detail: str | None = None) -> dict[str, Any]:
+def issue(
+    cve: str,
+    status: str,
+    v3: str = "0.0",
+    v4: str = "0.0",
+    detail: str | None = None,
+    reason: str | None = None,
+    v2: str = "0.0",
+) -> dict[str, Any]:
+    """One issue as cve_write_data_json writes it: ``detail`` is CVE_STATUS's key (always set for
+    Patched/Ignored by decode_cve_status, meta/lib/oe/cve_check.py), ``description`` the reason
+    after "key: " when the waiver gave one."""
     out: dict[str, Any] = {
         "id": cve,
         "summary": f"summary of {cve}",
-        "scorev2": "0.0",
+        "scorev2": v2,
         "scorev3": v3,
         "scorev4": v4,
         "vector": "NETWORK",
@@ -53,7 +64,8 @@ def issue(cve: str, status: str, v3: str = "0.0", v4: str = "0.0", detail: str |
     }
     if detail:
         out["detail"] = detail
-        out["description"] = f"why {cve} is {detail}"
+    if reason:
+        out["description"] = reason
     return out
 
 
@@ -77,8 +89,14 @@ def default_cve() -> dict[str, Any]:
                 [
                     issue("CVE-2024-0001", "Patched", v3="9.8", detail="fixed-version"),
                     issue("CVE-2024-0002", "Unpatched", v3="7.0"),
-                    issue("CVE-2024-0003", "Ignored", v3="9.1", detail="not-applicable-config"),
-                    issue("CVE-2024-0004", "Ignored", v3="5.0"),  # no detail: a finding
+                    issue(
+                        "CVE-2024-0003",
+                        "Ignored",
+                        v3="9.1",
+                        detail="not-applicable-config",
+                        reason="built without the affected engine",
+                    ),  # fmt: skip
+                    issue("CVE-2024-0004", "Ignored", v3="5.0", detail="not-applicable-config"),  # no reason: a finding
                 ],
             ),
             package("busybox", "1.36.1", [issue("CVE-2023-0005", "Unpatched", v3="6.9", v4="8.9")]),
@@ -88,8 +106,11 @@ def default_cve() -> dict[str, Any]:
     }
 
 
-def write_cve(deploy: Path, link: str, data: Any | None = None, raw: bytes | None = None) -> Path:
-    real = deploy / f"{link}-20261130120000.json"
+STAMP = "20261130120000"  # alma_deployfix's bundle stamp: these files are of the same build
+
+
+def write_cve(deploy: Path, link: str, data: Any | None = None, raw: bytes | None = None, stamp: str = STAMP) -> Path:
+    real = deploy / f"{link}-{stamp}.json"
     real.write_bytes(raw if raw is not None else json.dumps(data or default_cve(), indent=2).encode())
     (deploy / f"{link}.json").unlink(missing_ok=True)
     os.symlink(real.name, deploy / f"{link}.json")
@@ -142,24 +163,32 @@ def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
     return {"@context": SPDX3_CONTEXT, "@graph": graph}
 
 
-def write_spdx3(deploy: Path, link: str, licences: dict[str, str] | None = None, raw: bytes | None = None) -> Path:
-    real = deploy / f"{link}-20261130120000.spdx.json"
+def write_spdx3(
+    deploy: Path, link: str, licences: dict[str, str] | None = None, raw: bytes | None = None, stamp: str = STAMP
+) -> Path:
+    real = deploy / f"{link}-{stamp}.spdx.json"
     real.write_bytes(raw if raw is not None else json.dumps(spdx3_graph(licences or LICENCES)).encode())
     os.symlink(real.name, deploy / f"{link}.spdx.json")
     return real
 
 
-def spdx22_tar(licences: dict[str, str], extra: list[tarfile.TarInfo] | None = None) -> bytes:
+def spdx22_tar(
+    licences: dict[str, str], extra: list[tarfile.TarInfo] | None = None, more: dict[str, dict[str, Any]] | None = None
+) -> bytes:
+    """One package document per licence entry (as create-spdx writes one per package), plus
+    ``more``: document name -> {package: licenseDeclared} for documents with several."""
     buf = io.BytesIO()
     index: dict[str, Any] = {"documents": []}
+    docs = {name: {name: lic} for name, lic in licences.items()} | (more or {})
     with tarfile.open(fileobj=buf, mode="w|") as tar:
-        for name, lic in sorted(licences.items()):
+        for name, pkgs in sorted(docs.items()):
             doc = {
                 "spdxVersion": "SPDX-2.2",
                 "name": name,
                 "documentNamespace": f"{NS}/{name}-uuid",
-                "packages": [{"SPDXID": f"SPDXRef-Package-{name}", "name": name, "versionInfo": "1.0",
-                              "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}],
+                "packages": [{"SPDXID": f"SPDXRef-Package-{pkg}", "name": pkg, "versionInfo": "1.0",
+                              "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}
+                             for pkg, lic in pkgs.items()],
             }  # fmt: skip
             body = json.dumps(doc, sort_keys=True).encode()
             info = tarfile.TarInfo(f"{name}.spdx.json")
@@ -182,10 +211,12 @@ def spdx22_tar(licences: dict[str, str], extra: list[tarfile.TarInfo] | None = N
     return buf.getvalue()
 
 
-def write_spdx22(deploy: Path, link: str, tar_bytes: bytes | None = None, raw: bytes | None = None) -> Path:
+def write_spdx22(
+    deploy: Path, link: str, tar_bytes: bytes | None = None, raw: bytes | None = None, stamp: str = STAMP
+) -> Path:
     import zstandard
 
-    real = deploy / f"{link}-20261130120000.spdx.tar.zst"
+    real = deploy / f"{link}-{stamp}.spdx.tar.zst"
     data = raw if raw is not None else zstandard.ZstdCompressor().compress(tar_bytes or spdx22_tar(LICENCES))
     real.write_bytes(data)
     os.symlink(real.name, deploy / f"{link}.spdx.tar.zst")

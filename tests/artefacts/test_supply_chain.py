@@ -44,8 +44,16 @@ def test_cve_check_and_spdx3_become_facts(project: Path, alma) -> None:
     assert counts["Patched"]["critical"] == 1 and counts["Unpatched"]["high"] == 2
     assert counts["Ignored"]["critical"] == 1 and counts["Ignored"]["medium"] == 1
     assert f["cve_unpatched_critical"] == 0 and f["cve_unpatched_high"] == 2
-    assert f["cve_unpatched"] == ["busybox CVE-2023-0005 high", "openssl CVE-2024-0002 high"]
-    assert {"package": "openssl", "id": "CVE-2024-0003", "detail": "not-applicable-config"} in f["cve_ignored"]
+    assert f["cve_unpatched"] == [
+        "busybox CVE-2023-0005 high (CVSS 4.0 8.9)",
+        "openssl CVE-2024-0002 high (CVSS 3.x 7.0)",
+    ]
+    assert {
+        "package": "openssl",
+        "id": "CVE-2024-0003",
+        "detail": "not-applicable-config",
+        "reason": "built without the affected engine",
+    } in f["cve_ignored"]
     assert f["cve_ignored_without_detail"] == ["openssl CVE-2024-0004"]
     assert f["cve_blind_spots"] == ["alma-guard", "tegra-binaries"]
     assert f["cve_blind_spots_critical"] == ["tegra-binaries"]  # Proprietary in the SBOM, and the boot chain
@@ -88,7 +96,7 @@ def test_verify_sbom_prints_the_summary_and_json_has_all(project: Path, alma) ->
     r = alma("verify", d.dir, "--root", project, "--sbom")
     assert r.code == 0, r.err
     assert "SBOM: SPDX-3.0.1, 5 packages" in r.out and "Proprietary: 1 tegra-binaries" in r.out
-    assert "Unpatched" in r.out and "without a detail (a finding): 1 openssl CVE-2024-0004" in r.out
+    assert "Unpatched" in r.out and "without a reason (a finding): 1 openssl CVE-2024-0004" in r.out
     assert "Proprietary or boot chain: tegra-binaries" in r.out
     r = alma("verify", d.dir, "--root", project, "--json")
     facts = json.loads(r.out)["facts"]
@@ -112,6 +120,127 @@ def test_a_gate_claim_of_no_unpatched_critical_goes_stale_when_one_appears(proje
     assert alma("verify", d.dir, "--root", project).code == 0
     r = alma("gates", "check", "--root", project)
     assert r.code == 1 and "cve_unpatched_critical" in r.out, (r.out, r.err)
+
+
+def test_a_cve_scored_only_by_cvss_v2_is_graded_by_nvd_v2_ranges_and_gated(project: Path, alma) -> None:
+    # NVD entries before 2016 often carry only scorev2 (v3/v4 "0.0"): a v2 10.0 is "high" by
+    # NVD's v2 ranges, and, v2 having no critical band, counts toward cve_unpatched_critical
+    d = build_deploy(project)
+    data = sf.default_cve()
+    data["package"][1]["issue"] += [
+        sf.issue("CVE-2014-0160", "Unpatched", v2="10.0"),
+        sf.issue("CVE-2012-0001", "Unpatched", v2="5.0"),
+        sf.issue("CVE-2013-0001", "Patched", v2="3.9", detail="fixed-version"),
+    ]
+    sf.write_cve(d.dir, LINK, data)
+    assert alma("verify", d.dir, "--root", project).code == 0
+    f = _facts(project)
+    assert f["cve_unpatched_critical"] == 1 and "v2" in _source(project, "cve_unpatched_critical")
+    assert f["cve_counts"]["Unpatched"]["high"] == 3 and f["cve_counts"]["Unpatched"]["medium"] == 1
+    assert f["cve_counts"]["Patched"]["low"] == 1
+    assert "busybox CVE-2014-0160 high (CVSS 2.0 10.0)" in f["cve_unpatched"]
+    r = alma("verify", d.dir, "--root", project, "--sbom")
+    assert "busybox CVE-2014-0160 high (CVSS 2.0 10.0)" in r.out, r.out
+
+
+def test_the_grade_takes_the_best_version_present() -> None:
+    assert sbom.grade(10.0, 5.0, None) == ("medium", "3.x", 5.0)  # v3 present: v2 is not looked at
+    assert sbom.grade(2.0, 9.8, 6.0) == ("medium", "4.0", 6.0)  # v4 beats v3, even when lower
+    assert sbom.grade(7.0, 0.0, 0.0) == ("high", "2.0", 7.0)
+    assert sbom.grade(3.9, 0.0, 0.0) == ("low", "2.0", 3.9)
+    assert sbom.grade(0.0, 0.0, 0.0) == ("none", None, 0.0)
+
+
+def test_a_waiver_reason_is_read_from_description_not_detail(project: Path, alma) -> None:
+    # decode_cve_status: detail is the CVE_STATUS key (always set), description the reason
+    d = build_deploy(project)
+    data = {"version": "1", "package": [sf.package("zlib", "1.3", [
+        sf.issue("CVE-2024-1001", "Ignored", v3="9.8", detail="cpe-incorrect"),
+        sf.issue("CVE-2024-1002", "Ignored", v3="9.8", detail="not-applicable-platform", reason="Windows only"),
+    ])]}  # fmt: skip
+    sf.write_cve(d.dir, LINK, data)
+    assert alma("verify", d.dir, "--root", project).code == 0
+    f = _facts(project)
+    assert f["cve_ignored_without_detail"] == ["zlib CVE-2024-1001"]
+    reasons = {i["id"]: i["reason"] for i in f["cve_ignored"]}
+    assert reasons == {"CVE-2024-1001": None, "CVE-2024-1002": "Windows only"}
+    r = alma("verify", d.dir, "--root", project, "--sbom")
+    assert "zlib CVE-2024-1002 not-applicable-platform: Windows only" in r.out, r.out
+    assert "without a reason (a finding): 1 zlib CVE-2024-1001" in r.out
+
+
+def test_supply_chain_files_of_another_build_are_refused_naming_both_stamps(project: Path, alma) -> None:
+    d = build_deploy(project)  # the bundle is stamped 20261130120000
+    sf.write_cve(d.dir, LINK, stamp="20250101000000")
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "stamped 20250101000000, but the image's bundle is stamped 20261130120000" in r.err, r.err
+    assert not manifest_path(project, "alma-image", MACHINE).exists()
+
+
+def test_both_sbom_formats_present_this_builds_is_read_and_the_other_named(project: Path, alma) -> None:
+    d = build_deploy(project)
+    stale = sf.write_spdx3(d.dir, LINK, stamp="20250101000000")  # left by an earlier build with create-spdx-3.0
+    sf.write_spdx22(d.dir, LINK)
+    assert alma("verify", d.dir, "--root", project).code == 0
+    assert _facts(project)["sbom_format"] == "SPDX-2.2"
+    assert f"also present, not read: {stale.name}" in _source(project, "sbom_format")
+
+
+def test_one_package_with_two_licences_is_refused_naming_both(project: Path, alma) -> None:
+    d = build_deploy(project)
+    tar = sf.spdx22_tar({"zlib": "Zlib"}, more={"zz-other": {"zlib": "LicenseRef-Proprietary"}})
+    sf.write_spdx22(d.dir, LINK, tar_bytes=tar)
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "package 'zlib' has two licences: 'Zlib' in zlib.spdx.json" in r.err, r.err
+    assert "'LicenseRef-Proprietary' in zz-other.spdx.json" in r.err
+
+
+def test_a_wrong_typed_licence_is_refused_not_turned_into_noassertion(project: Path, alma) -> None:
+    d = build_deploy(project)
+    sf.write_spdx22(d.dir, LINK, tar_bytes=sf.spdx22_tar({}, more={"zlib": {"zlib": ["Zlib", "MIT"]}}))
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "licenseDeclared ['Zlib', 'MIT'] is not text" in r.err, r.err
+
+
+def test_an_spdx3_licence_relationship_to_a_missing_id_is_refused(project: Path, alma) -> None:
+    d = build_deploy(project)
+    graph = sf.spdx3_graph({"zlib": "Zlib"})
+    rel = next(o for o in graph["@graph"] if o["type"] == "Relationship")
+    rel["to"] = [f"{sf.NS}/lic-gone"]
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and f"refers to missing id(s): {sf.NS}/lic-gone" in r.err, r.err
+
+
+def test_licence_refs_and_proprietary_licences_are_listed_for_the_gates(project: Path, alma) -> None:
+    d = build_deploy(project)
+    sf.write_spdx3(d.dir, LINK, {**sf.LICENCES, "nvidia-firmware": "LicenseRef-NVIDIA-Software-License"})
+    assert alma("verify", d.dir, "--root", project).code == 0
+    assert _facts(project)["licence_proprietary"] == ["nvidia-firmware", "tegra-binaries"]
+
+
+def test_spdx3_packages_are_counted_by_id_and_one_name_with_two_licences_is_refused(project: Path, alma) -> None:
+    d = build_deploy(project)
+    graph = sf.spdx3_graph({"zlib": "Zlib", "zlib2": "Zlib"})
+    for o in graph["@graph"]:
+        if o.get("name") == "zlib2":
+            o["name"] = "zlib"  # two installed packages (two ids), one name
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    assert alma("verify", d.dir, "--root", project).code == 0
+    assert _facts(project)["sbom_package_count"] == 2
+    for o in graph["@graph"]:
+        if o.get("simplelicensing_licenseExpression") == "Zlib":
+            o["simplelicensing_licenseExpression"] = "MIT"
+            break
+    for p in (d.dir / f"{LINK}.spdx.json", *d.dir.glob(f"{LINK}-*.spdx.json")):
+        p.unlink()
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "package 'zlib' has two licences" in r.err, r.err
+
+
+def _source(project: Path, name: str) -> str:
+    return load_manifest(manifest_path(project, "alma-image", MACHINE)).fact(name).source
 
 
 def _deep(n: int) -> bytes:

@@ -3,6 +3,7 @@ when missing or unusable, never a private key read or echoed."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -45,8 +46,11 @@ def test_release_build_without_any_key_is_refused_by_the_plan(project, fakes, al
         assert "a release image needs an admin key" in err and "nobody can ever log into the board" in err
         assert "fix: alma build --admin-key ~/.ssh/id_ed25519.pub" in err and "--no-admin-access" in err
     assert read_record(fakes) == [] and not list(project.glob("build/*/alma-build*"))
-    code, out, _ = alma("build", "--dry-run")  # the plan is still shown, with the problem
-    assert code == 0 and "a release image needs an admin key" in out and "commands:" in out
+    code, out, err = alma("build", "--dry-run")  # the plan is still shown, with the problem, and exit 2
+    assert code == 2 and "a release image needs an admin key" in out and "commands:" in out
+    assert "a release image needs an admin key" in err
+    code, out, _ = alma("build", "--dry-run", "--json")
+    assert code == 2 and json.loads(out)["problems"]
 
 
 def test_development_build_needs_no_key(project, alma, admin_key):
@@ -60,7 +64,7 @@ def test_development_build_needs_no_key(project, alma, admin_key):
     rel = project / "kas/features/release.yml"
     rel.write_text('header:\n  version: 14\nlocal_conf_header:\n  alma-60-mode: |\n    ALMA_RELEASE = "1"\n')
     code, out, _ = alma("build", "--dry-run", "--feature", "development", "--feature", "release")
-    assert code == 0 and "needs an admin key" in out
+    assert code == 2 and "needs an admin key" in out
 
 
 def test_default_key_from_home_is_used_and_the_plan_says_so(alma, admin_key):

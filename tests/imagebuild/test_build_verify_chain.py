@@ -15,6 +15,7 @@ from support_build import read_record
 
 from alma.artefacts.manifest import load_manifest, manifest_path
 from alma.buildtree import deploy_dir_hint
+from alma.ground import utc_iso
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,27 @@ def test_verify_with_no_path_finds_what_build_made(project, fakes, probes, alma)
     m = load_manifest(manifest_path(project, "alma-image", "jetson-agx-orin-devkit"))
     assert m.value("env_machine") == "jetson-agx-orin-devkit"
     assert m.value("bundle_path").startswith(bb["cwd"] + "/tmp-glibc/deploy/images/jetson-agx-orin-devkit/")
+
+
+def test_verify_reads_the_nvd_date_from_the_download_dir_the_build_used(project, fakes, probes, alma, tmp_path):
+    # the build's DL_DIR came from a kas file's env: (or an export gone by verify time)
+    from artefacts import sbomfix as sf
+
+    dl = tmp_path / "shared-downloads"
+    (project / "kas" / "local").mkdir(exist_ok=True)
+    (project / "kas" / "local" / "dl.yml").write_text(f"header:\n  version: 14\nenv:\n  DL_DIR: {dl}\n")
+    code, out, err = alma("build", "--kas-file", "kas/local/dl.yml")
+    assert code == 0, out + err
+    [bb] = [c for c in read_record(fakes) if c["tool"] == "bitbake"]
+    assert bb["env"]["DL_DIR"] == str(dl)
+    d = build_deploy(project, topdir=Path(bb["cwd"]))
+    sf.write_cve(d.dir, "alma-image-jetson-orin-nano-devkit.rootfs")
+    sf.write_nvd_db(dl, 1_795_000_000)
+    sf.write_nvd_db(project / "build" / "downloads", 1_700_000_000)  # a stale copy where the default points
+    code, out, err = alma("verify")
+    assert code == 0, out + err
+    m = load_manifest(manifest_path(project, "alma-image", "jetson-orin-nano-devkit"))
+    assert m.value("nvd_data_date") == utc_iso(1_795_000_000) and str(dl) in m.fact("nvd_data_date").source
 
 
 def test_absent_refuses_after_a_build(project, fakes, probes, alma):

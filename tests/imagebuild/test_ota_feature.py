@@ -46,7 +46,7 @@ def test_release_with_ota_and_no_cert_is_refused_before_anything_runs(project, f
     assert "needs the OTA signing certificate" in err and "--ota-key" in err
     # --dry-run still shows the plan, with the missing certificate among its problems (issue 22)
     code, out, err = alma("build", "--dry-run", "--feature", "ota")
-    assert code == 0, err
+    assert code == 2, err
     assert "needs the OTA signing certificate" in out + err and "--ota-key" in out + err
     assert read_record(fakes) == []
 

@@ -26,9 +26,12 @@ def _report(tmp_path: Path, issues: list[dict]) -> Path:
     return p
 
 
-@pytest.mark.parametrize(("v3", "v4"), [("9.8", "0.0"), ("0.0", "9.0"), ("8.9", "9.3")])
-def test_an_unpatched_critical_fails_a_release(tmp_path: Path, v3: str, v4: str) -> None:
-    report = _report(tmp_path, [sf.issue("CVE-2024-0002", "Unpatched", v3=v3, v4=v4)])
+@pytest.mark.parametrize(
+    ("v2", "v3", "v4"), [("0.0", "9.8", "0.0"), ("0.0", "0.0", "9.0"), ("0.0", "8.9", "9.3"), ("10.0", "0.0", "0.0")]
+)
+def test_an_unpatched_critical_fails_a_release(tmp_path: Path, v2: str, v3: str, v4: str) -> None:
+    # the last case: an older NVD entry scored by CVSS v2 only (high 7.0-10.0, no critical band)
+    report = _report(tmp_path, [sf.issue("CVE-2024-0002", "Unpatched", v3=v3, v4=v4, v2=v2)])
     with pytest.raises(Fatal, match=r"unpatched critical CVE \(CVSS >= 9.0\): openssl CVE-2024-0002"):
         run_gate(report)
 
@@ -38,6 +41,7 @@ def test_high_waived_or_patched_pass_and_say_so(tmp_path: Path) -> None:
         tmp_path,
         [
             sf.issue("CVE-2024-0001", "Unpatched", v3="8.9"),
+            sf.issue("CVE-2014-0001", "Unpatched", v2="10.0", v3="6.0"),  # v3 present: v2 not looked at
             sf.issue("CVE-2024-0003", "Ignored", v3="9.8", detail="not-applicable-config"),
             sf.issue("CVE-2024-0004", "Patched", v3="10.0", detail="fixed-version"),
         ],

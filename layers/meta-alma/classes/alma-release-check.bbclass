@@ -167,15 +167,24 @@ python alma_cve_gate() {
         except (TypeError, ValueError):
             return 0.0
 
-    critical = []
+    def critical(issue):
+        # the best CVSS version present (NVD writes "0.0" for a version it has no score of):
+        # v4, else v3.x (>= 9.0 critical), else v2, which has no critical band: its "high"
+        # (>= 7.0) counts (alma verify's rule, docs/verify.md "CVE severity")
+        for version, limit in (('scorev4', 9.0), ('scorev3', 9.0), ('scorev2', 7.0)):
+            if score(issue.get(version)) > 0.0:
+                return score(issue.get(version)) >= limit
+        return False
+
+    critical_ids = []
     for pkg in data.get('package', []):
         for issue in pkg.get('issue', []):
-            if issue.get('status') == 'Unpatched' and max(score(issue.get('scorev3')), score(issue.get('scorev4'))) >= 9.0:
-                critical.append('%s %s' % (pkg.get('name'), issue.get('id')))
-    if critical:
+            if issue.get('status') == 'Unpatched' and critical(issue):
+                critical_ids.append('%s %s' % (pkg.get('name'), issue.get('id')))
+    if critical_ids:
         bb.fatal('alma-image: a release must not ship an unpatched critical CVE (CVSS >= 9.0): %s; patch it, or '
                  'waive it with a reason in conf/distro/include/alma-cve-status.inc (CVE_STATUS, reviewed)'
-                 % ', '.join(sorted(critical)))
+                 % ', '.join(sorted(critical_ids)))
     bb.note('alma-cve-gate: no unpatched critical CVE in %s' % os.path.basename(report))
 }
 ROOTFS_POSTPROCESS_COMMAND += "alma_cve_gate"

@@ -73,18 +73,25 @@ class SbomError(UserError):
         )
 
 
-def severity(scorev3: float | None, scorev4: float | None) -> str:
-    """CVSS v3/v4 base score (the higher one): >= 9.0 critical, >= 7.0 high, >= 4.0 medium, > 0 low."""
-    score = max((s for s in (scorev3, scorev4) if s is not None), default=0.0)
-    if score >= 9.0:
-        return "critical"
-    if score >= 7.0:
-        return "high"
-    if score >= 4.0:
-        return "medium"
-    if score > 0.0:
-        return "low"
-    return "none"
+def grade(scorev2: float | None, scorev3: float | None, scorev4: float | None) -> tuple[str, str | None, float]:
+    """(severity, CVSS version, score) by the best version present: v4, else v3.x, else v2.
+
+    NVD writes "0.0" for a version it has no score of (older entries carry only v2), so a
+    version is present when its score is above 0. v3/v4 ranges: >= 9.0 critical, >= 7.0 high,
+    >= 4.0 medium, > 0 low. v2 has no critical band; NVD's v2 ranges: 7.0-10.0 high, 4.0-6.9
+    medium, 0-3.9 low. A v2 high spans v3's high and critical, so :data:`COUNTS_AS_CRITICAL`
+    counts an unpatched v2-only high toward ``cve_unpatched_critical`` (a gate cannot rule
+    critical out from a v2 score; docs/verify.md, "CVE severity")."""
+    for version, score in (("4.0", scorev4), ("3.x", scorev3)):
+        if score is not None and score > 0.0:
+            if score >= 9.0:
+                return "critical", version, score
+            if score >= 7.0:
+                return "high", version, score
+            return ("medium" if score >= 4.0 else "low"), version, score
+    if scorev2 is not None and scorev2 > 0.0:
+        return ("high" if scorev2 >= 7.0 else "medium" if scorev2 >= 4.0 else "low"), "2.0", scorev2
+    return "none", None, 0.0
 
 
 @dataclass
@@ -93,7 +100,20 @@ class Issue:
     cve: str
     status: str
     severity: str
-    detail: str | None
+    detail: str | None  # cve-check's status key (fixed-version, cpe-incorrect, ...)
+    reason: str | None = None  # the waiver's reason: cve-check's "description"
+    cvss: str | None = None  # the version graded by ("4.0", "3.x", "2.0"), None when unscored
+    score: float = 0.0
+
+    @property
+    def critical(self) -> bool:
+        """Counts toward cve_unpatched_critical: critical by v3/v4, or high by v2 alone."""
+        return self.severity == "critical" or (self.severity == "high" and self.cvss == "2.0")
+
+    def shown(self) -> str:
+        """The issue as the facts list it: package, id, severity and the CVSS version and score."""
+        score = f" (CVSS {self.cvss} {self.score:.1f})" if self.cvss else ""
+        return f"{self.package} {self.cve} {self.severity}{score}"
 
 
 @dataclass
@@ -102,6 +122,9 @@ class CveReport:
     packages: int = 0
     issues: list[Issue] = field(default_factory=list)
     blind_spots: list[str] = field(default_factory=list)  # packages NVD knows no product of
+
+    def unpatched_critical(self) -> int:
+        return sum(1 for i in self.issues if i.status == "Unpatched" and i.critical)
 
     def counts(self) -> dict[str, dict[str, int]]:
         out = {s: dict.fromkeys(SEVERITIES, 0) for s in STATUSES}
@@ -181,12 +204,15 @@ def read_cve(path: Path) -> CveReport:
             seen_ids.add(cve)
             status = i.get("status")
             _want(status in STATUSES, path, f"{name} {cve}: status {status!r} (want {'/'.join(STATUSES)})")
-            detail = i.get("detail")
+            # decode_cve_status (meta/lib/oe/cve_check.py) splits CVE_STATUS "key: reason" into
+            # detail (the key, always set) and description (the reason, when one was given)
+            detail, reason = i.get("detail"), i.get("description")
             _want(detail is None or isinstance(detail, str), path, f"{name} {cve}: detail is not text")
-            sev = severity(
-                _score(i.get("scorev3"), path, f"{name} {cve}"), _score(i.get("scorev4"), path, f"{name} {cve}")
-            )
-            report.issues.append(Issue(name, cve, status, sev, detail or None))
+            _want(reason is None or isinstance(reason, str), path, f"{name} {cve}: description is not text")
+            scores = (_score(i.get(f"scorev{v}"), path, f"{name} {cve}") for v in (2, 3, 4))
+            sev, cvss, score = grade(*scores)
+            reason = reason.strip() if reason else None
+            report.issues.append(Issue(name, cve, status, sev, detail or None, reason or None, cvss, score))
     report.packages = len(seen_pkgs)
     return report
 
@@ -196,12 +222,17 @@ class Sbom:
     path: Path
     format: str  # "SPDX-2.2" | "SPDX-3.0.1"
     licences: dict[str, str] = field(default_factory=dict)  # package -> declared licence expression
+    other: Path | None = None  # the SBOM of the other format that was not read (named in the facts)
+    count: int | None = None  # installed packages, when the format tells them apart from names (SPDX 3 ids)
 
     def by_licence(self) -> dict[str, int]:
         return dict(sorted(Counter(self.licences.values()).items()))
 
     def proprietary(self) -> list[str]:
-        return sorted(p for p, lic in self.licences.items() if "proprietary" in lic.lower())
+        """Packages whose licence is not an SPDX list licence: Proprietary, or any LicenseRef-*
+        (create-spdx writes LicenseRef-<name> for a LICENSE that is no SPDX id: NVIDIA's
+        firmware and L4T binaries among them), each needing a reviewer's look."""
+        return sorted(p for p, lic in self.licences.items() if "proprietary" in lic.lower() or "LicenseRef-" in lic)
 
     def unknown(self) -> list[str]:
         return sorted(p for p, lic in self.licences.items() if lic in ("", "NOASSERTION", "NONE"))
@@ -246,11 +277,24 @@ def read_spdx3(path: Path) -> Sbom:
             _want(isinstance(to, list) and all(isinstance(t, str) for t in to), path, f"@graph[{n}]: 'to' {to!r}")
             if kind in ("hasDeclaredLicense", "hasConcludedLicense"):
                 rels.append((kind, frm, to))
-    sbom = Sbom(path, "SPDX-3.0.1", {name: "NOASSERTION" for name in packages.values()})
+    for _k, frm, to in rels:  # a licence that points nowhere is not "no assertion": the document is broken
+        missing = [t for t in (frm, *to) if t not in ids]
+        _want(not missing, path, f"licence relationship from {frm} refers to missing id(s): {', '.join(missing)}")
+    by_id: dict[str, str] = dict.fromkeys(packages, "NOASSERTION")
     for kind in ("hasConcludedLicense", "hasDeclaredLicense"):  # declared wins: applied last
         for k, frm, to in rels:
             if k == kind and frm in packages and to and to[0] in exprs and exprs[to[0]] != "NOASSERTION":
-                sbom.licences[packages[frm]] = exprs[to[0]]
+                by_id[frm] = exprs[to[0]]
+    sbom = Sbom(path, "SPDX-3.0.1", count=len(packages))  # two ids are two packages, even with one name
+    origin: dict[str, str] = {}
+    for oid, lic in by_id.items():
+        name = packages[oid]
+        _want(
+            name not in sbom.licences or sbom.licences[name] == lic,
+            path,
+            f"package {name!r} has two licences: {sbom.licences.get(name)!r} ({origin.get(name)}) and {lic!r} ({oid})",
+        )
+        sbom.licences[name], origin[name] = lic, oid
     return sbom
 
 
@@ -346,7 +390,9 @@ def _spdx22_packages(doc: Any, path: Path, fname: str) -> dict[str, str]:
         sid, name = pkg.get("SPDXID"), pkg.get("name")
         if isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
             _want(isinstance(name, str), path, f"{fname}: package {sid} has no name")
-            out[name] = _licence(pkg.get("licenseDeclared"))
+            lic = pkg.get("licenseDeclared")
+            _want(lic is None or isinstance(lic, str), path, f"{fname}: {name}: licenseDeclared {lic!r} is not text")
+            out[name] = _licence(lic)
     return out
 
 
@@ -369,11 +415,20 @@ def read_spdx22(path: Path) -> Sbom:
     _want(index is not None, path, "no index.json in the SBOM tarball")
     _want(isinstance(index, dict) and isinstance(index.get("documents"), list), path, "index.json: no documents list")
     sbom = Sbom(path, "SPDX-2.2")
+    origin: dict[str, str] = {}
     for n, entry in enumerate(index["documents"]):
         fname = entry.get("filename") if isinstance(entry, dict) else None
         _want(isinstance(fname, str) and fname in docs, path, f"index.json documents[{n}]: {fname!r} not in tar")
         assert isinstance(fname, str)
-        sbom.licences.update(docs[fname])
+        for name, lic in docs[fname].items():
+            # one package, two licences: merging would drop one of them without a word
+            _want(
+                name not in sbom.licences or sbom.licences[name] == lic,
+                path,
+                f"package {name!r} has two licences: {sbom.licences.get(name)!r} in {origin.get(name)} "
+                f"and {lic!r} in {fname}",
+            )
+            sbom.licences[name], origin[name] = lic, fname
     return sbom
 
 
@@ -390,10 +445,11 @@ class SupplyChain:
         s, c = self.sbom, self.cve
         if s is not None:
             src = f"{s.path}: {s.format}"
-            out["sbom_format"] = (s.format, src)
-            out["sbom_package_count"] = (len(s.licences), f"{src} packages")
+            fmt_src = src + (f" (this build's; also present, not read: {s.other.resolve().name})" if s.other else "")
+            out["sbom_format"] = (s.format, fmt_src)
+            out["sbom_package_count"] = (s.count if s.count is not None else len(s.licences), f"{src} packages")
             out["licences"] = (s.by_licence(), f"{src} declared licence per package")
-            out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary")
+            out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary or LicenseRef-*")
             out["licence_unknown"] = (s.unknown(), f"{src}: NOASSERTION/NONE")
         else:
             for name in ("sbom_format", "sbom_package_count", "licences", "licence_proprietary", "licence_unknown"):
@@ -403,20 +459,23 @@ class SupplyChain:
             counts = c.counts()
             prop = set(s.proprietary()) if s else set()
             ignored = [
-                {"package": i.package, "id": i.cve, "detail": i.detail} for i in c.issues if i.status == "Ignored"
+                {"package": i.package, "id": i.cve, "detail": i.detail, "reason": i.reason}
+                for i in c.issues
+                if i.status == "Ignored"
             ]
+            graded = "best CVSS version present: v4, v3.x (>= 9 critical, >= 7 high), else v2 (>= 7 high)"
             out["cve_package_count"] = (c.packages, src)
-            out["cve_counts"] = (counts, f"{src}: status x severity (CVSS v3/v4: >= 9 critical, >= 7 high)")
-            out["cve_unpatched_critical"] = (counts["Unpatched"]["critical"], src)
-            out["cve_unpatched_high"] = (counts["Unpatched"]["high"], src)
-            out["cve_unpatched"] = (
-                sorted(f"{i.package} {i.cve} {i.severity}" for i in c.issues if i.status == "Unpatched"),
-                src,
+            out["cve_counts"] = (counts, f"{src}: status x severity ({graded})")
+            out["cve_unpatched_critical"] = (
+                c.unpatched_critical(),
+                f"{src}: Unpatched, critical by CVSS v4/v3.x or high by v2 alone (v2 has no critical band)",
             )
-            out["cve_ignored"] = (ignored, f"{src}: every Ignored with its detail")
+            out["cve_unpatched_high"] = (counts["Unpatched"]["high"], src)
+            out["cve_unpatched"] = (sorted(i.shown() for i in c.issues if i.status == "Unpatched"), src)
+            out["cve_ignored"] = (ignored, f"{src}: every Ignored, its status key (detail) and reason (description)")
             out["cve_ignored_without_detail"] = (
-                sorted(f"{d['package']} {d['id']}" for d in ignored if not d["detail"]),
-                src,
+                sorted(f"{d['package']} {d['id']}" for d in ignored if not d["reason"]),
+                f"{src}: Ignored without a reason (cve-check's description is empty)",
             )
             out["cve_blind_spots"] = (sorted(c.blind_spots), f"{src}: cvesInRecord No (NVD knows no such product)")
             out["cve_blind_spots_critical"] = (
@@ -447,18 +506,51 @@ def _first(*paths: Path) -> Path | None:
     return next((p for p in paths if p.is_file()), None)
 
 
-def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None) -> SupplyChain:
-    """Everything above for one image (``link_name`` = IMAGE_LINK_NAME, ``<image>-<machine>.rootfs``).
+_STAMP = re.compile(r"\.rootfs-(\d{14})\.")  # IMAGE_NAME = ${IMAGE_LINK_NAME}-${DATETIME} (UTC)
+
+
+def _stamp_of(path: Path) -> str | None:
+    m = _STAMP.search(path.resolve().name)
+    return m.group(1) if m else None
+
+
+def _this_build(path: Path | None, stamp: str | None) -> Path | None:
+    """``path`` when it is this image's: a file whose IMAGE_NAME stamp is another's belongs to
+    another build, and its facts would be false ones (SbomError, exit 2)."""
+    if path is None or stamp is None:
+        return path
+    other = _stamp_of(path)
+    _want(
+        other is None or other == stamp,
+        path,
+        f"is {path.resolve().name}, stamped {other}, but the image's bundle is stamped {stamp}: "
+        "a supply-chain file of another build",
+    )
+    return path
+
+
+def read_supply_chain(deploy: Path, link_name: str, downloads: Path | None, stamp: str | None = None) -> SupplyChain:
+    """Everything above for one image (``link_name`` = IMAGE_LINK_NAME, ``<image>-<machine>.rootfs``;
+    ``stamp`` = the bundle's DATETIME: every supply-chain file must carry the same one).
 
     Absent files are unknown facts (null, with where they were looked for); present but bad
-    files are a SbomError."""
+    files, or files of another build, are a SbomError."""
     spdx3 = _first(deploy / f"{link_name}.spdx.json")
     spdx2 = _first(deploy / f"{link_name}.spdx.tar.zst")
+    other = None
+    if spdx3 and spdx2 and stamp is not None and _stamp_of(spdx3) != stamp and _stamp_of(spdx2) == stamp:
+        spdx3, other = None, spdx3  # a stale SPDX 3 file beside this build's 2.2 tarball
+    elif spdx3 and spdx2:
+        spdx2, other = None, spdx2
+    spdx3, spdx2 = _this_build(spdx3, stamp), _this_build(spdx2, stamp)
     sbom = read_spdx3(spdx3) if spdx3 else (read_spdx22(spdx2) if spdx2 else None)
+    if sbom is not None and other is not None:
+        sbom.other = other
     tmp = deploy.parent.parent.parent  # <tmp>/deploy/images/<machine>
     # the image's own report; else the build's summary (every recipe cve-check saw, same shape:
     # cve-check.bbclass:114-135 generate_json_report, CVE_CHECK_SUMMARY_DIR = ${LOG_DIR}/cve)
     cve_path = _first(deploy / f"{link_name}.json", tmp / "log" / "cve" / "cve-summary.json")
+    cve_path = _this_build(cve_path, stamp)
     cve = read_cve(cve_path) if cve_path else None
     nvd_date, nvd_source = None, "no NVD database found"
     for db in ([downloads / NVD_DB] if downloads else []) + [tmp / "sysroots" / NVD_DB]:

@@ -13,7 +13,9 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from alma.artefacts import deploy as dp
 from alma.artefacts.bundle import ENV_MEMBER, REQUIRED_MEMBERS, BundleScan, Progress, scan_bundle
@@ -22,7 +24,7 @@ from alma.artefacts.kernel import KernelFacts, read_kernel
 from alma.artefacts.manifest import FACT_KINDS, STATUS_FACTS, Manifest
 from alma.artefacts.rootfs import COMPONENTS, legitimize, read_rootfs_manifest
 from alma.artefacts.status import derive_status
-from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree
+from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree, recorded_env
 from alma.errors import UserError
 from alma.ground import utc_iso
 
@@ -107,6 +109,32 @@ def targets(deploy: Path | None, machine: str | None, tree: BuildTree) -> list[t
     return [(d, m) for m, d in built.items()]
 
 
+@dataclass
+class _Collect:
+    """What every fact collector reads and writes: one deploy dir, one image, one manifest."""
+
+    m: Manifest
+    deploy: Path
+    image: str
+    machine: str
+    tree: BuildTree
+    cache: Cache
+    rehash: bool
+    progress: Progress | None
+    on_cache: Callable[[str, bool], None] | None
+    problems: list[str] = field(default_factory=list)
+    kernel_pkg: tuple[str, str] | None = None  # (legitimized release, package) from the image manifest
+    stamp: str | None = None  # the bundle's IMAGE_NAME DATETIME: the supply-chain files must carry it
+    on_supply_chain: Callable[[Any], None] | None = None  # gets the SupplyChain read (alma verify --vex)
+
+    @property
+    def link(self) -> str:
+        return dp.link_name(self.image, self.machine)
+
+    def dangling(self, link: Path) -> None:
+        self.problems.append(f"dangling symlink: {link.name} -> {os.readlink(link)} (target missing)")
+
+
 def verify(
     deploy: Path | None,
     *,
@@ -118,166 +146,213 @@ def verify(
     progress: Progress | None = None,
     on_cache: Callable[[str, bool], None] | None = None,
     tree: BuildTree | None = None,
+    on_supply_chain: Callable[[Any], None] | None = None,
 ) -> Manifest:
-    deploy, machine = resolve_deploy(deploy, machine, tree or build_tree(root))
-    cache = cache or Cache()
-    problems: list[str] = []
-
-    if image is None:
-        images = dp.images_in(deploy, machine)
-        if not images:
-            stamped = sorted(deploy.glob(f"*-{machine}.rootfs-*.tegraflash.*"))
-            extra = f" (timestamped files exist: {', '.join(p.name for p in stamped[:3])})" if stamped else ""
-            raise ArtefactError(
-                deploy,
-                [f"no bundle: no *-{machine}.rootfs.tegraflash.tar.gz here{extra}"],
-                hint=f"check MACHINE (the dir is for {deploy.name!r}), or build: alma build",
-            )
-        if len(images) > 1:
-            raise UserError(
-                f"{deploy}: bundles for several images: {', '.join(images)}",
-                hint="choose one: alma verify --image " + images[0],
-            )
-        image = images[0]
-
+    tree = tree or build_tree(root)
+    deploy, machine = resolve_deploy(deploy, machine, tree)
+    image = image or _only_image(deploy, machine)
     m = Manifest(machine=machine, image=image, generated=utc_iso())
+    ctx = _Collect(m, deploy, image, machine, tree, cache or Cache(), rehash, progress, on_cache)
+    ctx.on_supply_chain = on_supply_chain
+    for collect in COLLECTORS:
+        collect(ctx)
+    ctx.cache.save()
+    if ctx.problems:
+        raise ArtefactError(deploy, ctx.problems)
     host = socket.gethostname()
-
-    # --- bundle (the fingerprint of the build) ---
-    b = dp.find_bundle(deploy, image, machine)
-    scan: BundleScan | None = None
-    if b is None:
-        stamped = dp.stamped_siblings(deploy, image, machine)
-        note = f"; timestamped files without a link: {', '.join(p.name for p in stamped)}" if stamped else ""
-        problems.append(f"no bundle: {dp.link_name(image, machine)}.tegraflash.tar.gz is missing{note}")
-    elif b.dangling:
-        problems.append(f"dangling symlink: {b.link.name} -> {os.readlink(b.link)} (target missing)")
-    else:
-        assert b.real is not None
-        scan, hit = _cached_bundle(b.real, cache, rehash, progress)
-        if on_cache:
-            on_cache(str(b.real), hit)
-        src = str(b.real)
-        m.set("image_buildable", True, f"{src}: a flashable bundle exists, so the image was built")
-        m.set("bundle_path", src, f"{b.link} -> {b.real.name}" if b.link != b.real else src)
-        m.set("bundle_bytes", scan.size, f"{src}: file size")
-        m.set("bundle_sha256", scan.sha256, f"{src}: sha256 ({'cached by path/size/mtime/inode' if hit else 'read'})")
-        stamp = dp.stamp_time(b.real.name)
-        if stamp:
-            m.set("build_time", stamp, f"{b.real.name}: IMAGE_NAME DATETIME stamp (UTC)")
-        esrc = f"{src}:{ENV_MEMBER}"
-        if scan.env is None:
-            problems.append(f"{b.real.name}: bundle has no {ENV_MEMBER} (built without initrd-flash support?)")
-        else:
-            env = scan.env
-            m.set("env_machine", env.get("MACHINE"), esrc)
-            m.set("env_chipid", env.get("CHIPID"), esrc)
-            m.set("env_rootfs_device", env.get("ROOTFS_DEVICE"), esrc)
-            m.set("env_bootdev", env.get("BOOTDEV"), esrc)
-            if env.get("MACHINE") != machine:
-                problems.append(
-                    f"wrong machine: {b.real.name}: {ENV_MEMBER} says MACHINE={env.get('MACHINE')!r}, "
-                    f"this deploy dir/--machine is {machine!r}"
-                )
-            rootfs_member = env.get("ROOTFS_IMAGE")
-            wanted = [*REQUIRED_MEMBERS, *([rootfs_member] if rootfs_member else [])]
-            missing = [n for n in wanted if n not in scan.members]
-            if missing:
-                problems.append(f"{b.real.name}: bundle lacks {', '.join(missing)}")
-            if rootfs_member and not rootfs_member.startswith(image + "."):
-                problems.append(f"{b.real.name}: {ENV_MEMBER} ROOTFS_IMAGE={rootfs_member!r} is not image {image!r}")
-
-    # --- rootfs ---
-    r = dp.locate(deploy / (dp.link_name(image, machine) + ".ext4"))
-    if r is None:
-        problems.append(f"no rootfs: {dp.link_name(image, machine)}.ext4 is missing")
-    elif r.dangling:
-        problems.append(f"dangling symlink: {r.link.name} -> {os.readlink(r.link)} (target missing)")
-    else:
-        m.set("rootfs_bytes", r.path.stat().st_size, f"{r.path}: file size")
-        m.set("rootfs_path", str(r.path), f"{r.link}")
-
-    # --- image manifest: packages, components, kernel package ---
-    mf = dp.locate(deploy / (dp.link_name(image, machine) + ".manifest"))
-    kpkg: tuple[str, str] | None = None
-    if mf is None:
-        problems.append(f"no image manifest: {dp.link_name(image, machine)}.manifest is missing")
-    elif mf.dangling:
-        problems.append(f"dangling symlink: {mf.link.name} -> {os.readlink(mf.link)} (target missing)")
-    else:
-        try:
-            rm = read_rootfs_manifest(mf.path)
-        except UserError as exc:
-            problems.append(exc.message)
-        else:
-            m.set("package_count", rm.count, f"{mf.path}: lines")
-            m.set("components", rm.components(), f"{mf.path}: packages {', '.join(COMPONENTS)}")
-            kpkg = rm.kernel_release()
-            if kpkg:
-                arch, ver = rm.packages[kpkg[1]]
-                m.set("kernel_package", f"{kpkg[1]} {ver}", f"{mf.path}: kernel package")
-            else:
-                m.set("kernel_package", None, f"{mf.path}: no kernel-<release> package in the image")
-            if not stamp_set(m):
-                t = dp.stamp_time(mf.path.name)
-                if t:
-                    m.set("build_time", t, f"{mf.path.name}: IMAGE_NAME DATETIME stamp (UTC)")
-
-    # --- kernel, from the image itself ---
-    k = dp.find_kernel(deploy, machine)
-    if k is None:
-        problems.append(f"no kernel image: none of {', '.join(n.format(machine=machine) for n in dp.KERNEL_NAMES)}")
-    elif k.dangling:
-        problems.append(f"dangling symlink: {k.link.name} -> {os.readlink(k.link)} (target missing)")
-    else:
-        try:
-            kf = _cached_kernel(k.path, cache, rehash)
-        except UserError as exc:
-            problems.append(exc.message)
-        else:
-            ksrc = f"{k.path}: 'Linux version' banner" + (" (gzip)" if kf.compressed else "")
-            m.set("kernel_version", kf.release, ksrc)
-            m.set("kernel_banner", kf.banner, ksrc)
-            m.set("kernel_image_bytes", k.path.stat().st_size, f"{k.path}: file size")
-            m.set("kernel_image_path", str(k.path), str(k.link))
-            if kpkg and legitimize(kf.release) != kpkg[0]:
-                problems.append(
-                    f"kernel mismatch: the image manifest has {kpkg[1]} but {k.path.name} says "
-                    f"'Linux version {kf.release}' (stale kernel image or manifest from another build)"
-                )
-
-    # --- OTA update artefact (feature ota): what the .swu claims, docs/ota.md ---
-    _swu_facts(m, deploy, machine, problems)
-    # --- supply chain: SPDX SBOM and cve-check (issue 22; alma.artefacts.sbom) ---
-    from alma.artefacts.sbom import read_supply_chain
-
-    try:
-        chain = read_supply_chain(deploy, dp.link_name(image, machine), (tree or build_tree(root)).downloads)
-    except UserError as exc:
-        problems.append(exc.message)
-    else:
-        for name, (value, source) in chain.facts().items():
-            m.set(name, value, source)
-
-    # --- build time fallback: buildhistory ---
-    if not stamp_set(m):
-        bh = dp.buildhistory_dir(deploy, image, machine)
-        for name in ("image-info.txt", "build-id.txt"):
-            f = bh / name
-            if f.is_file():
-                m.set("build_time", utc_iso(f.stat().st_mtime), f"{f}: mtime (buildhistory)")
-                break
-        else:
-            m.set("build_time", None, "no DATETIME stamp in the artefact names and no buildhistory")
-
-    cache.save()
-    if problems:
-        raise ArtefactError(deploy, problems)
     for name in ARTEFACT_FACTS:
         if name not in m.facts:
             m.set(name, None, f"{deploy}: not found on host {host}")
     derive_status(m, root / "facts")
     return m
+
+
+def _only_image(deploy: Path, machine: str) -> str:
+    """The one image whose bundle is in ``deploy`` (none or several: the user must say)."""
+    images = dp.images_in(deploy, machine)
+    if not images:
+        stamped = sorted(deploy.glob(f"*-{machine}.rootfs-*.tegraflash.*"))
+        extra = f" (timestamped files exist: {', '.join(p.name for p in stamped[:3])})" if stamped else ""
+        raise ArtefactError(
+            deploy,
+            [f"no bundle: no *-{machine}.rootfs.tegraflash.tar.gz here{extra}"],
+            hint=f"check MACHINE (the dir is for {deploy.name!r}), or build: alma build",
+        )
+    if len(images) > 1:
+        raise UserError(
+            f"{deploy}: bundles for several images: {', '.join(images)}",
+            hint="choose one: alma verify --image " + images[0],
+        )
+    return images[0]
+
+
+def _bundle_facts(c: _Collect) -> None:
+    """The flashable bundle: the fingerprint of the build, and its .env.initrd-flash."""
+    m, image, machine = c.m, c.image, c.machine
+    b = dp.find_bundle(c.deploy, image, machine)
+    if b is None:
+        stamped = dp.stamped_siblings(c.deploy, image, machine)
+        note = f"; timestamped files without a link: {', '.join(p.name for p in stamped)}" if stamped else ""
+        c.problems.append(f"no bundle: {c.link}.tegraflash.tar.gz is missing{note}")
+        return
+    if b.dangling:
+        c.dangling(b.link)
+        return
+    assert b.real is not None
+    scan, hit = _cached_bundle(b.real, c.cache, c.rehash, c.progress)
+    if c.on_cache:
+        c.on_cache(str(b.real), hit)
+    src = str(b.real)
+    m.set("image_buildable", True, f"{src}: a flashable bundle exists, so the image was built")
+    m.set("bundle_path", src, f"{b.link} -> {b.real.name}" if b.link != b.real else src)
+    m.set("bundle_bytes", scan.size, f"{src}: file size")
+    m.set("bundle_sha256", scan.sha256, f"{src}: sha256 ({'cached by path/size/mtime/inode' if hit else 'read'})")
+    stamp = dp.stamp_time(b.real.name)
+    if stamp:
+        m.set("build_time", stamp, f"{b.real.name}: IMAGE_NAME DATETIME stamp (UTC)")
+        found = dp.STAMP.search(b.real.name)
+        c.stamp = found.group(1) if found else None
+    _bundle_env_facts(c, scan, b.real)
+
+
+def _bundle_env_facts(c: _Collect, scan: BundleScan, real: Path) -> None:
+    esrc = f"{real}:{ENV_MEMBER}"
+    if scan.env is None:
+        c.problems.append(f"{real.name}: bundle has no {ENV_MEMBER} (built without initrd-flash support?)")
+        return
+    env = scan.env
+    c.m.set("env_machine", env.get("MACHINE"), esrc)
+    c.m.set("env_chipid", env.get("CHIPID"), esrc)
+    c.m.set("env_rootfs_device", env.get("ROOTFS_DEVICE"), esrc)
+    c.m.set("env_bootdev", env.get("BOOTDEV"), esrc)
+    if env.get("MACHINE") != c.machine:
+        c.problems.append(
+            f"wrong machine: {real.name}: {ENV_MEMBER} says MACHINE={env.get('MACHINE')!r}, "
+            f"this deploy dir/--machine is {c.machine!r}"
+        )
+    rootfs_member = env.get("ROOTFS_IMAGE")
+    wanted = [*REQUIRED_MEMBERS, *([rootfs_member] if rootfs_member else [])]
+    missing = [n for n in wanted if n not in scan.members]
+    if missing:
+        c.problems.append(f"{real.name}: bundle lacks {', '.join(missing)}")
+    if rootfs_member and not rootfs_member.startswith(c.image + "."):
+        c.problems.append(f"{real.name}: {ENV_MEMBER} ROOTFS_IMAGE={rootfs_member!r} is not image {c.image!r}")
+
+
+def _rootfs_facts(c: _Collect) -> None:
+    r = dp.locate(c.deploy / (c.link + ".ext4"))
+    if r is None:
+        c.problems.append(f"no rootfs: {c.link}.ext4 is missing")
+    elif r.dangling:
+        c.dangling(r.link)
+    else:
+        c.m.set("rootfs_bytes", r.path.stat().st_size, f"{r.path}: file size")
+        c.m.set("rootfs_path", str(r.path), f"{r.link}")
+
+
+def _image_manifest_facts(c: _Collect) -> None:
+    """The image manifest: packages, components, the kernel package (for the kernel check)."""
+    m = c.m
+    mf = dp.locate(c.deploy / (c.link + ".manifest"))
+    if mf is None:
+        c.problems.append(f"no image manifest: {c.link}.manifest is missing")
+        return
+    if mf.dangling:
+        c.dangling(mf.link)
+        return
+    try:
+        rm = read_rootfs_manifest(mf.path)
+    except UserError as exc:
+        c.problems.append(exc.message)
+        return
+    m.set("package_count", rm.count, f"{mf.path}: lines")
+    m.set("components", rm.components(), f"{mf.path}: packages {', '.join(COMPONENTS)}")
+    c.kernel_pkg = rm.kernel_release()
+    if c.kernel_pkg:
+        arch, ver = rm.packages[c.kernel_pkg[1]]
+        m.set("kernel_package", f"{c.kernel_pkg[1]} {ver}", f"{mf.path}: kernel package")
+    else:
+        m.set("kernel_package", None, f"{mf.path}: no kernel-<release> package in the image")
+    if not stamp_set(m):
+        t = dp.stamp_time(mf.path.name)
+        if t:
+            m.set("build_time", t, f"{mf.path.name}: IMAGE_NAME DATETIME stamp (UTC)")
+
+
+def _kernel_facts(c: _Collect) -> None:
+    """The kernel, from the image itself; it must be the release the image manifest installs."""
+    k = dp.find_kernel(c.deploy, c.machine)
+    if k is None:
+        names = ", ".join(n.format(machine=c.machine) for n in dp.KERNEL_NAMES)
+        c.problems.append(f"no kernel image: none of {names}")
+        return
+    if k.dangling:
+        c.dangling(k.link)
+        return
+    try:
+        kf = _cached_kernel(k.path, c.cache, c.rehash)
+    except UserError as exc:
+        c.problems.append(exc.message)
+        return
+    ksrc = f"{k.path}: 'Linux version' banner" + (" (gzip)" if kf.compressed else "")
+    c.m.set("kernel_version", kf.release, ksrc)
+    c.m.set("kernel_banner", kf.banner, ksrc)
+    c.m.set("kernel_image_bytes", k.path.stat().st_size, f"{k.path}: file size")
+    c.m.set("kernel_image_path", str(k.path), str(k.link))
+    if c.kernel_pkg and legitimize(kf.release) != c.kernel_pkg[0]:
+        c.problems.append(
+            f"kernel mismatch: the image manifest has {c.kernel_pkg[1]} but {k.path.name} says "
+            f"'Linux version {kf.release}' (stale kernel image or manifest from another build)"
+        )
+
+
+def _supply_chain_facts(c: _Collect) -> None:
+    """SPDX SBOM and cve-check output (alma.artefacts.sbom)."""
+    from alma.artefacts.sbom import read_supply_chain
+
+    downloads = c.tree.downloads
+    recorded = recorded_env(c.deploy)
+    if recorded is not None and c.tree.source("DL_DIR") == "default" and recorded[0].get("DL_DIR"):
+        downloads = Path(recorded[0]["DL_DIR"])  # where the build that made this deploy dir had it
+    try:
+        chain = read_supply_chain(c.deploy, c.link, downloads, c.stamp)
+    except UserError as exc:
+        c.problems.append(exc.message)
+    else:
+        for name, (value, source) in chain.facts().items():
+            c.m.set(name, value, source)
+        if c.on_supply_chain is not None:
+            c.on_supply_chain(chain)
+
+
+def _build_time_fallback(c: _Collect) -> None:
+    """No DATETIME stamp in any artefact name: buildhistory's files, else unknown."""
+    if stamp_set(c.m):
+        return
+    bh = dp.buildhistory_dir(c.deploy, c.image, c.machine)
+    for name in ("image-info.txt", "build-id.txt"):
+        f = bh / name
+        if f.is_file():
+            c.m.set("build_time", utc_iso(f.stat().st_mtime), f"{f}: mtime (buildhistory)")
+            return
+    c.m.set("build_time", None, "no DATETIME stamp in the artefact names and no buildhistory")
+
+
+def _update_facts(c: _Collect) -> None:
+    _swu_facts(c.m, c.deploy, c.machine, c.problems)
+
+
+# One collector per source, in order (the kernel check reads what the image manifest found;
+# the build time falls back to buildhistory only when no artefact name carried a stamp).
+COLLECTORS: tuple[Callable[[_Collect], None], ...] = (
+    _bundle_facts,
+    _rootfs_facts,
+    _image_manifest_facts,
+    _kernel_facts,
+    _update_facts,
+    _supply_chain_facts,
+    _build_time_fallback,
+)
 
 
 def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,11 +13,13 @@ if TYPE_CHECKING:
     from alma.imagebuild.plan import BuildPlan
 
 EXIT_CODES = (
-    "Exit codes: 0 build (or --check) succeeded; 1 the build or check failed: kas or bitbake failed (their "
+    "Exit codes: 0 build (or --check) succeeded, or --dry-run found nothing a run would stop on; 1 the "
+    "build or check failed: kas or bitbake failed (their "
     "own exit code is printed, with the failed tasks and their logs or kas's last words), or --check found "
     "an ALMA component missing from the image's graph; 2 bad option, unknown machine/image, invalid kas "
     "file, a release image without an admin key (or a malformed/private --admin-key file), "
-    "or a preflight problem (each listed with the command that fixes it); 70 internal error; "
+    "or a preflight problem (each listed with the command that fixes it; --dry-run prints the plan, then "
+    "exits 2 on the plan's own problems; the host's are shown); 70 internal error; "
     "130 interrupted with Ctrl-C (bitbake stopped cleanly)."
 )
 
@@ -104,9 +107,32 @@ EXIT_CODES = (
     help="More kas files after the features, kas's colon list (repeatable), checked like every kas file; "
     "inside the checkout (kas merges files of one repository).",
 )
-@click.option("--target", metavar="RECIPE", help="Build this recipe instead of the image (bitbake's target).")
-@click.option("--task", metavar="TASK", help="Run this task only (bitbake -c TASK), e.g. fetch, compile, cleansstate.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="RECIPE",
+    help="Build this recipe instead of the image (bitbake's target; repeatable; virtual/kernel too). "
+    "Default: KAS_TARGET when exported, else --image, else the kas files' target.",
+)
+@click.option(
+    "--task",
+    metavar="TASK",
+    help="Run this task only (bitbake -c TASK), e.g. fetch, compile, cleansstate. "
+    "Default: KAS_TASK when exported, else the kas files' task (build).",
+)
 @click.option("-k", "--keep-going", is_flag=True, help="Continue as much as possible after an error (bitbake -k).")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="kas --update: pull the repositories' branch heads (ignores the lock; to try the next lock update).",
+)
+@click.option(
+    "--force-checkout",
+    is_flag=True,
+    help="kas --force-checkout: discard local changes in the repositories and check the pins out "
+    "(the plan lists dirty and moved repositories).",
+)
 @click.argument("bitbake_args", nargs=-1, metavar="[-- BITBAKE_ARGS...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the summary as JSON.")
 def build(
@@ -123,9 +149,11 @@ def build(
     no_admin_access: bool,
     ota_cert: Path | None,
     kas_files: tuple[str, ...],
-    target: str | None,
+    targets: tuple[str, ...],
     task: str | None,
     keep_going: bool,
+    update: bool,
+    force_checkout: bool,
     bitbake_args: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -159,13 +187,17 @@ def build(
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
         ota_cert=ota_cert,
-        target=target,
+        targets=targets,
         task=task,
+        machine_given=machine is not None,
+        image_given=image is not None,
         keep_going=keep_going,
         bitbake_args=bitbake_args,
         kas_files=kas_files,
+        update=update,
+        force_checkout=force_checkout,
     )
-    if check and (target or task or keep_going or bitbake_args):
+    if check and (targets or task or keep_going or bitbake_args):
         from alma.errors import UserError
 
         raise UserError("--check parses and computes the graph only", hint="drop --target/--task/-k/-- with --check")
@@ -177,6 +209,10 @@ def build(
             emit_json({**plan.to_dict(), "preflight_offline": [{"problem": w, "fix": f} for w, f in problems]})
         else:
             _print_dry_run(plan, problems)
+        if plan.problems:  # the plan refuses itself (no admin key, not a checkout...): so does the exit code
+            from alma.errors import PreflightError
+
+            raise PreflightError(plan.problems)
         return
 
     engine.require_preflight(plan, probes)
@@ -209,6 +245,12 @@ def _print_dry_run(plan: BuildPlan, problems: list[tuple[str, str]]) -> None:
     req = plan.request
     click.echo(f"alma build --dry-run: {plan.mode} {req.image} for {req.machine} (nothing is run)")
     click.echo("kas files: " + " ".join(str(f.relative_to(plan.root)) for f in plan.kas_files))
+    if plan.kas_view is not None:
+        kv = plan.kas_view
+        click.echo("kas will build (as kas resolves its files and KAS_* variables):")
+        for name, v in (("MACHINE", kv.machine), ("DISTRO", kv.distro), ("task", kv.task)):
+            click.echo(f"  {name} {v.value}  ({v.source})")
+        click.echo(f"  targets {' '.join(kv.targets.value)}  ({kv.targets.source})")
     for note in plan.notes:
         click.echo(note)
     click.echo("environment (added for kas; an exported value wins over the default):")
@@ -218,9 +260,13 @@ def _print_dry_run(plan: BuildPlan, problems: list[tuple[str, str]]) -> None:
     for line in plan.conf_text.splitlines():
         click.echo(f"  | {line}")
     click.echo("commands:")
+    from alma.imagebuild.preflight import premirror_url
+
+    mirrors = os.environ.get("KAS_PREMIRRORS", "")  # the URL kas's git asks (kas's effective_url)
     for repo in plan.kas.repos(plan.work_dir):
         if repo.url and not repo.checked_out:
-            click.echo(f"  {format_command(['git', 'ls-remote', '--quiet', repo.url, 'HEAD'], plan.root)}")
+            url = premirror_url(repo.url, mirrors)
+            click.echo(f"  {format_command(['git', 'ls-remote', '--quiet', url, 'HEAD'], plan.root)}")
     click.echo(f"  {format_command(plan.argv, plan.root)}")
     if problems:
         click.echo(f"preflight (offline part): {len(problems)} problem(s) a real run would stop on:")

@@ -43,8 +43,8 @@ def shell(
     command: str | None,
 ) -> None:
     """Open kas shell (or run `-c CMD` in it) with exactly the kas files, environment and
-    generated config `alma build` would use, after the same checks: bitbake typed there sees
-    the plan's config through conf/auto.conf (removed again by the next alma build).
+    generated config `alma build` would use, after the same checks: bitbake typed there reads
+    the plan's config as alma build's does (BBPOSTCONF, i.e. bitbake -R, after local.conf).
 
     e.g. alma shell -c 'bitbake -e alma-image | grep ^DISTRO='
     """
@@ -65,6 +65,8 @@ def shell(
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
         shell=command or "",
+        machine_given=machine is not None,
+        image_given=image is not None,
     )
     plan = make_plan(req, Project(repo_root()), probes)
     engine.require_preflight(plan, probes)

@@ -86,6 +86,13 @@ class _Progress:
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the manifest here instead of facts/<image>-<machine>.json."
 )
+@click.option(
+    "--vex",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the image's CVE findings as a VEX document here (CycloneDX 1.6 JSON: each CVE with its "
+    "CVSS rating and analysis: Patched resolved, Ignored not_affected with the waiver's reason, Unpatched "
+    "exploitable). Needs cve-check's report (--feature security).",
+)
 @click.option("--root", type=click.Path(path_type=Path, file_okay=False), help="Project root (default: this checkout).")
 @click.option(
     "--build-dir",
@@ -102,6 +109,7 @@ def verify(
     as_json: bool,
     sbom: bool,
     out: Path | None,
+    vex: Path | None,
     root: Path | None,
     build_dir: Path | None,
 ) -> None:
@@ -128,12 +136,19 @@ def verify(
 
     tree = build_tree(root, build_dir, os.environ)  # exported KAS_BUILD_DIR/DL_DIR, as alma build
     manifests: list[Manifest] = []
+    chains: list[Any] = []
     if absent:
         mach = machine or (deploy_dir.name if deploy_dir else DEFAULT_MACHINE)
         searched = [deploy_dir] if deploy_dir else tree.deploy_dirs(mach)
         manifests.append(v.absent(root, mach, image or DEFAULT_IMAGE, searched))
     else:
         todo = v.targets(deploy_dir, machine, tree)
+        if vex is not None and len(todo) > 1:
+            raise UserError(
+                f"--vex names one file, but the build tree holds {len(todo)} machines: "
+                + ", ".join(m for _, m in todo),
+                hint=f"alma verify --machine {todo[0][1]} --vex {vex}",
+            )
         if out is not None and len(todo) > 1:
             raise UserError(
                 f"--out names one file, but the build tree holds {len(todo)} machines: "
@@ -143,9 +158,14 @@ def verify(
         for deploy, mach in todo:  # every manifest is read before any is written
             prog = _Progress(f"hashing bundle ({mach})")
             try:
-                manifests.append(v.verify(deploy, root=root, machine=mach, image=image, rehash=rehash, progress=prog))
+                manifests.append(
+                    v.verify(deploy, root=root, machine=mach, image=image, rehash=rehash, progress=prog,
+                             on_supply_chain=chains.append)
+                )  # fmt: skip
             finally:
                 prog.close()
+    if vex is not None:
+        _write_vex(vex, manifests, chains)
     written = []
     for manifest in manifests:
         target = out or manifest_path(root, manifest.image, manifest.machine)
@@ -180,6 +200,24 @@ def verify(
         click.echo(f"wrote {target}", err=True)
 
 
+def _write_vex(path: Path, manifests: list[Any], chains: list[Any]) -> None:
+    from alma.artefacts.vex import vex_json
+    from alma.errors import UserError
+    from alma.ground import write_atomic
+
+    report = chains[0].cve if chains else None
+    if not manifests or report is None:
+        raise UserError(
+            "--vex: no cve-check report for this image, so no VEX document (nothing is written)",
+            hint="build with the security feature: alma build --feature security, then alma verify --vex FILE",
+        )
+    m = manifests[0]
+    try:
+        write_atomic(path, vex_json(report, m.image, m.machine))
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}", hint="choose a writable --vex path") from None
+
+
 def _sbom_summary(m: Any) -> list[str]:
     v = m.value
     lines = [f"# supply chain of {m.image} for {m.machine}"]
@@ -209,9 +247,13 @@ def _sbom_summary(m: Any) -> list[str]:
             f"  blind spots (NVD knows no product): {len(blind)}; "
             f"Proprietary or boot chain: {' '.join(worst) or 'none'}"
         )
-        bare = v("cve_ignored_without_detail")
-        lines.append(
-            f"  Ignored: {len(v('cve_ignored'))}, without a detail (a finding): {len(bare)} "
-            f"{' '.join(bare[:10])}".rstrip()
-        )
+        unpatched = v("cve_unpatched") or []
+        lines.append(f"  Unpatched ({len(unpatched)}; critical or v2-only high: {v('cve_unpatched_critical')}):")
+        lines += [f"    {u}" for u in unpatched]
+        ignored, bare = v("cve_ignored") or [], v("cve_ignored_without_detail")
+        lines.append(f"  Ignored ({len(ignored)}), each with its status key and reason:")
+        for i in ignored:
+            why = f": {i.get('reason')}" if i.get("reason") else " (no reason given)"
+            lines.append(f"    {i['package']} {i['id']} {i.get('detail') or '(no status key)'}{why}")
+        lines.append(f"  Ignored without a reason (a finding): {len(bare)} {' '.join(bare[:10])}".rstrip())
     return lines

@@ -152,7 +152,17 @@ def check(paths: list[Path], *, root: Path, facts_dir: Path | None = None, stric
             c = j.claim
             written = c.raw if isinstance(c.raw, str) else show(c.raw)
             f = Finding(name, c.line, j.verdict, c.name, written, j.fact, j.source)
-            if j.verdict == STALE:
+            if j.verdict != HOLDS and c.where == "policy":
+                f.message = (
+                    f"{c.name}: the policy says {written!r}, the facts say {show(j.fact, c.name)}"
+                    if j.verdict == STALE
+                    else f"{c.name}: the policy says {written!r}, but the manifest cannot back it (fact unknown)"
+                )
+                f.fix = (
+                    "fix the build (patch, update or waive with a reviewed reason, then alma build and alma verify), "
+                    f"or raise the limit by hand in {name} (a reviewed change); render never rewrites a policy"
+                )
+            elif j.verdict == STALE:
                 f.message = f"{c.name}: the doc says {written!r}, the facts say {show(j.fact, c.name)}"
                 f.fix = fix
             elif j.verdict == UNBACKED:
@@ -182,7 +192,7 @@ def rerender(doc: GateDoc, judged: list[Judged], facts: dict[str, Any]) -> str:
     lines = list(doc.lines)
     edits: dict[int, list[tuple[int, int, str]]] = {}
     for j in judged:
-        if j.verdict == HOLDS:
+        if j.verdict == HOLDS or j.claim.where == "policy":  # a reviewer's limit is never talked down
             continue
         c = j.claim
         if c.span is None:

@@ -42,6 +42,8 @@ UNITS: dict[str, int] = {
 }
 _SIZE = re.compile(r"^\s*~?\s*(\d+(?:\.\d+)?)\s*(" + "|".join(sorted(UNITS, key=len, reverse=True)) + r")\s*$")
 _UNKNOWN_WORDS = ("unknown", "null", "none", "n/a", "not verified")
+_TIME_PREFIX = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?)?$")
+_VERSION_PREFIX = re.compile(r"^\d+\.\d+")
 
 
 def kind_of(name: str) -> str | None:
@@ -111,10 +113,8 @@ def normalize(name: str, expected: Any) -> Any:
     """Validate a claim's expected value for its kind; ConfigError (exit 2) when it cannot mean anything."""
     kind = kind_of(name)
     if kind is None:
-        raise ConfigError(
-            f"unknown claim {name!r}",
-            hint="known claims: " + ", ".join(sorted(KINDS)) + ", components.<name>; see docs/gates.md",
-        )
+        known = ", ".join(sorted(KINDS)) + ", components.<name>"
+        raise ConfigError(f"unknown claim {name!r}; the claims that exist: {known}", hint="see docs/gates.md, 'Claims'")
     if name.startswith(COMPONENT_PREFIX):
         _known_components([name[len(COMPONENT_PREFIX) :]])
     if is_unknown(expected):
@@ -129,8 +129,28 @@ def normalize(name: str, expected: Any) -> Any:
         if isinstance(expected, int) and not isinstance(expected, bool):
             return expected
         if isinstance(expected, str) and (s := parse_size(expected)):
+            # "0 TB" holds for anything under 0.5 TB, "2 GB" for 1.5-2.5 GB: a size claim
+            # states at least two significant digits (or exact bytes)
+            if len(str(s.number).replace(".", "").lstrip("0")) < 2:
+                raise ConfigError(
+                    f"claim {name!r}: {expected!r} is too coarse to mean anything: {s.describe()}",
+                    hint="state at least two significant digits (1.6 GB, 41 MB) or the bytes; see docs/gates.md",
+                )
             return s
         raise _Invalid(name, expected, kind)
+    if kind == "time":  # an ISO 8601 date or time prefix: "2" would hold for every year 2000-2999
+        if isinstance(expected, str) and _TIME_PREFIX.match(expected.strip()):
+            return expected.strip()
+        raise _Invalid(name, expected, kind, "an ISO 8601 date or time (2026-06-18, 2026-06-18T12:00:00Z)")
+    if kind == "version":  # a prefix of at least major.minor: "5" would hold for any 5.x kernel
+        text = str(expected).strip() if isinstance(expected, str | int | float) else ""
+        if not isinstance(expected, bool) and _VERSION_PREFIX.match(text):
+            return text
+        raise _Invalid(name, expected, kind, "a version of at least major.minor (5.15, 5.15.185-l4t-r36.5)")
+    if kind == "data":  # lists and objects compared whole: blind spots, Proprietary licences, waivers
+        if isinstance(expected, dict | list):
+            return expected
+        raise _Invalid(name, expected, kind, "a list or mapping, e.g. [] for none")
     if kind == "int":
         if isinstance(expected, int) and not isinstance(expected, bool):
             return expected
@@ -158,8 +178,11 @@ def normalize(name: str, expected: Any) -> Any:
 class _Invalid(ConfigError):
     """A claim value its kind cannot mean (built only when raised: normalize runs per claim)."""
 
-    def __init__(self, name: str, expected: Any, kind: str) -> None:
-        super().__init__(f"claim {name!r}: {expected!r} is not a valid {kind}", hint="see docs/gates.md, 'Claims'")
+    def __init__(self, name: str, expected: Any, kind: str, want: str | None = None) -> None:
+        what = f"; want {want}" if want else ""
+        super().__init__(
+            f"claim {name!r}: {expected!r} is not a valid {kind}{what}", hint="see docs/gates.md, 'Claims'"
+        )
 
 
 def _known_components(names: list[str]) -> None:

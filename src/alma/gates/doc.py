@@ -42,7 +42,7 @@ _OPEN_AT = re.compile(r"<!--\s*fact:")
 _CLOSE_AT = re.compile(r"<!--\s*/fact\s*-->")
 _EXPR = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)\s*(?:\|\s*(?P<filter>.+))?$")
 _FRONT_END = re.compile(r"^(?:---|\.\.\.)\r?$", re.M)
-FRONT_KEYS = {"gate", "machine", "image", "claims", "facts", "title", "owner", "description"}
+FRONT_KEYS = {"gate", "machine", "image", "claims", "policy", "facts", "title", "owner", "description"}
 UNMATCHED = "unmatched fact marker (open and close on the same line: <!-- fact:NAME -->value<!-- /fact -->)"
 
 
@@ -114,7 +114,7 @@ class Claim:
     expected: Any  # normalized (claims.normalize)
     line: int  # 1-based line in the file
     span: tuple[int, int] | None  # columns of the value within the line, when rewritable
-    where: str  # "front" | "inline"
+    where: str  # "front" | "inline" | "policy" (a limit a reviewer set: never rewritten by render)
     filter: str | None = None  # inline only: a jinja2 filter applied to the fact when rendering
 
 
@@ -205,22 +205,8 @@ def parse(path: Path, text: str | None = None) -> GateDoc:
         raise _err(path, 2, "facts: must be a path to a facts manifest")
     doc = GateDoc(path, text, data["gate"], data["machine"], data["image"], facts, body_start=end + 1)
 
-    claims_node = None
-    for k, v in node.value:
-        if k.value == "claims":
-            claims_node = v
-    if claims_node is not None and not (isinstance(claims_node, yaml.MappingNode) or data.get("claims") is None):
-        raise _err(path, claims_node.start_mark.line + 2, "claims: must be a mapping of claim -> expected value")
-    if isinstance(claims_node, yaml.MappingNode):
-        for knode, vnode in claims_node.value:
-            name = str(knode.value)
-            if name == "components" and isinstance(vnode, yaml.MappingNode):
-                for ck, cv in vnode.value:
-                    doc.claims.append(
-                        _front_claim(path, f"{COMPONENT_PREFIX}{ck.value}", cv, data["claims"]["components"][ck.value])
-                    )
-                continue
-            doc.claims.append(_front_claim(path, name, vnode, data["claims"][knode.value]))
+    for section, where in (("claims", "front"), ("policy", "policy")):
+        _front_section(doc, node, data, section, where)
 
     doc.prose = _scan_body(doc, text, body_offset)
     if not doc.claims:
@@ -266,7 +252,26 @@ def _scan_body(doc: GateDoc, text: str, offset: int) -> Prose:
     return Prose("".join(pieces), doc.body_start + 1)
 
 
-def _front_claim(path: Path, name: str, vnode: Any, raw: Any) -> Claim:
+def _front_section(doc: GateDoc, node: Any, data: dict[str, Any], section: str, where: str) -> None:
+    """``claims:`` (what the artefacts are: render may restate them) or ``policy:`` (limits a
+    reviewer set, e.g. ``cve_unpatched_critical: 0``: judged the same, never rewritten)."""
+    path = doc.path
+    sec_node = next((v for k, v in node.value if k.value == section), None)
+    if sec_node is not None and not (isinstance(sec_node, yaml.MappingNode) or data.get(section) is None):
+        raise _err(path, sec_node.start_mark.line + 2, f"{section}: must be a mapping of claim -> expected value")
+    if not isinstance(sec_node, yaml.MappingNode):
+        return
+    for knode, vnode in sec_node.value:
+        name = str(knode.value)
+        if name == "components" and isinstance(vnode, yaml.MappingNode):
+            for ck, cv in vnode.value:
+                raw = data[section]["components"][ck.value]
+                doc.claims.append(_front_claim(path, f"{COMPONENT_PREFIX}{ck.value}", cv, raw, where))
+            continue
+        doc.claims.append(_front_claim(path, name, vnode, data[section][knode.value], where))
+
+
+def _front_claim(path: Path, name: str, vnode: Any, raw: Any, where: str = "front") -> Claim:
     line = vnode.start_mark.line + 2  # +1 for 1-based, +1 for the opening '---'
     if raw is not None and kind_of(name) in ("version", "text", "sha", "time") and isinstance(vnode, yaml.ScalarNode):
         raw = vnode.value  # as written: YAML would read 5.10 as the float 5.1
@@ -277,4 +282,4 @@ def _front_claim(path: Path, name: str, vnode: Any, raw: Any) -> Claim:
     span = None
     if isinstance(vnode, yaml.ScalarNode) and vnode.start_mark.line == vnode.end_mark.line:
         span = (vnode.start_mark.column, vnode.end_mark.column)
-    return Claim(name, raw, expected, line, span, "front")
+    return Claim(name, raw, expected, line, span, where)

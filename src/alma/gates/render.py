@@ -92,7 +92,7 @@ def yaml_text(name: str, fact: Any, previous: Any) -> str:
         return str(value)
     if isinstance(value, int):
         return str(value)
-    if isinstance(value, dict):
+    if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True)
     s = str(value)
     try:

@@ -6,6 +6,7 @@ points at the newest) with the command, the generated config and the summary aro
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from alma import runner
+from alma.buildtree import TREE_RECORD
 from alma.errors import Interrupted, PreflightError
 from alma.ground import utc_stamp, write_atomic
 from alma.imagebuild import preflight as pf
@@ -95,23 +97,28 @@ def require_preflight(plan: BuildPlan, probes: pf.Probes) -> None:
         raise err
 
 
-AUTO_CONF_MARK = "# Written by `alma shell`"
+AUTO_CONF_MARK = "# Written by `alma shell`"  # earlier alma shells put the config there: removed
 
 
 def _auto_conf(plan: BuildPlan) -> Path:
     return plan.machine_dir / "conf" / "auto.conf"
 
 
+def _drop_old_auto_conf(plan: BuildPlan) -> None:
+    # auto.conf is read before local.conf: a config left there by an earlier alma shell would
+    # lose to the kas files where alma build's -R wins, so it must not outlive that shell
+    auto = _auto_conf(plan)
+    if auto.is_file() and auto.read_text(encoding="utf-8", errors="replace").startswith(AUTO_CONF_MARK):
+        auto.unlink()
+
+
 def shell(plan: BuildPlan, *, env: dict[str, str] | None = None) -> int:
-    """``kas shell`` with the plan's files, environment and config: the config goes to
-    ``conf/auto.conf`` (oe-core's bitbake.conf includes it after local.conf; kas leaves it
-    alone), so bitbake typed in the shell sees what ``alma build`` would give it. Returns the
-    shell's (or ``-c`` command's) exit code."""
+    """``kas shell`` with the plan's files, environment and config: its command exports
+    ``BBPOSTCONF`` (bitbake reads it as ``-R``), so bitbake typed in the shell reads the config
+    at the same point as ``alma build``'s. Returns the shell's (or ``-c`` command's) exit code."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
-    _auto_conf(plan).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(_auto_conf(plan), f"{AUTO_CONF_MARK}; alma build removes it. The plan's config:\n"
-                 f"require {plan.conf_path}\n")  # fmt: skip
+    _drop_old_auto_conf(plan)
     full_env = dict(os.environ if env is None else env)
     full_env.update(plan.env)
     return runner.run_attached(plan.argv, cwd=plan.root, env=full_env)
@@ -178,9 +185,8 @@ def execute(
     bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
-    auto = _auto_conf(plan)  # an `alma shell`'s config must not outlive it into a build (-R is ours)
-    if auto.is_file() and auto.read_text(encoding="utf-8", errors="replace").startswith(AUTO_CONF_MARK):
-        auto.unlink()
+    write_atomic(plan.machine_dir / TREE_RECORD, json.dumps(plan.env, indent=2, sort_keys=True) + "\n")
+    _drop_old_auto_conf(plan)
     if plan.request.check:  # a graph left by an earlier run must not pass for this one's
         for name in (BUILDLIST, TASK_DOT):
             (plan.machine_dir / name).unlink(missing_ok=True)

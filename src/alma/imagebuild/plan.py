@@ -18,17 +18,21 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from alma.buildtree import BuildTree, build_tree
 from alma.errors import ConfigError, UserError
+from alma.imagebuild.kasview import KasView, resolve
 from alma.imagebuild.preflight import Probes
 from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, FULL_SHA, KasConfig, Project, load_kas
 
 CONF_NAME = "alma-build.conf"
-_BB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:-]*$")  # a recipe (mc:... too) or a task (do_ optional)
+_RECIPE = re.compile(r"^(virtual/)?[A-Za-z0-9][A-Za-z0-9_.+:-]*$")  # a recipe, virtual/kernel, mc:x:recipe
+_TASK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")  # compile, do_compile, populate_sdk_ext
+_SETS_VAR = r"^[ \t]*(export[ \t]+)?{}[ \t]*(=|:=|\?=|\+=|\.=)"  # a plain assignment in a kas file's local.conf
 
 _HASHSERV = re.compile(r"^(unix://\S+|wss?://\S+|[A-Za-z0-9_.-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5})$")
 
@@ -48,12 +52,16 @@ class BuildRequest:
     no_admin_access: bool = False
     ota_cert: Path | None = None  # feature ota's signing certificate (alma.imagebuild.ota)
     # kas parity: what kas itself would resolve, checked against our plan
-    target: str | None = None  # a recipe other than the image (bitbake's target)
+    targets: tuple[str, ...] = ()  # --target (repeatable): recipes other than the image (bitbake's targets)
     task: str | None = None  # bitbake -c TASK
+    machine_given: bool = False  # --machine was on the command line (else KAS_MACHINE may choose)
+    image_given: bool = False  # --image was on the command line (else the kas files' target may choose)
     keep_going: bool = False  # bitbake -k
     bitbake_args: tuple[str, ...] = ()  # after `--`: passed to bitbake verbatim (quoted)
     kas_files: tuple[str, ...] = ()  # --kas-file a.yml[:b.yml]: more kas files, after the features
     shell: str | None = None  # alma shell: the command for kas shell -c ("" = interactive)
+    update: bool = False  # kas --update: follow the branch heads (ignores the lock)
+    force_checkout: bool = False  # kas --force-checkout: discard local changes in the repositories
 
 
 @dataclass
@@ -74,6 +82,7 @@ class BuildPlan:
     make_jobs: int | None = None
     # what the plan itself found wrong (offline): listed first among the preflight problems
     problems: list[tuple[str, str]] = field(default_factory=list)
+    kas_view: KasView | None = None  # what kas will build (MACHINE, DISTRO, targets, task) and from where
 
     @property
     def work_dir(self) -> Path:
@@ -102,6 +111,7 @@ class BuildPlan:
             "notes": self.notes,
             "env_sources": {k: self.env_source(k) for k in self.env},
             "problems": [{"problem": w, "fix": f} for w, f in self.problems],
+            "kas": self.kas_view.to_dict() if self.kas_view else None,
         }
 
     def env_source(self, name: str) -> str:
@@ -205,7 +215,9 @@ def _with_ota(
     return "\n".join(settings.conf_lines(cfg)) + "\n", None
 
 
-def choose_jobs(req: BuildRequest, probes: Probes | None) -> tuple[int | None, int | None, list[str]]:
+def choose_jobs(
+    req: BuildRequest, probes: Probes | None, kas_sets: tuple[str, ...] = ()
+) -> tuple[int | None, int | None, list[str]]:
     """(BB_NUMBER_THREADS, PARALLEL_MAKE -j, notes) for this host.
 
     bitbake's defaults are one task per CPU and make -j <CPUs> inside each, CPUs² compilers:
@@ -214,6 +226,10 @@ def choose_jobs(req: BuildRequest, probes: Probes | None) -> tuple[int | None, i
     if probes is None or (req.check and req.jobs is None):
         return req.jobs, None, []
     from alma.imagebuild import preflight as pf
+
+    if req.jobs is None and kas_sets:  # the kas files chose: the same value in alma build and alma shell
+        what = " and ".join(kas_sets)
+        return None, None, [f"jobs: {what} as the kas files set (local_conf_header); --jobs overrides"]
 
     jobs = req.jobs if req.jobs is not None else pf.auto_jobs(probes)
     make = pf.parallel_make(probes, jobs)
@@ -227,19 +243,88 @@ def choose_jobs(req: BuildRequest, probes: Probes | None) -> tuple[int | None, i
     return jobs, make, notes
 
 
+def kas_sets(kas: KasConfig, *names: str) -> tuple[str, ...]:
+    """Which of ``names`` the kas files' local_conf_header assigns (kas writes it into local.conf)."""
+    text = "\n".join(str(v) for v in (kas.data.get("local_conf_header") or {}).values() if v)
+    return tuple(n for n in names if re.search(_SETS_VAR.format(re.escape(n)), text, re.M))
+
+
+def _check_names(req: BuildRequest) -> None:
+    for target in req.targets:
+        if not _RECIPE.match(target):
+            raise UserError(
+                f"--target {target!r}: not a recipe name", hint="alma build --target busybox  (or virtual/kernel)"
+            )
+    if req.task is not None and not _TASK.match(req.task):
+        raise UserError(
+            f"--task {req.task!r}: not a task name", hint="alma build --task fetch  (compile, cleansstate, ...)"
+        )
+
+
+def _machine_from_env(req: BuildRequest, env: Mapping[str, str]) -> BuildRequest:
+    """kas builds an exported KAS_MACHINE whatever its files say: alma builds it too (its kas
+    file and its build dir), or refuses when --machine asks for another."""
+    exported = env.get("KAS_MACHINE")
+    if exported is None or exported == req.machine:
+        return req
+    if req.machine_given:
+        raise UserError(
+            f"KAS_MACHINE={exported} is exported but --machine is {req.machine}: kas would build {exported}",
+            hint=f"unset KAS_MACHINE, or drop --machine (alma builds the exported {exported})",
+        )
+    return replace(req, machine=exported)
+
+
+def _distro_problem(view: KasView, kas: KasConfig) -> tuple[str, str] | None:
+    meant = kas.data.get("distro")
+    if view.distro.source.startswith("environment") and view.distro.value != meant:
+        return (
+            f"KAS_DISTRO={view.distro.value} is exported: kas would build DISTRO {view.distro.value!r} instead of "
+            f"the kas files' {meant!r} (no ALMA release mode, admin access or layer checks)",
+            "unset KAS_DISTRO (the distro is part of the kas files: kas/alma.yml)",
+        )
+    return None
+
+
+def bitbake_command(req: BuildRequest, view: KasView, conf_path: Path) -> str:
+    bb = f"bitbake -R {shlex.quote(str(conf_path))}"
+    image = shlex.quote(req.image)
+    if req.check:
+        return f"{bb} -p && {bb} -g {image}"
+    task = str(view.task.value)
+    opts = (["-k"] if req.keep_going else []) + (["-c", shlex.quote(task)] if task != "build" else [])
+    targets = list(view.targets.value)
+    if not req.targets and view.targets.source != "environment KAS_TARGET" and req.image_given:
+        targets = [req.image]  # --image names the image; the kas files' target is its default
+    extra = [shlex.quote(a) for a in req.bitbake_args]
+    return " ".join([bb, *opts, *(shlex.quote(t) for t in targets), *extra])
+
+
 def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None) -> BuildPlan:
     """Validate everything offline and compute the exact command. Raises UserError/ConfigError.
 
     ``probes`` (the host) sizes the parallelism; without it bitbake's defaults stand."""
+    env = probes.env if probes is not None else os.environ
     project.require_layout()
+    req = _machine_from_env(req, env)
+    if env.get("KAS_MACHINE") == req.machine and req.machine not in project.machines():
+        raise UserError(
+            f"KAS_MACHINE={req.machine} is exported, but ALMA-OS has no kas/machines/{req.machine}.yml "
+            f"(valid machines: {', '.join(project.machines())})",
+            hint="unset KAS_MACHINE, or export one of the valid machines",
+        )
     files = project.kas_files(req.machine, req.features) + project.extra_kas_files(req.kas_files)
     project.check_image(req.image)
-    for name, value in (("--target", req.target), ("--task", req.task)):
-        if value is not None and not _BB_NAME.match(value):
-            raise UserError(f"{name} {value!r}: not a recipe or task name", hint=f"alma build {name} busybox")
+    _check_names(req)
     if req.jobs is not None and req.jobs < 1:
         raise UserError(f"--jobs {req.jobs}: must be at least 1", hint="alma build --jobs 4")
     kas = load_kas(project, files)
+    view = resolve(kas.data, env, targets=req.targets, task=req.task)
+    for name in view.targets.value:
+        if not _RECIPE.match(str(name)):
+            raise UserError(f"target {name!r} ({view.targets.source}): not a recipe name", hint="unset KAS_TARGET")
+    if not _TASK.match(str(view.task.value)):
+        raise UserError(f"task {view.task.value!r} ({view.task.source}): not a task name", hint="unset KAS_TASK")
     unpinned = [r for r in kas.repos(project.root) if r.url and not (r.commit and FULL_SHA.match(r.commit))]
     if unpinned:
         what = ", ".join(
@@ -249,33 +334,38 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
             f"repositories not pinned to a full 40-hex commit: {what}; a build must be reproducible",
             hint="pin them: set commit: <40-hex sha> in the kas file, or run kas lock (then alma lint)",
         )
-    tree = build_tree(project.root, req.build_dir, probes.env if probes is not None else os.environ)
+    kas_env = {k: str(v) for k, v in (kas.data.get("env") or {}).items() if v is not None}
+    tree = build_tree(project.root, req.build_dir, env, kas_env)
     machine_dir = tree.machine_dir(req.machine)
     conf_path = machine_dir / CONF_NAME
-    jobs, make_jobs, notes = choose_jobs(req, probes)
+    jobs, make_jobs, notes = choose_jobs(req, probes, kas_sets(kas, "BB_NUMBER_THREADS", "PARALLEL_MAKE"))
     jobs_auto = req.jobs is None and jobs is not None
     conf_text = render_conf(req, jobs, make_jobs)
     # admin keys for the image, decided offline (a release without one is a problem)
     conf_text, access_note, access_problem = _with_admin_access(req, project, kas, conf_text)
     notes.append(access_note)
-    ota_text, ota_problem = _with_ota(req, project, kas, machine_dir)  # ota needs its signing cert
+    ota_text, ota_problem = _with_ota(req, project, kas, machine_dir)  # a cert for a release
     conf_text += ota_text
-    bb = f"bitbake -R {shlex.quote(str(conf_path))}"
-    image = shlex.quote(req.image)
-    if req.check:
-        command = f"{bb} -p && {bb} -g {image}"
-    else:
-        opts = (["-k"] if req.keep_going else []) + (["-c", shlex.quote(req.task)] if req.task else [])
-        extra = [shlex.quote(a) for a in req.bitbake_args]
-        command = " ".join([bb, *opts, shlex.quote(req.target) if req.target else image, *extra])
     rel = [str(f.relative_to(project.root)) for f in files]
     from alma.imagebuild.preflight import _find_kas  # the path kas will really run from
 
-    if req.shell is not None:  # kas shell: bitbake in it reads the plan's config via conf/auto.conf
-        argv = [_find_kas() or "kas", "shell", ":".join(rel), *(["-c", req.shell] if req.shell else [])]
+    for pin in kas.repos(tree.work_dir):
+        state = pin.state()
+        if state:
+            notes.append(f"repository {pin.repo_id}: {state}")
+    kas_opts = (["--update"] if req.update else []) + (["--force-checkout"] if req.force_checkout else [])
+
+    if req.shell is not None:
+        # bitbake reads BBPOSTCONF as if given -R (bitbake/lib/bb/main.py): bitbake typed in the
+        # shell reads the plan's config at the same point as alma build's bitbake -R. kas hands
+        # the shell only its own environment, so the export is part of the command.
+        post = f"export BBPOSTCONF={shlex.quote(str(conf_path))}; "
+        cmd = post + (req.shell or 'exec "${SHELL:-/bin/sh}"')
+        argv = [_find_kas() or "kas", "shell", *kas_opts, ":".join(rel), "-c", cmd]
     else:
-        argv = [_find_kas() or "kas", "shell", ":".join(rel), "-c", command]
-    env = {**tree.env(), "KAS_BUILD_DIR": str(machine_dir)}
+        argv = [_find_kas() or "kas", "shell", *kas_opts, ":".join(rel), "-c", bitbake_command(req, view, conf_path)]
+    env_added = {**tree.env(), "KAS_BUILD_DIR": str(machine_dir)}
+    problems = [project.vcs_problem(), access_problem, ota_problem, _distro_problem(view, kas)]
     return BuildPlan(
         request=req,
         root=project.root,
@@ -285,11 +375,12 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
         machine_dir=machine_dir,
         conf_path=conf_path,
         conf_text=conf_text,
-        env=env,
+        env=env_added,
         argv=argv,
         jobs=jobs,
         jobs_auto=jobs_auto,
         notes=notes,
         make_jobs=make_jobs,
-        problems=[p for p in (project.vcs_problem(), access_problem, ota_problem) if p is not None],
+        problems=[p for p in problems if p is not None],
+        kas_view=view,
     )

@@ -14,7 +14,7 @@ import pwd
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,9 +115,10 @@ def _locales() -> set[str] | None:
     return {ln.strip().lower().replace("-", "") for ln in res.lines}
 
 
-def _ls_remote(url: str, timeout: float) -> str | None:
-    """None if ``url`` answers ``git ls-remote``; else git's own last words."""
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="/bin/false", SSH_ASKPASS="/bin/false")
+def _ls_remote(url: str, timeout: float, env: Mapping[str, str] | None = None) -> str | None:
+    """None if ``url`` answers ``git ls-remote`` (run in ``env``, default ours); else git's own last words."""
+    env = dict(os.environ if env is None else env, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="/bin/false",
+               SSH_ASKPASS="/bin/false")  # fmt: skip
     try:
         res = runner.capture(["git", "ls-remote", "--quiet", url, "HEAD"], env=env, timeout=timeout, check=False)
     except ToolTimeout:
@@ -169,7 +170,7 @@ class Probes:
     mem_total: Callable[[], int | None] = _mem_total
     cpu_count: Callable[[], int] = lambda: os.cpu_count() or 1
     locales: Callable[[], set[str] | None] = _locales
-    ls_remote: Callable[[str, float], str | None] = _ls_remote
+    ls_remote: Callable[[str, float, Mapping[str, str]], str | None] = _ls_remote
     access: Callable[[Path, int], bool] = os.access
     owner: Callable[[Path], int | None] = _owner
     user_name: Callable[[int], str] = _user_name
@@ -373,29 +374,107 @@ def check_network(plan: BuildPlan, probes: Probes) -> list[Problem]:
     return unreachable_repos(probes, plan.kas.repos(plan.work_dir))
 
 
+def premirror_url(url: str, premirrors: str) -> str:
+    """The URL kas clones from: the first ``KAS_PREMIRRORS`` line (``regex replacement``)
+    whose regex matches ``url`` (kas 5.5 repos.py ``Repo.effective_url``), else ``url``."""
+    for line in premirrors.split("\n"):
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        try:
+            if re.match(parts[0], url):
+                return re.sub(parts[0], parts[1], url)
+        except re.error:
+            continue
+    return url
+
+
+def kas_git_env(env: Mapping[str, str], home: Path) -> dict[str, str]:
+    """The environment kas gives git: a HOME of its own whose only .gitconfig is a copy of
+    ``GITCONFIG_FILE`` (kas 5.5 libcmds.py ``SetupHome._setup_gitconfig``), so the user's
+    ~/.gitconfig (``insteadOf`` rules, proxies) does not reach kas's git unless exported so."""
+    out = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env, "HOME": str(home)}
+    for name in ("XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL"):
+        out.pop(name, None)
+    gitconfig = env.get("GITCONFIG_FILE")
+    if gitconfig and Path(gitconfig).is_file():
+        shutil.copyfile(gitconfig, home / ".gitconfig")
+    return out
+
+
 def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S) -> list[Problem]:
+    """Every repository kas would clone, asked as kas's git will ask: through KAS_PREMIRRORS,
+    with kas's HOME and gitconfig."""
+    import tempfile
+
     todo = [r for r in repos if r.url and not r.checked_out]
     if not todo:
         return []
-    with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
-        answers = list(pool.map(lambda r: probes.ls_remote(str(r.url), timeout), todo))
+    mirrors = probes.env.get("KAS_PREMIRRORS", "")
+    urls = [premirror_url(str(r.url), mirrors) for r in todo]
+    with tempfile.TemporaryDirectory(prefix="alma-kas-home-") as home:
+        genv = kas_git_env(probes.env, Path(home))
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            answers = list(pool.map(lambda u: probes.ls_remote(u, timeout, genv), urls))
+    user_cfg = Path(probes.env.get("HOME", "~")).expanduser() / ".gitconfig"
+    try:
+        rewrites = "insteadof" in user_cfg.read_text(encoding="utf-8", errors="replace").lower()
+    except OSError:
+        rewrites = False
     problems: list[Problem] = []
-    for repo, err in zip(todo, answers, strict=True):
+    for repo, url, err in zip(todo, urls, answers, strict=True):
         if err is None:
             continue
-        problems.append(
-            (
-                f"repository {repo.repo_id} ({repo.url}) is not checked out and cannot be reached: {err}",
-                f"allow git access to {repo.url} (proxy: export https_proxy=...), or clone it yourself: "
-                f"git clone{' -b ' + repo.branch if repo.branch else ''} {repo.url} {repo.checkout_dir}",
+        via = f" (premirror {url})" if url != repo.url else ""
+        if rewrites and not probes.env.get("GITCONFIG_FILE"):
+            fix = (
+                f"kas runs git with a HOME of its own and does not read {user_cfg} (its url.insteadOf rules "
+                f"among it): export GITCONFIG_FILE={user_cfg}"
             )
-        )
+        else:
+            fix = (
+                f"allow git access to {url} (proxy: export https_proxy=...), or point kas at a mirror: "
+                f"export KAS_PREMIRRORS='{re.escape(str(repo.url))} file:///path/to/mirror.git'"
+            )
+        problems.append((f"repository {repo.repo_id} ({repo.url}){via} is not checked out and cannot be "
+                         f"reached by kas's git: {err}", fix))  # fmt: skip
     return problems
+
+
+def check_tmpdir(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    """An exported TMPDIR (libpam-tmpdir sets one at login) reaches bitbake: kas forwards it and
+    lists it in BB_ENV_PASSTHROUGH_ADDITIONS (kas/libkas.py get_build_environ), so it becomes
+    bitbake's TMPDIR variable, the whole build output (~110 GB), plus oe-core's TCLIBCAPPEND
+    (defaultsetup.conf: "-glibc"), instead of the build tree that the disk check measured and
+    ``alma verify`` reads. Refused unless the kas files set TMPDIR themselves (local.conf wins)."""
+    from alma.imagebuild.plan import kas_sets
+
+    exported = probes.env.get("TMPDIR")
+    if not exported or kas_sets(plan.kas, "TMPDIR"):
+        return []
+    ours = plan.tree.tmp_dirs(plan.request.machine)[0]
+    return [
+        (
+            f"TMPDIR={exported} is exported (libpam-tmpdir sets one at login): kas passes it to bitbake, whose "
+            f"TMPDIR (the build output, ~110 GB) would become {exported}-glibc instead of {ours}, which the disk "
+            "check measures and alma verify reads",
+            "run without it: env -u TMPDIR alma build …  (or set TMPDIR in a kas file's local_conf_header)",
+        )
+    ]
 
 
 Check = Callable[["BuildPlan", Probes], list[Problem]]
 # Offline checks (also shown by --dry-run), then the ones that reach the network.
-CHECKS: list[Check] = [check_user, check_tools, check_locale, check_build_tree, check_disk, check_cpus, check_ram]
+CHECKS: list[Check] = [
+    check_user,
+    check_tools,
+    check_locale,
+    check_tmpdir,
+    check_build_tree,
+    check_disk,
+    check_cpus,
+    check_ram,
+]
 NETWORK_CHECKS: list[Check] = [check_network]
 
 

@@ -38,6 +38,36 @@ class RepoPin:
     def checked_out(self) -> bool:
         return (self.checkout_dir / ".git").exists()
 
+    def state(self) -> str | None:
+        """What kas will find in this checkout, as kas 5.5 (repos.py ``Repo.checkout``) judges
+        it: "dirty" (``git diff --stat`` prints anything: kas logs "dirty - no checkout" and
+        builds the tree as it is, unless --force-checkout), or moved from the pinned commit
+        (kas checks the pin out again). None when clean at its commit, or not a git checkout."""
+        if not self.url or not self.checked_out:
+            return None
+        from alma import runner
+        from alma.errors import AlmaError
+
+        try:
+            diff = runner.capture(["git", "diff", "--stat"], cwd=self.checkout_dir, check=False, stderr="separate")
+            head = runner.capture(["git", "rev-parse", "HEAD"], cwd=self.checkout_dir, check=False, stderr="separate")
+        except (AlmaError, OSError):
+            return None
+        if not diff.ok or not head.ok:
+            return None
+        at = head.lines[0].strip() if head.lines else ""
+        moved = bool(self.commit) and at != self.commit
+        where = f"at {at[:12]}, not the pinned {str(self.commit)[:12]}" if moved else "at its pinned commit"
+        if diff.lines:
+            changed = diff.lines[-1].strip()
+            return (
+                f"dirty ({changed}; {where}): kas logs 'dirty - no checkout' and builds it as it is; "
+                "--force-checkout discards the changes and checks the pin out"
+            )
+        if moved:
+            return f"{where}: kas checks the pin out again (--update also follows the branch head)"
+        return None
+
 
 @dataclass
 class Project:

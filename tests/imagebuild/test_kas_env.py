@@ -1,0 +1,310 @@
+"""What kas itself will build, through real kas 5.5 (local git repositories stand in for the
+upstream ones; bitbake is the recording fake): exported KAS_MACHINE / KAS_DISTRO /
+KAS_TARGET / KAS_TASK, a kas file's target, task and env:, and `alma shell` configuring
+bitbake exactly as `alma build` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from imagebuild.test_build_real_kas import real_kas_project  # noqa: F401 (a fixture)
+from support_build import read_record
+
+from alma.imagebuild import kasview
+from alma.imagebuild import preflight as pf
+
+AGX = "jetson-agx-orin-devkit"
+NANO = "jetson-orin-nano-devkit"
+
+
+def _bitbake_calls(tmp_path: Path) -> list[dict[str, Any]]:
+    return [c for c in read_record(tmp_path / "record.jsonl") if c["tool"] == "bitbake" and "argv" in c]
+
+
+def _postread(call: dict[str, Any]) -> list[str]:
+    """The files bitbake reads after local.conf: -R arguments and BBPOSTCONF (bitbake main.py)."""
+    argv = call["argv"]
+    files = [argv[i + 1] for i, a in enumerate(argv) if a == "-R"]
+    return files + ([call["bbpostconf"]] if call.get("bbpostconf") else [])
+
+
+def _env(monkeypatch: pytest.MonkeyPatch, probes, **env: str) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("TMPDIR", raising=False)  # a login's TMPDIR is refused (its own test below)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    probes(ls_remote=pf._ls_remote, env=dict(os.environ))  # the environment alma plans with is kas's
+
+
+@pytest.fixture
+def agx_file(real_kas_project: Path) -> Path:  # noqa: F811
+    f = real_kas_project / "kas" / "machines" / f"{AGX}.yml"
+    f.write_text(f"header:\n  version: 14\n  includes:\n    - kas/alma.yml\nmachine: {AGX}\n")
+    return f
+
+
+@pytest.mark.slow
+def test_exported_kas_machine_is_what_the_plan_and_the_build_use(
+    real_kas_project: Path,  # noqa: F811
+    agx_file: Path,
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    root = real_kas_project
+    _env(monkeypatch, probes, KAS_MACHINE=AGX)
+    code, out, err = alma("build", "--dry-run", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["machine"] == AGX and plan["kas"]["machine"] == {"value": AGX, "source": "environment KAS_MACHINE"}
+    assert plan["kas_files"][1].endswith(f"kas/machines/{AGX}.yml")
+    assert plan["env"]["KAS_BUILD_DIR"] == str(root / "build" / AGX)
+    code, out, err = alma("build", "--dry-run")
+    assert f"MACHINE {AGX}  (environment KAS_MACHINE)" in out and NANO not in out
+    code, out, err = alma("build")
+    assert code == 0, out + err
+    [bb] = _bitbake_calls(tmp_path)
+    assert bb["cwd"] == str(root / "build" / AGX)
+    local = (root / "build" / AGX / "conf" / "local.conf").read_text()
+    assert f'MACHINE ??= "{AGX}"' in local  # what real kas wrote for bitbake
+    # asking for another machine while kas would build the exported one is refused
+    code, _, err = alma("build", "--dry-run", "--machine", NANO)
+    assert code == 2 and f"KAS_MACHINE={AGX} is exported but --machine is {NANO}" in err
+
+
+@pytest.mark.slow
+def test_exported_kas_distro_other_than_the_kas_files_is_refused_with_the_reason(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    _env(monkeypatch, probes, KAS_DISTRO="poky")
+    code, out, err = alma("build", "--dry-run")
+    assert code == 2 and "DISTRO poky  (environment KAS_DISTRO)" in out
+    assert "KAS_DISTRO=poky is exported: kas would build DISTRO 'poky' instead of the kas files' 'alma'" in err
+    code, _, err = alma("build")
+    assert code == 2 and "unset KAS_DISTRO" in err and _bitbake_calls(tmp_path) == []
+    _env(monkeypatch, probes, KAS_DISTRO="alma")  # the same distro: nothing to refuse
+    code, out, _ = alma("build", "--dry-run")
+    assert code == 0 and "DISTRO alma  (environment KAS_DISTRO)" in out
+
+
+@pytest.mark.slow
+def test_kas_target_and_task_from_the_environment_reach_bitbake(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    _env(monkeypatch, probes, KAS_TARGET="core-image-minimal alma-image", KAS_TASK="fetch")
+    code, out, err = alma("build")
+    assert code == 0, out + err
+    [bb] = _bitbake_calls(tmp_path)
+    assert bb["argv"][2:] == ["-c", "fetch", "core-image-minimal", "alma-image"]
+
+
+@pytest.mark.slow
+def test_alma_shell_and_alma_build_give_bitbake_the_same_configuration(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+) -> None:
+    # oe-core reads site.conf, auto.conf, local.conf, then -R files: a config the shell put in
+    # auto.conf would lose to the kas file's BB_NUMBER_THREADS where the build's -R wins
+    root = real_kas_project
+    (root / "kas" / "threads.yml").write_text(
+        'header:\n  version: 14\nlocal_conf_header:\n  threads: |\n    BB_NUMBER_THREADS = "1"\n'
+    )
+    code, out, err = alma("shell", "--kas-file", "kas/threads.yml", "-c", "bitbake alma-image")
+    assert code == 0, out + err
+    code, out, err = alma("build", "--kas-file", "kas/threads.yml")
+    assert code == 0, out + err
+    shell_bb, build_bb = _bitbake_calls(tmp_path)
+    conf = root / "build" / NANO / "alma-build.conf"
+    assert _postread(shell_bb) == _postread(build_bb) == [str(conf)]
+    assert "BB_NUMBER_THREADS" not in conf.read_text()  # the kas file chose: local.conf's "1" stands in both
+    assert 'BB_NUMBER_THREADS = "1"' in (root / "build" / NANO / "conf" / "local.conf").read_text()
+    assert not (root / "build" / NANO / "conf" / "auto.conf").exists()
+
+
+def test_targets_task_and_env_of_a_kas_file_are_honoured(project, alma, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (project / "kas" / "local").mkdir(exist_ok=True)
+    (project / "kas" / "local" / "t.yml").write_text(
+        f"header:\n  version: 14\ntarget: busybox\ntask: fetch\nenv:\n  DL_DIR: {tmp_path / 'dl'}\n"
+    )
+    code, out, err = alma("build", "--dry-run", "--json", "--kas-file", "kas/local/t.yml")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["argv"][-1].endswith(" -c fetch busybox")
+    assert plan["env"]["DL_DIR"] == str(tmp_path / "dl") and plan["env_sources"]["DL_DIR"] == "kas files env:"
+    assert plan["kas"]["targets"] == {"value": ["busybox"], "source": "kas files"}
+
+
+def test_repeated_and_virtual_targets_and_a_task_hint_that_names_a_task(project, alma) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = alma("build", "--dry-run", "--json", "--target", "busybox", "--target", "zlib")
+    assert code == 0, err and json.loads(out)["argv"][-1].endswith(" busybox zlib")
+    assert json.loads(out)["argv"][-1].endswith(" busybox zlib")
+    code, out, err = alma("build", "--dry-run", "--json", "--target", "virtual/kernel")
+    assert code == 0, err
+    assert json.loads(out)["argv"][-1].endswith(" virtual/kernel")
+    code, _, err = alma("build", "--dry-run", "--task", "fetch;id")
+    assert code == 2 and "not a task name" in err and "alma build --task fetch" in err and "--target" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "data"),
+    [
+        ({}, {"machine": "m1", "distro": "d1", "target": "t1", "task": "fetch"}),
+        ({"KAS_MACHINE": "m2", "KAS_DISTRO": "d2", "KAS_TARGET": " a  b ", "KAS_TASK": "compile"}, {"machine": "m1"}),
+        ({"KAS_TARGET": ""}, {"target": ["x", "y"]}),
+        ({}, {}),
+    ],
+)
+def test_the_view_resolves_as_kas_own_getters_do(env, data, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from kas.config import Config
+
+    for k in ("KAS_MACHINE", "KAS_DISTRO", "KAS_TARGET", "KAS_TASK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    shim = SimpleNamespace(_config=data, _override_target=None, _override_task=None)
+    view = kasview.resolve(data, env)
+    assert view.machine.value == Config.get_machine(shim)  # type: ignore[arg-type]
+    assert view.distro.value == Config.get_distro(shim)  # type: ignore[arg-type]
+    assert view.targets.value == Config.get_bitbake_targets(shim)  # type: ignore[arg-type]
+    assert view.task.value == Config.get_bitbake_task(shim)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_so_alma_refuses_it(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    root = real_kas_project
+    login_tmp = tmp_path / "user-tmp"
+    login_tmp.mkdir()
+    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    # the fact the refusal rests on: real kas hands bitbake the exported TMPDIR, listed for its datastore
+    kas = Path(sys.executable).parent / "kas"
+    res = subprocess.run(
+        [
+            str(kas),
+            "shell",
+            f"kas/machines/{NANO}.yml",
+            "-c",
+            'echo "T=$TMPDIR"; echo "P=$BB_ENV_PASSTHROUGH_ADDITIONS"',
+        ],
+        cwd=root,
+        env={**os.environ, "KAS_WORK_DIR": str(root / "build"), "KAS_BUILD_DIR": str(tmp_path / "kb")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert f"T={login_tmp}" in res.stdout
+    assert "TMPDIR" in res.stdout.split("P=", 1)[1].split()
+    code, out, err = alma("build")
+    assert code == 2 and f"TMPDIR={login_tmp} is exported" in err and f"{login_tmp}-glibc" in err
+    assert "env -u TMPDIR alma build" in err and _bitbake_calls(tmp_path) == []
+    code, out, _ = alma("build", "--dry-run")
+    assert f"TMPDIR={login_tmp} is exported" in out
+    # a kas file that sets bitbake's TMPDIR itself decides: nothing to refuse
+    (root / "kas" / "tmp.yml").write_text(
+        f'header:\n  version: 14\nlocal_conf_header:\n  tmp: |\n    TMPDIR = "{tmp_path / "bbtmp"}"\n'
+    )
+    code, out, err = alma("build", "--kas-file", "kas/tmp.yml")
+    assert code == 0, out + err
+
+
+@pytest.mark.slow
+def test_a_dirty_or_moved_repository_is_in_the_plan_and_force_checkout_reaches_kas(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+) -> None:
+    from imagebuild.test_build_real_kas import git
+
+    root = real_kas_project
+    code, out, err = alma("build")  # real kas clones and checks out the pins
+    assert code == 0, out + err
+    oe = root / "build" / "openembedded-core"
+    pinned = git("rev-parse", "HEAD", cwd=oe)
+    (oe / "meta" / "conf" / "layer.conf").write_text('BBFILE_COLLECTIONS += "core"\n# moved\n')
+    git("commit", "-qam", "a local commit", cwd=oe)  # moved off the pin
+    (oe / "meta" / "conf" / "layer.conf").write_text('BBFILE_COLLECTIONS += "core"\n# local change\n')  # dirty
+    code, out, err = alma("build", "--dry-run")
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("repository openembedded-core:"))
+    assert "dirty (1 file changed" in line and f"not the pinned {pinned[:12]}" in line and "--force-checkout" in line
+    code, out, err = alma("build", "--force-checkout", "--json")
+    assert code == 0, out + err
+    kas_log = (root / "build" / NANO / "alma-build-latest.log").read_text()
+    assert "--force-checkout" in kas_log and git("rev-parse", "HEAD", cwd=oe) == pinned
+    assert "# local change" not in (oe / "meta" / "conf" / "layer.conf").read_text()  # kas discarded it
+    code, out, _ = alma("build", "--dry-run")
+    assert "repository openembedded-core:" not in out  # clean at its pin again
+
+
+def _remote_urls(root: Path, tmp_path: Path) -> str:
+    """Point the kas files at an unreachable https host; the local repositories become its mirror."""
+    base = root / "kas" / "alma.yml"
+    base.write_text(base.read_text().replace(f"file://{tmp_path / 'upstream'}/", "https://git.example.invalid/"))
+    return "https://git.example.invalid/"
+
+
+@pytest.mark.slow
+def test_kas_premirrors_make_the_reachability_check_and_kas_work_offline(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    remote = _remote_urls(real_kas_project, tmp_path)
+    _env(monkeypatch, probes)
+    code, _, err = alma("build")
+    assert code == 2 and f"repository bitbake ({remote}bitbake)" in err and "KAS_PREMIRRORS=" in err
+    _env(monkeypatch, probes, KAS_PREMIRRORS=f"https://git\\.example\\.invalid/(.*) file://{tmp_path / 'upstream'}/\\1")
+    code, out, err = alma("build")
+    assert code == 0, out + err  # the preflight asked the mirror, as kas then cloned from it
+    assert [c["tool"] for c in read_record(tmp_path / "record.jsonl")].count("bitbake") == 1
+
+
+@pytest.mark.slow
+def test_an_insteadof_rule_only_in_the_users_gitconfig_is_refused_with_gitconfig_file(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    remote = _remote_urls(real_kas_project, tmp_path)
+    home = Path(os.environ["HOME"])  # the per-test HOME of the autouse fixture
+    cfg = home / ".gitconfig"
+    cfg.write_text(f'[url "file://{tmp_path / "upstream"}/"]\n\tinsteadOf = {remote}\n')
+    _env(monkeypatch, probes)
+    # git as the user passes; kas's git (its own HOME) would not see the rule: refused up front
+    code, _, err = alma("build")
+    assert code == 2 and f"export GITCONFIG_FILE={cfg}" in err, err
+    _env(monkeypatch, probes, GITCONFIG_FILE=str(cfg))
+    code, out, err = alma("build")
+    assert code == 0, out + err  # kas took the rule into its HOME, as the preflight did
+
+
+def test_an_exported_kas_machine_alma_has_no_file_for_is_refused_naming_the_variable(project, alma, probes) -> None:  # type: ignore[no-untyped-def]
+    probes(env={"KAS_MACHINE": "qemux86-64"})
+    code, _, err = alma("build", "--dry-run")
+    assert code == 2 and "KAS_MACHINE=qemux86-64 is exported, but ALMA-OS has no kas/machines/qemux86-64.yml" in err
