@@ -112,7 +112,9 @@ class Worker:
     def __init__(self, url: str, opts: Options, log: Log) -> None:
         self.opts = opts
         self.log = log
-        self.store = Store(url, timeout=opts.timeout, name=f"eran-cloud {opts.worker}", creds=opts.creds)
+        self.store = Store(
+            url, timeout=opts.timeout, name=f"eran-cloud {opts.worker}", creds=opts.creds, identity=opts.worker
+        )
         self.outage = Outage(self.store, opts.outage_window, log)
         self.ckpt = Checkpoint(opts.checkpoint_dir)
         self.term = False
