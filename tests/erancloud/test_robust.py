@@ -20,8 +20,10 @@ import pytest
 from erancloud import data, protocol
 from erancloud.client import hash_worker
 from erancloud.coordinator import Config, Coordinator
+from erancloud.errors import CloudError
 from erancloud.model import MLP, train_local
 from erancloud.outer import Outer
+from erancloud.store import dump_row, parse_row
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,3 +147,41 @@ def test_a_wall_clock_step_neither_stalls_nor_rushes_a_round(monkeypatch: pytest
     coord.deadline = time.monotonic() - 0.01  # three monotonic seconds later
     asyncio.run(coord.tick())
     assert saved and coord.deadline > time.monotonic() + 2.5  # extended by one round timeout
+
+
+class _LossyKV:
+    """The state row with JetStream KV's compare-and-set on the revision; ``lose`` makes the
+    next write land and its reply get lost (what an outage does)."""
+
+    def __init__(self, row: dict) -> None:
+        self.row, self.rev, self.lose = row, 1, False
+
+    async def update_json(self, key: str, row: dict, rev: int) -> int:
+        if rev != self.rev:
+            return 0
+        self.row, self.rev = parse_row(dump_row(row)), self.rev + 1
+        if self.lose:
+            self.lose = False
+            raise TimeoutError("the reply was lost")
+        return self.rev
+
+    async def get_json(self, key: str) -> tuple[dict | None, int]:
+        return self.row, self.rev
+
+
+def test_a_state_write_whose_reply_was_lost_is_known_as_our_own() -> None:
+    """Under load a 20 s outage once made the coordinator exit "is a second one running?" with
+    only one running: its commit landed, the reply was lost, and the retried commit (new times)
+    did not equal the row in the store."""
+    kv = _LossyKV(_good_state())
+    coord = Coordinator(Config(), kv, lambda line: None)  # type: ignore[arg-type]
+    coord.state, coord.revision = dict(kv.row), 1
+    kv.lose = True
+    with pytest.raises(TimeoutError):
+        asyncio.run(coord._save_state({**coord.state, "opened": 1.0}))
+    asyncio.run(coord._save_state({**coord.state, "opened": 2.0}))  # the retried commit
+    assert kv.row["opened"] == 2.0 and coord.revision == kv.rev == 3
+    # A row this coordinator never wrote is still a second coordinator's.
+    kv.row, kv.rev = {**kv.row, "opened": 99.0}, kv.rev + 1
+    with pytest.raises(CloudError, match="second one"):
+        asyncio.run(coord._save_state({**coord.state, "opened": 3.0}))

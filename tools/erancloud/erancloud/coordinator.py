@@ -131,6 +131,7 @@ class Coordinator:
         self.opened = time.monotonic()  # when the open round opened (or this coordinator took it)
         self.quorum_at: float | None = None  # when the open round reached min_deltas
         self.limits = RateLimit()
+        self.unconfirmed: list[dict[str, Any] | None] = []  # state writes whose outcome is unknown
 
     # -- start ----------------------------------------------------------------------------
     async def load_or_init(self) -> None:
@@ -513,19 +514,35 @@ class Coordinator:
 
     async def _save_state(self, state: dict[str, Any] | None = None) -> None:
         """Compare-and-set ``state`` (default: the current one). Only once the store holds it
-        does it become this coordinator's state: a failed write changes nothing here."""
+        does it become this coordinator's state: a failed write changes nothing here.
+
+        A write whose reply was lost (an outage) may still have landed: every such write is
+        remembered until one succeeds, and a compare-and-set that fails against a row equal to
+        one of them is our own write, not a second coordinator's: its revision is taken and
+        the current state written over it. (Before: the retried commit carried new times, did
+        not equal the row that had landed, and the coordinator exited "is a second one
+        running?" with only one running.)"""
         state = self.state if state is None else state
         state["registered"] = len(self.registry)
-        rev = await self.store.update_json("state", state, self.revision)
-        if not rev:
-            # Our own write may have landed with its reply lost in an outage: then it is ours.
+        for _ in range(2):
+            written = parse_row(dump_row(state))
+            self.unconfirmed = [*self.unconfirmed[-15:], written]
+            rev = await self.store.update_json("state", state, self.revision)
+            if rev:
+                break
             row, now_rev = await self.store.get_json("state")
-            if row != parse_row(dump_row(state)):
+            if row == written:
+                rev = now_rev
+                break
+            if row not in self.unconfirmed:
                 raise CloudError(
                     "the round state changed under this coordinator: is a second one running?",
                     hint="run exactly one coordinator per NATS store",
                 )
-            rev = now_rev
+            self.revision = now_rev  # our own earlier write: write the current state over it
+        else:
+            raise CloudError("the round state could not be written twice in a row", hint="is a second one running?")
+        self.unconfirmed.clear()
         self.state, self.revision = state, rev
 
     async def _commit(self) -> None:
