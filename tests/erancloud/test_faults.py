@@ -213,9 +213,18 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
             deltas.append((wire.decode_vector(blob, "delta", count)[0], a["weight"]))
             applied_in[a["worker"]].append(k)
         assert len(deltas) >= 2
-        new_p, _ = outer.step(
-            wire.decode_vector(base_blob, "model", count)[0], wire.decode_vector(mom_blob, "momentum", count)[0], deltas
-        )
+        def own_update(round_no: int, sha: str) -> np.ndarray:
+            """The coordinator's own update of a round, the reference aggregate's yardstick."""
+            blob = p.blob(protocol.reference_key(round_no))
+            assert wire.sha256(blob) == sha
+            return wire.decode_vector(blob, "delta", count)[0]
+
+        assert outer.aggregate == "reference"
+        reference = own_update(k, row["reference"]["sha256"])
+        references = [own_update(a["round"], a["reference_sha256"]) for a in row["applied"]]
+        base = wire.decode_vector(base_blob, "model", count)[0]
+        momentum = wire.decode_vector(mom_blob, "momentum", count)[0]
+        new_p, _ = outer.step(base, momentum, deltas, reference, references)
         result = p.blob(protocol.model_key(k + 1))
         assert wire.sha256(result) == row["model_sha256"]
         assert np.array_equal(wire.decode_vector(result, "model", count)[0], new_p), (

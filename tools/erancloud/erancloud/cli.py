@@ -84,9 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the credential of the connection that answers workers (default: coordinator-replies.creds.json "
         "beside --creds)",
     )
-    co.add_argument("--aggregate", choices=("trimmed", "median", "mean"), default="trimmed",
-                    help="combine the deltas: norm-trimmed mean (default), norm-trimmed coordinate-wise median, "
-                         "plain mean (trusted setups only)")  # fmt: skip
+    co.add_argument("--aggregate", choices=("reference", "trimmed", "median", "mean"), default="reference",
+                    help="combine the deltas: weighted by agreement with the coordinator's own update on its root "
+                         "set (default), norm-trimmed mean, norm-trimmed coordinate-wise median, plain mean (trusted "
+                         "setups only)")  # fmt: skip
     co.add_argument("--clip", type=_positive_float, default=1.5,
                     help="shorten deltas longer than this × the median norm to it (default 1.5)")  # fmt: skip
     co.add_argument("--trim", type=_positive_float, default=4.0,
@@ -94,11 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--expire-rounds", type=_count(1), default=10,
                     help="a registration without a delta for this many rounds expires (default 10)")  # fmt: skip
     co.add_argument("--suspect-after", type=_count(1), default=3,
-                    help="trimmed rounds running that flag a worker suspect (default 3)")  # fmt: skip
+                    help="trimmed or down-weighted rounds running that make a worker suspect: its pushes "
+                         "are refused (default 3)")  # fmt: skip
     co.add_argument("--outage-window", type=_positive_float, default=60.0,
                     help="seconds NATS may be away before exit 4 (default 60)")  # fmt: skip
     co.add_argument("--rounds", type=_count(1), default=30, help="rounds to train (default 30)")
-    co.add_argument("--min-deltas", type=_count(1), default=2, help="deltas a round needs to close (default 2)")
+    co.add_argument("--min-deltas", type=_count(1), default=3,
+                    help="deltas a round needs to close (default 3: with two, one of them sets half the round)")
     co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
     co.add_argument("--h-steps", type=_count(1), default=20, help="local steps per round (default 20)")
     co.add_argument("--lr", type=_positive_float, default=0.1, help="inner SGD learning rate (default 0.1)")

@@ -34,7 +34,7 @@ from .errors import (
     RegistrationRefused,
     UserError,
 )
-from .model import MLP, train_local
+from .model import MLP, hash_worker, train_local
 from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row
 
 T = TypeVar("T")
@@ -323,13 +323,6 @@ class Worker:
         await asyncio.sleep(self.opts.poll)
         if self.term:
             raise Vacated("vacated while waiting for the next round")
-
-
-def hash_worker(worker: str) -> int:
-    """A stable small integer from the worker id (Python's hash() is salted per process)."""
-    import zlib
-
-    return zlib.crc32(worker.encode()) % 1000
 
 
 def default_worker_id(env: dict[str, str]) -> str:

@@ -31,9 +31,11 @@ Invariants (tested under injected faults):
 * no row read back from the store is trusted: ``state`` must pass
   ``protocol.check_coordinator_state`` (else exit 5 with the reason), a registry row that fails
   ``protocol.check_worker_row`` is reported and ignored;
-* one bad worker cannot steer the model: deltas are clipped to a multiple of the round's median
-  norm and combined coordinate-wise robustly (outer.py), copies of another worker's delta are
-  refused, and a worker is flagged "suspect" after ``suspect_after`` trimmed rounds running;
+* a colluding minority cannot steer the model: with the default ``reference`` aggregate each
+  delta is weighted by its agreement with the coordinator's own update on a root set it holds
+  (outer.py; the root set is never reported on), copies of accepted deltas are refused, and a
+  worker down-weighted (or trimmed) ``suspect_after`` rounds running is "suspect": its later
+  pushes are refused;
 * deadlines run on the monotonic clock: a wall-clock step never stalls or rushes a round.
 """
 
@@ -53,7 +55,7 @@ import numpy as np
 
 from . import PROTOCOL, data, protocol, status, wire
 from .errors import BadBlob, CloudError, IntegrityError
-from .model import MLP
+from .model import MLP, hash_worker, train_local
 from .outer import Outer
 from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Disconnected, Outage, Store, dump_row, parse_row
 
@@ -69,6 +71,10 @@ MIN_GRACE = 0.5  # seconds a round waits after its quorum, at least (see the mod
 REGISTER_BURST = 5
 REGISTER_EVERY = 2.0
 RATE_TABLE_MAX = 4096  # workers tracked by the rate limiter (the oldest entries go first)
+# The coordinator's root set: the first rows of its held-out split (the rest is what test
+# accuracy is reported on). 150 rows measured best of 100/150 (bench/bench_erancloud.py (a)).
+ROOT_ROWS = 150
+ROOT_SEED = "coordinator-root"  # the root run's batch order, as a worker's comes from its id
 
 
 class RateLimit:
@@ -91,7 +97,7 @@ class RateLimit:
 @dataclass
 class Config:
     rounds: int = 30
-    min_deltas: int = 2
+    min_deltas: int = 3
     round_timeout: float = 30.0
     shards: int = 4
     h_steps: int = 20
@@ -124,6 +130,8 @@ class Coordinator:
         self.params = np.zeros(0, np.float32)
         self.momentum = np.zeros(0, np.float32)
         self.test: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 64)), np.zeros(0))
+        self.root: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 64)), np.zeros(0))
+        self.references: dict[int, tuple[np.ndarray, str]] = {}  # round -> (own update, blob sha256)
         self.registry: dict[str, dict[str, Any]] = {}
         self.accepted: dict[tuple[str, int], tuple[np.ndarray, float, str]] = {}  # (worker, round) -> delta
         self.commits = 0
@@ -157,7 +165,9 @@ class Coordinator:
                 "the digits data here splits differently from the shards this coordinator published",
                 hint="run the coordinator with the same scikit-learn data, or start over on a fresh NATS store",
             )
-        self.test = (xt.astype(np.float32) / 16.0, yt.astype(np.int64))
+        pixels, labels = xt.astype(np.float32) / 16.0, yt.astype(np.int64)
+        self.root = (pixels[:ROOT_ROWS], labels[:ROOT_ROWS])
+        self.test = (pixels[ROOT_ROWS:], labels[ROOT_ROWS:])
         r = int(row["round"])
         self.params = await self._load_vector(protocol.model_key(r), "model", row["model_sha256"])
         self.momentum = await self._load_vector(protocol.momentum_key(r), "momentum", row["momentum_sha256"])
@@ -392,6 +402,8 @@ class Coordinator:
         current = int(self.state["round"])
         if worker not in self.registry:
             return "unknown worker: not registered", 0.0, None, b""
+        if worker in status.suspects(self.state):
+            return "suspect: its deltas were left out too many rounds running", 0.0, None, b""
         if self.state["phase"] == "finished":
             return "late: training has finished", 0.0, None, b""
         if round_no > current:
@@ -549,7 +561,16 @@ class Coordinator:
         r = int(self.state["round"])
         outer = Outer.from_json(self.state["outer"])
         items = sorted(self.accepted.items())
-        new_p, new_m, judged = outer.step_judged(self.params, self.momentum, [(d, w) for _, (d, w, _) in items])
+        reference, references, reference_row = None, None, None
+        ref_shas: list[str | None] = [None] * len(items)
+        if outer.aggregate == "reference":
+            reference, ref_sha = await self._reference(r)
+            reference_row = {"object": protocol.reference_key(r), "sha256": ref_sha}
+            judged_by = [await self._reference(rr) for (_, rr), _ in items]
+            references = [vec for vec, _ in judged_by]
+            ref_shas = [sha for _, sha in judged_by]
+        deltas = [(d, w) for _, (d, w, _) in items]
+        new_p, new_m, judged = outer.step_judged(self.params, self.momentum, deltas, reference, references)
         accuracy = self.model.accuracy(new_p, *self.test)
         model_blob = wire.encode_vector("model", new_p, round=r + 1)
         mom_blob = wire.encode_vector("momentum", new_m, round=r + 1)
@@ -557,8 +578,9 @@ class Coordinator:
         await self.store.put_blob(protocol.momentum_key(r + 1), mom_blob)
         applied = [
             {"worker": w, "round": rr, "object": protocol.delta_object(rr, w, sha), "sha256": sha, "weight": wt,
-             "norm": round(j.norm, 6), "verdict": j.verdict}
-            for ((w, rr), (_, wt, sha)), j in zip(items, judged, strict=True)
+             "norm": round(j.norm, 6), "trust": round(j.trust, 6), "cosine": round(j.cosine, 6),
+             "opposed": j.opposed, "verdict": j.verdict, "reference_sha256": ref}
+            for ((w, rr), (_, wt, sha)), j, ref in zip(items, judged, ref_shas, strict=True)
         ]  # fmt: skip
         await self.store.put_json(
             protocol.round_key(r),
@@ -569,6 +591,7 @@ class Coordinator:
                 "base_momentum_sha256": self.state["momentum_sha256"],
                 "applied": applied,
                 "aggregate": outer.aggregate,
+                "reference": reference_row,
                 "model_sha256": wire.sha256(model_blob),
                 "momentum_sha256": wire.sha256(mom_blob),
                 "test_accuracy": accuracy,
@@ -586,11 +609,12 @@ class Coordinator:
             if a["verdict"] == "applied":
                 outliers.pop(a["worker"], None)
                 continue
-            # Only trimmed rounds count towards "suspect": an honest worker the model drifted away
-            # from is clipped for a while, and must not be branded for it.
+            # Only opposed rounds (trimmed, or pointing against the coordinator's own update) count
+            # towards "suspect": an honest worker the model drifted away from is clipped for a
+            # while, and one near convergence sends noise: neither must be branded for it.
             before = outliers.get(a["worker"], {})
             streak = int(before.get("streak", 0)) + 1 if isinstance(before, dict) else 1
-            streak = streak if a["verdict"] == "trimmed" else 0
+            streak = streak if a["opposed"] else 0
             outliers[a["worker"]] = {"verdict": a["verdict"], "norm": a["norm"], "round": r, "streak": streak}
             self.log(f"round {r}: the delta of {a['worker']} was {a['verdict']} (norm {a['norm']:.3g}, "
                      f"{streak} round(s) running)")  # fmt: skip
@@ -625,6 +649,31 @@ class Coordinator:
         await self._prune(r + 1)
         self.write_status()
 
+    async def _reference(self, round_no: int) -> tuple[np.ndarray, str]:
+        """The coordinator's own update for round ``round_no`` (the workers' local steps from
+        that round's model, on its root set) and the sha256 of its blob ``reference.<r>``:
+        computed once (deterministic: the same model and batches give the same update), stored
+        for the replay, kept while a late delta may still be judged against it."""
+        if round_no in self.references:
+            return self.references[round_no]
+        if round_no == int(self.state["round"]):
+            params = self.params
+        else:
+            sha = self.state["model_history"].get(str(round_no))
+            params = await self._load_vector(protocol.model_key(round_no), "model", str(sha))
+        train = self.state["train"]
+        local, _, _ = train_local(
+            self.model, params, *self.root, steps=int(train["h"]), lr=float(train["lr"]),
+            batch=int(train["batch"]), seed=int(train["seed"]) * 1000 + hash_worker(ROOT_SEED), round_no=round_no,
+        )  # fmt: skip
+        update = local - params
+        blob = wire.encode_vector("delta", update, worker="coordinator", round=round_no)
+        await self.store.put_blob(protocol.reference_key(round_no), blob)
+        oldest = round_no - Outer.from_json(self.state["outer"]).max_staleness
+        self.references = {k: v for k, v in self.references.items() if k >= oldest}
+        self.references[round_no] = (update, wire.sha256(blob))
+        return self.references[round_no]
+
     def _expired(self, st: dict[str, Any]) -> list[str]:
         """Registrations with neither a registration nor an applied delta in the last
         ``expire_rounds`` rounds: a vanished (or fake) worker stops holding a registry place."""
@@ -639,7 +688,7 @@ class Coordinator:
         old = now - self.cfg.keep_rounds
         if old < 0:
             return
-        for name in (protocol.model_key(old), protocol.momentum_key(old)):
+        for name in (protocol.model_key(old), protocol.momentum_key(old), protocol.reference_key(old)):
             await self.store.delete_blob(name)
         for key in (protocol.round_key(old), *[k for k in await self.store.keys(f"push.{old}.")]):
             await self.store.delete(key)

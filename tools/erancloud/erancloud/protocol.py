@@ -43,6 +43,11 @@ def round_key(round_no: int) -> str:
     return f"round.{round_no}"
 
 
+def reference_key(round_no: int) -> str:
+    """The coordinator's own update of a round (the ``reference`` aggregate's yardstick)."""
+    return f"reference.{round_no}"
+
+
 def delta_object(round_no: int, worker: str, sha: str) -> str:
     return f"delta.{round_no}.{worker}.{sha[:12]}"
 
