@@ -22,11 +22,12 @@ the baseline, Nesterov only on the Local-SGD side, settings picked on the split 
 * every reported figure is the mean over ``--seeds`` (>= 3) with min and max; samples and
   characters seen are printed per line.
 
-Lines: (a) digits sanity and the Byzantine digits run (1 of 4 sign-flipped to norm 99,
-12 rounds): mean vs the default robust aggregation; (b) char-LM: synchronous, H = 50,
-H = 500, one of four workers yielding every round (H = 50, its delta a round late, weight
-0.75), one Byzantine worker of four (H = 50, sign-flip scaled to the norm limit) with the
-default robust aggregation; then the targets, met or not.
+Lines: (a) digits, 12 rounds: the Byzantine rows (a sign-flip x99 first in line, -mean at the
+clip, a zero delta, 2 of 5 and 3 of 7 colluding), each beside its all-honest and
+attacker-absent references, with the default 'reference' aggregate and Flower's anchors;
+(b) char-LM: synchronous, H = 50, H = 500, one of four workers yielding every round (H = 50,
+its delta a round late, weight 0.75), one Byzantine worker of four (H = 50, sign-flip scaled
+to the norm limit) with the trimmed aggregation; then the targets, met or not.
 """
 
 from __future__ import annotations
@@ -239,26 +240,101 @@ def bytes_per_sample(count: int, h: int) -> float:
 
 
 # -- (a) the digits lines ---------------------------------------------------------------------
-def digits(aggregate: str, byzantine: bool, rounds: int = 12, h: int = 20) -> float:
-    """The coordinator's own setting (4 non-IID shards, H = 20, lr 0.1, batch 32, outer
-    Nesterov 0.7/0.9); ``byzantine``: worker 3 sign-flips its delta and scales it to norm 99."""
-    from erancloud.client import hash_worker
+def krum(xs: np.ndarray, f: int) -> np.ndarray:
+    """Krum (Blanchard et al. 2017, as Flower ships it): the delta closest to its n - f - 2
+    nearest neighbours."""
+    n = len(xs)
+    k = max(1, n - f - 2)
+    dist = ((xs[:, None, :] - xs[None, :, :]) ** 2).sum(-1)
+    scores = [np.sort(np.delete(dist[i], i))[:k].sum() for i in range(n)]
+    return xs[int(np.argmin(scores))]
+
+
+def digits(
+    aggregate: str, attack: str = "", workers: int = WORKERS, attackers: int = 0, seed: int = 0, rounds: int = 12
+) -> tuple[float, list[bool]]:
+    """The coordinator's own setting (non-IID shards, H = 20, lr 0.1, batch 32, outer Nesterov
+    0.7/0.9, its root set and report split); the attackers are the last ``attackers`` workers,
+    reading the honest deltas of the round before they push (they push last). Returns (test
+    accuracy, per attacker: flagged suspect, i.e. opposed ``suspect_after`` = 3 rounds running).
+    ``first``: the attacker's sign-flip x99 is one of the first three deltas of rounds 0-1 (a
+    round closes at the quorum, --min-deltas 3)."""
+    from erancloud.coordinator import ROOT_ROWS, ROOT_SEED
+    from erancloud.model import hash_worker
 
     x, y = data.load_digits()
-    (xt, yt), shards = data.split(x, y, WORKERS)
+    (xt, yt), shards = data.split(x, y, workers)
     sh = [(a.astype(np.float32) / 16, b.astype(np.int64)) for a, b in shards]
-    m, outer = MLP(), Outer(aggregate=aggregate)
-    q, mom = m.init(0), np.zeros(m.count, np.float32)
+    pixels, labels = xt.astype(np.float32) / 16, yt.astype(np.int64)
+    root, test = (pixels[:ROOT_ROWS], labels[:ROOT_ROWS]), (pixels[ROOT_ROWS:], labels[ROOT_ROWS:])
+    m = MLP()
+    outer = Outer(aggregate=aggregate if aggregate != "krum" else "mean")
+    q, mom = m.init(seed), np.zeros(m.count, np.float32)
+    streaks, flagged = [0] * attackers, [False] * attackers
     for r in range(rounds):
-        ds = []
-        for i, (a, b) in enumerate(sh):
-            loc, _, _ = train_local(m, q, a, b, steps=h, lr=0.1, batch=BATCH, seed=hash_worker(f"w{i}"), round_no=r)
-            d = loc - q
-            if byzantine and i == 3:
-                d = -d * np.float32(99.0 / float(np.linalg.norm(d)))
-            ds.append((d, 1.0))
-        q, mom = outer.step(q, mom, ds)
-    return m.accuracy(q, xt.astype(np.float32) / 16, yt.astype(np.int64))
+        honest = []
+        for i, (a, b) in enumerate(sh[: workers - attackers]):
+            loc, _, _ = train_local(m, q, a, b, steps=20, lr=0.1, batch=BATCH,
+                                    seed=seed * 1000 + hash_worker(f"w{i}"), round_no=r)  # fmt: skip
+            honest.append(loc - q)
+        mean = np.mean(honest, axis=0)
+        median = float(np.median([np.linalg.norm(h) for h in honest]))
+        if attack in ("flip", "first"):
+            bad = [-honest[0] * np.float32(99.0 / float(np.linalg.norm(honest[0])))] * attackers
+        elif attack == "negmean":
+            bad = [-mean * np.float32(1.49 * median / float(np.linalg.norm(mean)))] * attackers
+        elif attack == "zero":
+            bad = [np.zeros_like(q)] * attackers
+        else:
+            bad = []
+        deltas = bad[:1] + honest[:2] if attack == "first" and r < 2 else honest + bad
+        loc, _, _ = train_local(m, q, *root, steps=20, lr=0.1, batch=BATCH,
+                                seed=seed * 1000 + hash_worker(ROOT_SEED), round_no=r)  # fmt: skip
+        ref = loc - q
+        if aggregate == "krum":
+            g = -krum(np.stack(deltas).astype(np.float64), attackers)
+            mm = outer.momentum * mom.astype(np.float64) + g
+            q, mom = (q - outer.lr * (g + outer.momentum * mm)).astype(np.float32), mm.astype(np.float32)
+            continue
+        q, mom, judged = outer.step_judged(q, mom, [(d, 1.0) for d in deltas], ref)
+        if bad:
+            mine = judged[:1] if attack == "first" and r < 2 else judged[len(honest):]
+            for j, verdict in enumerate(mine):
+                streaks[j] = streaks[j] + 1 if verdict.opposed else 0
+                flagged[j] = flagged[j] or streaks[j] >= 3
+    return m.accuracy(q, *test), flagged
+
+
+BYZANTINE_ROWS = (  # (name, workers, attackers, attack)
+    ("1 of 4 sign-flip x99, first in line", 4, 1, "first"),
+    ("1 of 4 sign-flip x99", 4, 1, "flip"),
+    ("1 of 4 -mean at the clip", 4, 1, "negmean"),
+    ("1 of 4 zero delta", 4, 1, "zero"),
+    ("2 of 5 colluding -mean at the clip", 5, 2, "negmean"),
+    ("3 of 7 colluding -mean at the clip", 7, 3, "negmean"),
+)
+DIGITS_AGGREGATES = ("reference", "trimmed", "median", "krum")
+
+
+def digits_table(seeds: list[int]) -> None:
+    print(f"(a) digits MLP, 12 rounds, test accuracy (mean of seeds {seeds}); the default aggregate is "
+          "'reference'; krum and median as Flower ships them (anchors), trimmed the previous default:")  # fmt: skip
+    head = "".join(f"{a:>11}" for a in DIGITS_AGGREGATES)
+    print(f"    {'row':<38}{'all honest':>11}{'absent':>9}{head}   suspect (reference)")
+    met = True
+    for name, n, f, attack in BYZANTINE_ROWS:
+        def mean_of(agg: str, atk: str, workers: int, bad: int) -> float:
+            return float(np.mean([digits(agg, atk, workers, bad, seed)[0] for seed in seeds]))
+
+        honest = mean_of("reference", "", n, 0)
+        absent = mean_of("reference", "", n - f, 0)
+        accs = {a: mean_of(a, attack, n, f) for a in DIGITS_AGGREGATES}
+        flags = [all(digits("reference", attack, n, f, seed)[1]) for seed in seeds]
+        met = met and accs["reference"] >= 0.90 and all(flags)
+        cells = "".join(f"{100 * accs[a]:>10.1f}%" for a in DIGITS_AGGREGATES)
+        print(f"    {name:<38}{100 * honest:>10.1f}%{100 * absent:>8.1f}%{cells}   "
+              f"{'every attacker' if all(flags) else f'{sum(flags)} of {len(flags)} seeds'}", flush=True)  # fmt: skip
+    print(f"    target (every row >= 90 % with 'reference', every attacker suspect): {'met' if met else 'NOT met'}")
 
 
 # The inner-lr grid, the same for both sides (factor 2 apart; the first run's grid was
@@ -316,11 +392,7 @@ def main() -> int:
     only = set(filter(None, args.only.split(",")))
     t0 = time.monotonic()
     if not args.no_digits:
-        print("(a) digits MLP, 4 workers, 12 rounds, test accuracy:")
-        for agg in ("mean", "trimmed"):
-            honest, attacked = digits(agg, False), digits(agg, True)
-            print(f"    aggregate {agg:<8} honest {100 * honest:.1f} %   1 of 4 Byzantine (sign-flip to norm 99) "
-                  f"{100 * attacked:.1f} %", flush=True)  # fmt: skip
+        digits_table(seeds)
     _LM = lm = Lm(args.steps, args.inner, args.warmup)
     count = lm.model.count
     samples = args.steps * BATCH * WORKERS

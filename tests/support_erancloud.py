@@ -5,11 +5,14 @@ store directly, and a polling wait."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -89,12 +92,66 @@ class Peek:
         return self.run(self.store.get_blob(name))
 
     def request(self, subject: str, payload: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-        msg = self.run(self.store.nc.request(subject, json.dumps(payload).encode(), timeout=timeout))
-        return json.loads(msg.data)
+        """A registration as the worker the subject names would send it: the reply on an
+        inbox of that worker (the only reply subject the coordinator answers on)."""
+        return json.loads(self.run(ask(self.store.nc, subject, json.dumps(payload).encode(), timeout)).data)
 
     def close(self) -> None:
         self.run(self.store.close())
         self.loop.close()
+
+
+async def ask(nc: Any, subject: str, data: bytes, timeout: float, reply: str | None = None) -> Any:
+    """A request whose reply subject the test chooses (default: an inbox of the worker the
+    subject names); raises TimeoutError when nothing answers within ``timeout``."""
+    inbox = f"_INBOX.{subject.rpartition('.')[2]}.{secrets.token_hex(8)}"
+    sub = await nc.subscribe(inbox, max_msgs=1)
+    try:
+        await nc.publish(subject, data, reply=reply or inbox)
+        return await sub.next_msg(timeout=timeout)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+class AuthClient:
+    """One authenticated connection, its event loop running in a thread of its own (so two
+    clients of one test answer each other)."""
+
+    def __init__(self, url: str, creds: Any, create: bool = False, buckets: bool = True) -> None:
+        from erancloud.store import Store
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        # 15 s per call: a loaded machine once took more than 1 s to connect. A refused write
+        # (no ack ever comes) is judged by ``refused``'s own 3 s bound.
+        self.store = Store(url, timeout=15.0, creds=creds)
+        try:
+            self.run(self.store.connect(create=create) if buckets else self.store.connect(buckets=False))
+        except BaseException:
+            self._stop()
+            raise
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def refused(self, coro: Any) -> bool:
+        """True when the write failed: the server dropped it (a permissions violation: no
+        JetStream ack comes, nats-py times out) or answered with an error."""
+        try:
+            self.run(asyncio.wait_for(coro, 3.0))
+        except Exception:  # any failure is a refusal; only success is not
+            return True
+        return False
+
+    def close(self) -> None:
+        self.run(self.store.close())
+        self._stop()
+
+    def _stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition", poll: float = 0.05) -> Any:

@@ -42,3 +42,20 @@ def peek(nats_server: Any) -> Iterator[Callable[[], Peek]]:
     yield make
     for p in made:
         p.close()
+
+
+@pytest.fixture
+def auth_server(tmp_path: Path) -> Iterator[Any]:
+    """A nats-server run with the config ``init-auth`` writes; workers w1 and mallory issued."""
+    from erancloud.auth import AuthDir
+    from support import require_tool
+    from support_nats import NatsServer
+
+    auth = AuthDir(tmp_path / "auth")
+    server = NatsServer(require_tool("nats-server"), tmp_path / "js", config=auth.conf)
+    auth.init(f"127.0.0.1:{server.port}", tmp_path / "js")
+    for name in ("w1", "mallory"):
+        auth.issue(name, reload=False)
+    server.start()
+    yield server, auth
+    server.stop()

@@ -9,77 +9,25 @@ worker can connect once the server reloaded, a revoked one no longer can."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 from erancloud import protocol
 from erancloud.auth import AuthDir
 from erancloud.errors import BadBlob, CoordinatorUnreachable
-from erancloud.store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, PUSH_MAX_BYTES, Creds, Store
+from erancloud.store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, PUSH_MAX_BYTES, Creds
 from nats.js import api
-from support_erancloud import ERANCLOUD, wait_for
+from support_erancloud import ERANCLOUD, AuthClient, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def auth_server(tmp_path):
-    from support import require_tool
-    from support_nats import NatsServer
-
-    auth = AuthDir(tmp_path / "auth")
-    server = NatsServer(require_tool("nats-server"), tmp_path / "js", config=auth.conf)
-    auth.init(f"127.0.0.1:{server.port}", tmp_path / "js")
-    for name in ("w1", "mallory"):
-        auth.issue(name, reload=False)
-    server.start()
-    yield server, auth
-    server.stop()
-
-
-class Client:
-    """One authenticated connection, its event loop running in a thread of its own (so two
-    clients of one test answer each other)."""
-
-    def __init__(self, url: str, creds: Creds | None, create: bool = False) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        # 15 s per call: a loaded machine once took more than 1 s to connect. A refused write
-        # (no ack ever comes) is judged by ``refused``'s own 3 s bound.
-        self.store = Store(url, timeout=15.0, creds=creds)
-        try:
-            self.run(self.store.connect(create=create))
-        except BaseException:
-            self._stop()
-            raise
-
-    def run(self, coro, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def refused(self, coro) -> bool:
-        """True when the write failed: the server dropped it (a permissions violation: no
-        JetStream ack comes, nats-py times out) or answered with an error."""
-        try:
-            self.run(asyncio.wait_for(coro, 3.0))
-        except Exception:  # any failure is a refusal; only success is not
-            return True
-        return False
-
-    def close(self) -> None:
-        self.run(self.store.close())
-        self._stop()
-
-    def _stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+Client = AuthClient
 
 
 def _creds(auth: AuthDir, user: str) -> Creds:
@@ -98,7 +46,9 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
         got.append(msg.subject)
         await msg.respond(b"{}")
 
-    coord.run(coord.store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=on_register))
+    replies = Client(server.url, _creds(auth, "coordinator-replies"), buckets=False)
+    replies.run(replies.store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=on_register))
+    replies.run(replies.store.nc.flush())
     mallory = Client(server.url, _creds(auth, "mallory"))
     m = mallory.store
 
@@ -137,6 +87,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     mallory.run(m.nc.publish(protocol.register_subject("w1"), b"{}"))
     mallory.run(m.nc.flush())
     coord.run(coord.store.nc.flush())
+    replies.run(replies.store.nc.flush())
     time.sleep(0.3)
     assert got == ["erancloud.v1.register.mallory"]
 
@@ -159,6 +110,7 @@ def test_the_server_refuses_what_a_worker_may_not_write(auth_server) -> None:
     info = coord.run(coord.store.js.stream_info(f"OBJ_{OBJ_BUCKET}"))
     assert 0 < info.config.max_bytes <= 128 * 1024 * 1024  # a 256 MiB object cannot fit
     mallory.close()
+    replies.close()
 
     # No credential, a wrong password: the server refuses the connection; the cause is named.
     for creds in (None, Creds("w1", "not-the-password")):

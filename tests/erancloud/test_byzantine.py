@@ -5,10 +5,12 @@ mallory, a worker with a valid credential of its own that attacks in every way o
 * it tries to squat w1's push keys of the next five rounds (the server refuses them: training
   goes on);
 * every round it pushes its honest delta sign-flipped and scaled to norm 99 (just under the
-  100 limit): trimmed by the robust aggregation every round, it ends "suspect", not live;
+  100 limit): down-weighted by the reference aggregate every round (it points against the
+  coordinator's own update), it ends "suspect", not live, and its later pushes are refused;
 * once, it re-pushes w1's accepted delta as its own: refused as a duplicate delta.
 
-After 12 rounds the model is at >= 90 % test accuracy (with the mean it was 10.6 %)."""
+After 12 rounds the model is at >= 88 % test accuracy (with the mean it was 10.6 %; the
+attacker-absent figure offline is 91.5 %, bench/bench_erancloud.py (a))."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from support_erancloud import wait_for
 pytestmark = pytest.mark.slow
 
 ROUNDS = 12
-COPY_ROUND = 3
+COPY_ROUND = 1  # before mallory is suspect (then its pushes are refused unread)
 
 
 class Mallory(Worker):
@@ -87,14 +89,15 @@ def test_one_byzantine_worker_of_four_cannot_ruin_training(tmp_path, procs) -> N
 
         fig = json.loads(status_file.read_text())
         assert fig["round"] == ROUNDS and fig["phase"] == "finished"
-        assert fig["test_accuracy"] >= 0.90, fig["accuracy_history"]
+        assert fig["test_accuracy"] >= 0.88, fig["accuracy_history"]
         assert fig["suspect_workers"] == ["mallory"] and "mallory" not in fig["live_worker_ids"]
-        assert fig["outliers"]["mallory"]["verdict"] == "trimmed" and fig["outliers"]["mallory"]["norm"] > 90
-        assert fig["rejected"] == {"duplicate delta": 1}, fig["rejected"]
+        assert fig["outliers"]["mallory"]["verdict"] == "down-weighted" and fig["outliers"]["mallory"]["norm"] > 90
+        assert fig["rejected"].get("duplicate delta") == 1 and fig["rejected"].get("suspect", 0) >= 1, fig["rejected"]
+        assert set(fig["rejected"]) <= {"duplicate delta", "suspect"}, fig["rejected"]
         assert sorted(fig["live_worker_ids"]) == ["w1", "w2", "w3"]
         coord_log = procs.log("coord")
         assert f"rejected push of mallory for round {COPY_ROUND}: duplicate delta" in coord_log
-        assert "the delta of mallory was trimmed" in coord_log
+        assert "the delta of mallory was down-weighted" in coord_log
         assert 'Publish Violation - User "mallory", Subject "$KV.ERANCLOUD_PUSH.push.1.w1"' in server.log.read_text()
         assert any("training finished" in line for line in log), log[-5:]
     finally:

@@ -82,9 +82,12 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     procs.procs["w2"].send_signal(signal.SIGSTOP)
     stopped_at = p.state()["round"]
 
-    # A registered worker that misbehaves in every way the threat model lists.
-    reply = p.request(protocol.register_subject("mallory"), {"v": 1, "worker": "mallory", "capabilities": {"cpus": 1}})
-    assert reply["accepted"], reply
+    # Registered workers that misbehave in every way the threat model lists. A push is judged
+    # once (a rewritten one is ignored), so each attack is its own worker's first push.
+    attackers = iter([f"mallory{i}" for i in range(10)])
+    for name in [f"mallory{i}" for i in range(10)]:
+        reply = p.request(protocol.register_subject(name), {"v": 1, "worker": name, "capabilities": {"cpus": 1}})
+        assert reply["accepted"], reply
     refused = p.request(protocol.register_subject("eve"), {"v": 1, "capabilities": {"hostname": "kitchen-pc"}})
     assert not refused["accepted"] and "owner" in refused["reason"]
 
@@ -93,34 +96,47 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     zero = np.zeros(count, np.float32)
     small = np.full(count, 1e-3, np.float32)
 
-    rec, blob = _delta_push("mallory", r - 2, base, small)
-    assert _attack(p, "mallory", r - 2, rec, blob)["reason"].startswith("stale")
-    rec, blob = _delta_push("mallory", r, "0" * 64, small)
-    assert _attack(p, "mallory", r, rec, blob)["reason"].startswith("model hash mismatch")
+    m = next(attackers)
+    rec, blob = _delta_push(m, r - 2, base, small)
+    assert _attack(p, m, r - 2, rec, blob)["reason"].startswith("stale")
+    m = next(attackers)
+    rec, blob = _delta_push(m, r, "0" * 64, small)
+    assert _attack(p, m, r, rec, blob)["reason"].startswith("model hash mismatch")
     r, base = p.state()["round"], p.state()["model_sha256"]
-    rec, blob = _delta_push("mallory", r, base, small, corrupt="flip")
-    assert _attack(p, "mallory", r, rec, blob)["reason"].startswith("corrupt delta: sha256")
+    m = next(attackers)
+    rec, blob = _delta_push(m, r, base, small, corrupt="flip")
+    assert _attack(p, m, r, rec, blob)["reason"].startswith("corrupt delta: sha256")
     nan = small.copy()
     nan[7] = np.nan
     huge = np.zeros(count * 4, np.float32)  # four times a delta: refused on its size, never fetched
     for bad, why in ((nan, "non-finite"), (np.full(count, 50.0, np.float32), "norm"), (zero[:-1], "values where"),
                      (huge, "more than the")):  # fmt: skip
         r, base = p.state()["round"], p.state()["model_sha256"]
-        blob = wire._pack({"kind": "delta", "count": int(bad.size), "worker": "mallory", "round": r},
+        m = next(attackers)
+        blob = wire._pack({"kind": "delta", "count": int(bad.size), "worker": m, "round": r},
                           np.ascontiguousarray(bad, "<f4").tobytes())  # fmt: skip
         sha = wire.sha256(blob)
-        rec = protocol.push_record("mallory", r, base, protocol.delta_object(r, "mallory", sha), sha, 100, 20)
-        verdict = _attack(p, "mallory", r, rec, blob)
+        rec = protocol.push_record(m, r, base, protocol.delta_object(r, m, sha), sha, 100, 20)
+        verdict = _attack(p, m, r, rec, blob)
         assert not verdict["accepted"] and verdict["reason"].startswith("corrupt delta") and why in verdict["reason"]
     r = p.state()["round"]
-    assert _attack(p, "mallory", r, b"{not json")["reason"].startswith("malformed push")
-    assert _attack(p, "mallory", r + 5, b"{}")["reason"].startswith("future round")
+    m = next(attackers)
+    assert _attack(p, m, r, b"{not json")["reason"].startswith("malformed push")
+    # The same worker's push rewritten after its verdict: ignored, the verdict stands.
+    first_verdict = p.get(protocol.verdict_key(r, m))
+    rec, blob = _delta_push(m, r, p.state()["model_sha256"], small)
+    p.run(p.store.put_blob(rec["object"], blob, bucket=protocol.inbox_bucket(m)))
+    p.run(p.store.pushes.put(protocol.push_key(r, m), dump_row(rec)))
+    wait_for(lambda: p.state().get("rejected", {}).get("rewritten push", 0) >= 1, 60, "the rewrite counted")
+    assert p.get(protocol.verdict_key(r, m)) == first_verdict
+    m = next(attackers)
+    assert _attack(p, m, r + 5, b"{}")["reason"].startswith("future round")
     # Far ahead: no verdict row (pushing round after round must not fill the coordinator's
     # bucket with verdicts it never prunes); the push row is deleted, the refusal counted.
     far = r + 1000
-    p.run(p.store.pushes.put(protocol.push_key(far, "mallory"), b"{}"))
-    wait_for(lambda: p.get(protocol.push_key(far, "mallory")) is None, 30, "the far-future push dropped")
-    assert p.get(protocol.verdict_key(far, "mallory")) is None
+    p.run(p.store.pushes.put(protocol.push_key(far, "mallory0"), b"{}"))
+    wait_for(lambda: p.get(protocol.push_key(far, "mallory0")) is None, 30, "the far-future push dropped")
+    assert p.get(protocol.verdict_key(far, "mallory0")) is None
     rec, blob = _delta_push("nobody", r, base, small)
     assert _attack(p, "nobody", r, rec, blob)["reason"].startswith("unknown worker")
 
@@ -133,8 +149,13 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
 
     r, w1_record = wait_for(w1_accepted, 60, "an accepted push of w1")
     assert not p.run(p.store.create_json(protocol.push_key(r, "w1"), w1_record))  # create-only: refused
+    before = p.get(protocol.verdict_key(r, "w1"))
+    rewrites = p.state().get("rejected", {}).get("rewritten push", 0)
     rec, blob = _delta_push("w1", r, w1_record["base_sha256"], small)
-    assert _attack(p, "w1", r, rec, blob)["reason"].startswith("duplicate")
+    p.run(p.store.put_blob(rec["object"], blob, bucket=protocol.inbox_bucket("w1")))
+    p.run(p.store.pushes.put(protocol.push_key(r, "w1"), dump_row(rec)))  # forced: ignored
+    wait_for(lambda: p.state().get("rejected", {}).get("rewritten push", 0) > rewrites, 60, "the rewrite counted")
+    assert p.get(protocol.verdict_key(r, "w1")) == before
 
     # Let the frozen worker miss rounds, then continue it.
     wait_for(lambda: p.state()["round"] >= stopped_at + 2, 90, "two rounds without w2")
@@ -192,9 +213,18 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
             deltas.append((wire.decode_vector(blob, "delta", count)[0], a["weight"]))
             applied_in[a["worker"]].append(k)
         assert len(deltas) >= 2
-        new_p, _ = outer.step(
-            wire.decode_vector(base_blob, "model", count)[0], wire.decode_vector(mom_blob, "momentum", count)[0], deltas
-        )
+        def own_update(round_no: int, sha: str) -> np.ndarray:
+            """The coordinator's own update of a round, the reference aggregate's yardstick."""
+            blob = p.blob(protocol.reference_key(round_no))
+            assert wire.sha256(blob) == sha
+            return wire.decode_vector(blob, "delta", count)[0]
+
+        assert outer.aggregate == "reference"
+        reference = own_update(k, row["reference"]["sha256"])
+        references = [own_update(a["round"], a["reference_sha256"]) for a in row["applied"]]
+        base = wire.decode_vector(base_blob, "model", count)[0]
+        momentum = wire.decode_vector(mom_blob, "momentum", count)[0]
+        new_p, _ = outer.step(base, momentum, deltas, reference, references)
         result = p.blob(protocol.model_key(k + 1))
         assert wire.sha256(result) == row["model_sha256"]
         assert np.array_equal(wire.decode_vector(result, "model", count)[0], new_p), (
@@ -214,10 +244,12 @@ def test_training_survives_every_fault(nats_server, procs, peek, tmp_path):
     assert p.get(protocol.verdict_key(first["round"], first["worker"]))["accepted"]
     rejected = st["rejected"]
     for why, n in (("corrupt delta", 5), ("malformed push", 1), ("future round", 2), ("unknown worker", 1),
-                   ("duplicate", 1), ("model hash mismatch", 1)):  # fmt: skip
+                   ("model hash mismatch", 1)):  # fmt: skip
         assert rejected.get(why) == n, rejected
+    # Ignored rewrites are counted as often as they are seen (a restart's replay sees them again).
+    assert rejected.get("rewritten push", 0) >= 2, rejected
     fig = json.loads(status_file.read_text())
-    # mallory never had a delta applied: its registration expired (--expire-rounds 10).
+    # The attackers never had a delta applied: their registrations expired (--expire-rounds 10).
     assert fig["round"] == ROUNDS and fig["registered_workers"] == 4 and fig["dry_run_runs"] == 0
-    assert p.get("worker.mallory") is None
+    assert p.get("worker.mallory0") is None
     assert fig["live_workers"] == 4 and "mallory" not in fig["live_worker_ids"]

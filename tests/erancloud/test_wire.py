@@ -102,12 +102,12 @@ def test_outer_step_is_nesterov_and_fedavg_is_the_mean() -> None:
     p = np.ones(4, np.float32)
     m = np.zeros(4, np.float32)
     d = [(np.full(4, 0.1, np.float32), 1.0), (np.full(4, 0.3, np.float32), 1.0)]
-    new, mom = Outer().step(p, m, d)
+    new, mom = Outer(aggregate="mean").step(p, m, d)
     g = -0.2
     assert np.allclose(mom, g) and np.allclose(new, 1 - 0.7 * (g + 0.9 * g))
-    fed, _ = Outer.fedavg().step(p, m, d)
+    fed, _ = Outer.fedavg(aggregate="mean").step(p, m, d)
     assert np.allclose(fed, 1.2)
-    late, _ = Outer.fedavg().step(p, m, [d[0], (d[1][0], Outer().weight(1))])
+    late, _ = Outer.fedavg(aggregate="mean").step(p, m, [d[0], (d[1][0], Outer().weight(1))])
     assert np.allclose(late, 1 + (0.1 + 0.75 * 0.3) / 2)  # scaled, not renormalised
     assert Outer().weight(2) == 0.0
 

@@ -6,15 +6,22 @@ coordinator's goodwill. One directory (``--auth-dir``, mode 0700) holds:
 * ``users.json``: the roles and bcrypt hashes the config is generated from (0600);
 * ``nats-server.conf``: generated (0600): listen address, JetStream, two accounts and one
   user per actor with publish/subscribe allow lists (JSON, which nats-server reads as config);
-* ``coordinator.creds.json``, ``erangrid-agent.creds.json``, ``workers/<NAME>.creds.json``:
-  a user and password each (0600). The server stores only bcrypt hashes.
+* ``coordinator.creds.json``, ``coordinator-replies.creds.json``, ``erangrid-agent.creds.json``,
+  ``workers/<NAME>.creds.json``: a user and password each (0600). The server stores only
+  bcrypt hashes.
 
 Roles (everything not listed is refused by the server, which answers with a permissions
 violation and drops the message):
 
 * **coordinator** (account ERANCLOUD): the JetStream API, every key of the KV bucket, every
-  Object Store bucket, replies to registrations. It alone writes ``state``, ``worker.*``,
-  ``verdict.*``, ``round.*``, models, momenta, shards and the accepted deltas.
+  Object Store bucket. It alone writes ``state``, ``worker.*``, ``verdict.*``, ``round.*``,
+  models, momenta, shards and the accepted deltas. It publishes to no reply subject.
+* **coordinator-replies** (account ERANCLOUD): the coordinator's second connection, the one
+  that acts on a worker's behalf: it receives registrations and answers them, and may publish
+  only to inboxes (``_INBOX.*.>``). A reply subject is the requester's text: answered with the
+  coordinator's own rights, a reply to ``$KV.ERANCLOUD.state`` once overwrote the round state.
+  Here the server refuses it whatever the coordinator's code does (which also checks that the
+  reply is the requester's own inbox, ``protocol.reply_subject_ok``).
 * **worker W** (account ERANCLOUD): publishes only ``erancloud.v1.register.W`` (so the subject
   the coordinator sees is the server's identity of the sender), KV key ``push.<round>.W`` (in
   the push bucket, apart from the coordinator's rows: store.py) and
@@ -42,12 +49,14 @@ from typing import Any
 
 from . import PROTOCOL
 from .errors import UserError
-from .protocol import WORKER_ID, inbox_bucket
+from .protocol import REGISTER_PREFIX, WORKER_ID, inbox_bucket
 from .store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, write_private
 
 COORDINATOR = "coordinator"
+RESPONDER = "coordinator-replies"
 AGENT = "erangrid-agent"
-RESERVED = {COORDINATOR, AGENT}
+RESERVED = {COORDINATOR, RESPONDER, AGENT}
+ROLES = {COORDINATOR: "coordinator", RESPONDER: "responder", AGENT: "agent"}
 BCRYPT_COST = 10  # nats-server checks it on every connect: ~0.1 s on a board
 # Per account: what JetStream may hold, so no user can fill the disk (the buckets have their
 # own, smaller limits: store.py).
@@ -66,9 +75,13 @@ def permissions(role: str, user: str) -> dict[str, Any]:
         return {
             "publish": {
                 "allow": ["$JS.API.>", f"$KV.{KV_BUCKET}.>", f"$KV.{PUSH_BUCKET}.>", "$O.>", "$JS.ACK.>", "$JS.FC.>"]
-                + ["_INBOX.>"]
             },
-            "subscribe": {"allow": ["erancloud.v1.register.*", f"_INBOX.{user}.>"]},
+            "subscribe": {"allow": [f"_INBOX.{user}.>"]},
+        }
+    if role == "responder":
+        return {
+            "publish": {"allow": ["_INBOX.*.>"]},
+            "subscribe": {"allow": [f"{REGISTER_PREFIX}.*", f"_INBOX.{user}.>"]},
         }
     if role == "worker":
         kv, push, obj, own = _streams(user)
@@ -129,14 +142,21 @@ class AuthDir:
         return data
 
     def init(self, listen: str, store_dir: Path) -> list[Path]:
+        """A new directory; on an existing one, only the reserved roles it lacks are added (a
+        directory made before a role existed), everything else is kept."""
         if self.users_file.exists():
-            raise UserError(
-                f"{self.users_file} exists already", hint="issue workers with: eran-cloud coordinator issue-worker"
-            )
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.path, 0o700)
-        data = {"v": PROTOCOL, "listen": listen, "store_dir": str(store_dir.resolve()), "users": {}}
-        made = [self._add(data, COORDINATOR, "coordinator"), self._add(data, AGENT, "agent")]
+            data = self.load()
+            missing = [user for user in ROLES if user not in data["users"]]
+            if not missing:
+                raise UserError(
+                    f"{self.users_file} exists already", hint="issue workers with: eran-cloud coordinator issue-worker"
+                )
+        else:
+            self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.path, 0o700)
+            data = {"v": PROTOCOL, "listen": listen, "store_dir": str(store_dir.resolve()), "users": {}}
+            missing = list(ROLES)
+        made = [self._add(data, user, ROLES[user]) for user in missing]
         self._save(data)
         return made
 
@@ -206,7 +226,7 @@ def render(data: dict[str, Any], pid_file: Path) -> str:
     }  # fmt: skip
     for user, entry in sorted(data["users"].items()):
         role = entry["role"]
-        account = "ERANGRID" if role == "agent" else "ERANCLOUD"
+        account = "ERANGRID" if role == "agent" else "ERANCLOUD"  # the agent sees nothing of ERANCLOUD
         accounts[account]["users"].append(
             {"user": user, "password": entry["bcrypt"], "permissions": permissions(role, user)}
         )

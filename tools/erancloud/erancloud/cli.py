@@ -78,9 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
         iw.add_argument("--no-reload", action="store_true", help="only write the config; do not signal nats-server")
     co.add_argument("--nats", metavar="URL", help="NATS server with JetStream (required to run)")
     co.add_argument("--creds", type=Path, help="the coordinator's credential file (init-auth wrote it)")
-    co.add_argument("--aggregate", choices=("trimmed", "median", "mean"), default="trimmed",
-                    help="combine the deltas: norm-trimmed mean (default), norm-trimmed coordinate-wise median, "
-                         "plain mean (trusted setups only)")  # fmt: skip
+    co.add_argument(
+        "--reply-creds",
+        type=Path,
+        help="the credential of the connection that answers workers (default: coordinator-replies.creds.json "
+        "beside --creds)",
+    )
+    co.add_argument("--aggregate", choices=("reference", "trimmed", "median", "mean"), default="reference",
+                    help="combine the deltas: weighted by agreement with the coordinator's own update on its root "
+                         "set (default), norm-trimmed mean, norm-trimmed coordinate-wise median, plain mean (trusted "
+                         "setups only)")  # fmt: skip
     co.add_argument("--clip", type=_positive_float, default=1.5,
                     help="shorten deltas longer than this × the median norm to it (default 1.5)")  # fmt: skip
     co.add_argument("--trim", type=_positive_float, default=4.0,
@@ -88,11 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--expire-rounds", type=_count(1), default=10,
                     help="a registration without a delta for this many rounds expires (default 10)")  # fmt: skip
     co.add_argument("--suspect-after", type=_count(1), default=3,
-                    help="trimmed rounds running that flag a worker suspect (default 3)")  # fmt: skip
+                    help="trimmed or down-weighted rounds running that make a worker suspect: its pushes "
+                         "are refused (default 3)")  # fmt: skip
     co.add_argument("--outage-window", type=_positive_float, default=60.0,
                     help="seconds NATS may be away before exit 4 (default 60)")  # fmt: skip
     co.add_argument("--rounds", type=_count(1), default=30, help="rounds to train (default 30)")
-    co.add_argument("--min-deltas", type=_count(1), default=2, help="deltas a round needs to close (default 2)")
+    co.add_argument("--min-deltas", type=_count(1), default=3,
+                    help="deltas a round needs to close (default 3: with two, one of them sets half the round)")
     co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
     co.add_argument("--h-steps", type=_count(1), default=20, help="local steps per round (default 20)")
     co.add_argument("--lr", type=_positive_float, default=0.1, help="inner SGD learning rate (default 0.1)")
@@ -166,6 +175,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         return _auth(args)
     if not args.nats:
         raise UserError("coordinator needs --nats URL", hint="eran-cloud coordinator --nats nats://127.0.0.1:4222")
+    from .auth import RESPONDER
     from .coordinator import Config, run
     from .outer import Outer
     from .store import Creds
@@ -182,7 +192,18 @@ def _coordinator(args: argparse.Namespace) -> int:
         dry_run_dir=args.dry_run_dir if args.dry_run_dir is not None else args.status_file.parent,
     )  # fmt: skip
     creds = Creds.load(args.creds) if args.creds else None
-    fig = asyncio.run(run(args.nats, cfg, _log, creds=creds))
+    reply_creds = None
+    if creds is not None:
+        reply_path = args.reply_creds or args.creds.with_name(f"{RESPONDER}.creds.json")
+        if not reply_path.exists():
+            raise UserError(
+                f"no credential for the coordinator's replies at {reply_path}",
+                hint="registrations are answered over a connection of their own that may write nothing but "
+                "inboxes; run init-auth again on the auth dir (it adds the missing role and keeps the rest), "
+                "or pass --reply-creds FILE",
+            )
+        reply_creds = Creds.load(reply_path)
+    fig = asyncio.run(run(args.nats, cfg, _log, creds=creds, reply_creds=reply_creds))
     print(json.dumps(fig, sort_keys=True))
     return 0
 
@@ -264,14 +285,16 @@ def _status(args: argparse.Namespace) -> int:
 async def _status_live(url: str, dry_run_dir: Path, creds: Any) -> dict[str, Any]:
     from . import status
     from .errors import CoordinatorUnreachable
-    from .store import TRANSPORT_ERRORS, Store
+    from .store import TRANSPORT_ERRORS, Store, redact_url
 
     store = Store(url, name="eran-cloud status", creds=creds)
     await store.connect(create=False)
     try:
         row, _ = await store.get_json("state")
         if row is None:
-            raise CoordinatorUnreachable(f"NATS at {url}: no round state: no coordinator has started training")
+            raise CoordinatorUnreachable(
+                f"NATS at {redact_url(url)}: no round state: no coordinator has started training"
+            )
         registered = row.get("registered")  # the coordinator's count (a reader may not list keys)
         if not isinstance(registered, int) or isinstance(registered, bool):
             registered = len(await store.keys("worker."))

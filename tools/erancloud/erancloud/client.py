@@ -34,7 +34,7 @@ from .errors import (
     RegistrationRefused,
     UserError,
 )
-from .model import MLP, train_local
+from .model import MLP, hash_worker, train_local
 from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row, write_atomic
 
 T = TypeVar("T")
@@ -106,7 +106,9 @@ class Worker:
     def __init__(self, url: str, opts: Options, log: Log) -> None:
         self.opts = opts
         self.log = log
-        self.store = Store(url, timeout=opts.timeout, name=f"eran-cloud {opts.worker}", creds=opts.creds)
+        self.store = Store(
+            url, timeout=opts.timeout, name=f"eran-cloud {opts.worker}", creds=opts.creds, identity=opts.worker
+        )
         self.outage = Outage(self.store, opts.outage_window, log)
         self.ckpt = Checkpoint(opts.checkpoint_dir)
         self.term = False
@@ -315,13 +317,6 @@ class Worker:
         await asyncio.sleep(self.opts.poll)
         if self.term:
             raise Vacated("vacated while waiting for the next round")
-
-
-def hash_worker(worker: str) -> int:
-    """A stable small integer from the worker id (Python's hash() is salted per process)."""
-    import zlib
-
-    return zlib.crc32(worker.encode()) % 1000
 
 
 def default_worker_id(env: dict[str, str]) -> str:

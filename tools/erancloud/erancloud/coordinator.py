@@ -2,8 +2,13 @@
 
 Round state machine (one ``state`` row, updated compare-and-set):
 
-    open(r) --[accepted >= min_deltas and (deadline passed or every expected worker pushed)]-->
+    open(r) --[accepted >= min_deltas and (deadline passed or every expected worker pushed
+               or the grace after the quorum passed)]-->
         commit: model.{r+1}, momentum.{r+1}, round.{r} written, then state -> open(r+1)
+
+The grace: once ``min_deltas`` deltas are in, the round waits as long again as the quorum
+took to gather (at least ``MIN_GRACE`` s), then closes without the stragglers: a worker
+that registers and never pushes cannot hold every round to its deadline.
     open(r) --[deadline passed, accepted < min_deltas]--> open(r), deadline extended (BOINC: wait)
     open(r) --[r == rounds]--> finished
 
@@ -11,15 +16,26 @@ Invariants (tested under injected faults):
 * a delta is applied at most once per (worker, round): deltas are folded only in the commit,
   which is one compare-and-set on ``state``; the (worker, round) pairs it applied are written
   into that same row, and a replayed or re-written push of an applied pair is never used again;
+* a push is judged once: its verdict row is created, never overwritten, and names the
+  accepted delta's object and sha256; a later revision of a judged push key is ignored, and a
+  verdict read back after a restart restores that delta, never the push row's current text;
+* a delta whose values were accepted before (from any worker, in any round) is refused:
+  ``content.<sha256 of the values>`` rows, created once per accepted delta;
+* the coordinator acts for a worker only with the worker's own rights: registrations are
+  answered over a second connection that may publish to inboxes alone (auth.py), and only on
+  the requester's own inbox (``protocol.reply_subject_ok``); requests are rate-limited per
+  worker (excess dropped and counted in ``rejected``);
 * the global model is never corrupted: every delta is checked (hash, size, finite, norm) before
   it is accepted, and ``model.{r}`` is named in ``state`` only after it has been written;
 * a restart loses nothing: the pushes of the open round are replayed from the KV bucket;
 * no row read back from the store is trusted: ``state`` must pass
   ``protocol.check_coordinator_state`` (else exit 5 with the reason), a registry row that fails
   ``protocol.check_worker_row`` is reported and ignored;
-* one bad worker cannot steer the model: deltas are clipped to a multiple of the round's median
-  norm and combined coordinate-wise robustly (outer.py), copies of another worker's delta are
-  refused, and a worker is flagged "suspect" after ``suspect_after`` trimmed rounds running;
+* a colluding minority cannot steer the model: with the default ``reference`` aggregate each
+  delta is weighted by its agreement with the coordinator's own update on a root set it holds
+  (outer.py; the root set is never reported on), copies of accepted deltas are refused, and a
+  worker down-weighted (or trimmed) ``suspect_after`` rounds running is "suspect": its later
+  pushes are refused;
 * deadlines run on the monotonic clock: a wall-clock step never stalls or rushes a round.
 """
 
@@ -27,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -38,7 +55,7 @@ import numpy as np
 
 from . import PROTOCOL, data, protocol, status, wire
 from .errors import BadBlob, CloudError, IntegrityError
-from .model import MLP
+from .model import MLP, hash_worker, train_local
 from .outer import Outer
 from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Disconnected, Outage, Store, dump_row, parse_row
 
@@ -48,12 +65,39 @@ Log = Callable[[str], None]
 # it never prunes. Further out: counted, logged, the push row deleted. (Past rounds are bounded
 # by the rounds run so far.)
 VERDICTS_AHEAD = 8
+MIN_GRACE = 0.5  # seconds a round waits after its quorum, at least (see the module docstring)
+# Registrations a worker may send: a burst, then one per REGISTER_EVERY seconds. A worker
+# registers once per job; a flood of them took the coordinator's lock and wrote its row each time.
+REGISTER_BURST = 5
+REGISTER_EVERY = 2.0
+RATE_TABLE_MAX = 4096  # workers tracked by the rate limiter (the oldest entries go first)
+# The coordinator's root set: the first rows of its held-out split (the rest is what test
+# accuracy is reported on). 150 rows measured best of 100/150 (bench/bench_erancloud.py (a)).
+ROOT_ROWS = 150
+ROOT_SEED = "coordinator-root"  # the root run's batch order, as a worker's comes from its id
+
+
+class RateLimit:
+    """A token bucket per worker on the monotonic clock."""
+
+    def __init__(self, burst: int = REGISTER_BURST, every: float = REGISTER_EVERY) -> None:
+        self.burst, self.every = burst, every
+        self.tokens: dict[str, tuple[float, float]] = {}
+
+    def allow(self, worker: str, now: float) -> bool:
+        tokens, then = self.tokens.pop(worker, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + max(0.0, now - then) / self.every)
+        ok = tokens >= 1.0
+        self.tokens[worker] = (tokens - 1.0 if ok else tokens, now)
+        while len(self.tokens) > RATE_TABLE_MAX:
+            del self.tokens[next(iter(self.tokens))]
+        return ok
 
 
 @dataclass
 class Config:
     rounds: int = 30
-    min_deltas: int = 2
+    min_deltas: int = 3
     round_timeout: float = 30.0
     shards: int = 4
     h_steps: int = 20
@@ -86,10 +130,16 @@ class Coordinator:
         self.params = np.zeros(0, np.float32)
         self.momentum = np.zeros(0, np.float32)
         self.test: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 64)), np.zeros(0))
+        self.root: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 64)), np.zeros(0))
+        self.references: dict[int, tuple[np.ndarray, str]] = {}  # round -> (own update, blob sha256)
         self.registry: dict[str, dict[str, Any]] = {}
         self.accepted: dict[tuple[str, int], tuple[np.ndarray, float, str]] = {}  # (worker, round) -> delta
         self.commits = 0
         self.deadline = 0.0  # time.monotonic() of the open round's deadline
+        self.opened = time.monotonic()  # when the open round opened (or this coordinator took it)
+        self.quorum_at: float | None = None  # when the open round reached min_deltas
+        self.limits = RateLimit()
+        self.unconfirmed: list[dict[str, Any] | None] = []  # state writes whose outcome is unknown
 
     # -- start ----------------------------------------------------------------------------
     async def load_or_init(self) -> None:
@@ -115,7 +165,9 @@ class Coordinator:
                 "the digits data here splits differently from the shards this coordinator published",
                 hint="run the coordinator with the same scikit-learn data, or start over on a fresh NATS store",
             )
-        self.test = (xt.astype(np.float32) / 16.0, yt.astype(np.int64))
+        pixels, labels = xt.astype(np.float32) / 16.0, yt.astype(np.int64)
+        self.root = (pixels[:ROOT_ROWS], labels[:ROOT_ROWS])
+        self.test = (pixels[ROOT_ROWS:], labels[ROOT_ROWS:])
         r = int(row["round"])
         self.params = await self._load_vector(protocol.model_key(r), "model", row["model_sha256"])
         self.momentum = await self._load_vector(protocol.momentum_key(r), "momentum", row["momentum_sha256"])
@@ -199,6 +251,15 @@ class Coordinator:
     # -- registration ---------------------------------------------------------------------
     async def on_register(self, msg: Any) -> None:
         worker = protocol.worker_from_subject(str(msg.subject))
+        reply_to = str(msg.reply or "")
+        if worker is None or not protocol.reply_subject_ok(reply_to, worker):
+            # Not answered: a reply goes to the requester's own inbox or nowhere.
+            self._count("bad reply subject")
+            self.log(f"a registration of {str(worker)[:64]} asked for its reply on {reply_to[:80]!r}: not answered")
+            return
+        if not self.limits.allow(worker, time.monotonic()):
+            self._count("rate limited")
+            return
         try:
             async with self.lock:
                 reply = await self._register(worker, parse_row(msg.data))
@@ -266,53 +327,94 @@ class Coordinator:
                 return
             record = parse_row(value)
             applied = self.state["applied"].get(f"{round_no}.{worker}")
-            if applied is not None and record is not None and record.get("sha256") == applied:
-                return  # a replay (restart, watcher) of a push already folded in: nothing to do
+            taken = self.accepted.get((worker, round_no))
+            first = applied if applied is not None else taken[2] if taken is not None else None
+            if first is not None:  # folded in, or accepted: a replay, or a rewrite of a judged push
+                if record is None or record.get("sha256") != first:
+                    self._count("rewritten push")
+                return
             if await self._judged_before(round_no, worker, revision):
-                return  # a replay of a push judged before a restart: its verdict stands
-            reason, weight, delta = await self._judge(round_no, worker, record, applied)
+                return  # judged: its verdict stands, whatever the push row says now
+            reason, weight, delta, sha = await self._judge(round_no, worker, record)
             if reason:
                 self._count(reason.split(":")[0])
                 self.log(f"round {self.state['round']}: rejected push of {worker} for round {round_no}: {reason}")
-                await self._verdict(round_no, worker, False, reason, 0.0, revision)
+                await self._verdict(round_no, worker, False, reason, 0.0, revision, "")
                 return
-            assert delta is not None and record is not None
-            self.accepted[(worker, round_no)] = (delta, weight, record["sha256"])
-            await self._verdict(round_no, worker, True, "", weight, revision)
+            assert delta is not None
+            self.accepted[(worker, round_no)] = (delta, weight, sha)
+            await self._verdict(round_no, worker, True, "", weight, revision, sha)
 
     async def _judged_before(self, round_no: int, worker: str, revision: int) -> bool:
-        """True for a push record this coordinator (or its previous run) has judged already,
-        except an accepted one not yet applied: that one is taken into the open round again."""
+        """True for a push this coordinator (or its previous run) has judged already. An
+        accepted one not yet applied is taken into the open round again, from the delta its
+        verdict names (copied where only the coordinator writes), never from the push row: a
+        worker may rewrite its row after reading the others' deltas."""
         verdict, _ = await self.store.get_json(protocol.verdict_key(round_no, worker))
-        if verdict is None or verdict.get("push_revision") != revision:
+        if verdict is None:
             return False
+        if verdict.get("push_revision") != revision:
+            self._count("rewritten push")
+            self.log(f"round {self.state['round']}: {worker}'s push for round {round_no} was rewritten after "
+                     "its verdict: the first one stands")  # fmt: skip
         open_round = int(self.state["round"])
-        in_open_round = verdict.get("in_round") == open_round  # accepted before the crash, not yet applied
-        return not (verdict.get("accepted") and in_open_round and (worker, round_no) not in self.accepted)
+        if verdict.get("accepted") is True and verdict.get("in_round") == open_round:
+            sha = verdict.get("sha256")
+            blob = None
+            if isinstance(sha, str) and protocol.HEX64.match(sha):
+                with contextlib.suppress(BadBlob):
+                    blob = await self.store.get_blob(
+                        protocol.delta_object(round_no, worker, sha), wire.vector_max_bytes(self.model.count)
+                    )
+            if blob is None or wire.sha256(blob) != sha:
+                self.log(f"round {open_round}: the accepted delta of {worker} (round {round_no}) is gone: not used")
+                return True
+            delta, _ = wire.decode_vector(blob, "delta", self.model.count)
+            self.accepted[(worker, round_no)] = (delta, float(verdict.get("weight", 0.0)), sha)
+            self._note_quorum()
+        return True
 
     async def _judge(
-        self, round_no: int, worker: str, record: dict[str, Any] | None, applied: str | None
-    ) -> tuple[str, float, np.ndarray | None]:
+        self, round_no: int, worker: str, record: dict[str, Any] | None
+    ) -> tuple[str, float, np.ndarray | None, str]:
+        reason, weight, delta, blob = await self._check(round_no, worker, record)
+        if reason or delta is None or record is None:
+            return reason, weight, None, ""
+        values = hashlib.sha256(np.ascontiguousarray(delta, dtype="<f4").tobytes()).hexdigest()
+        first = {"v": PROTOCOL, "worker": worker, "round": round_no}
+        if not await self.store.create_json(f"content.{values}", first):
+            seen, _ = await self.store.get_json(f"content.{values}")
+            owner = (seen.get("worker"), seen.get("round")) if seen else None
+            if owner != (worker, round_no):  # ours: this very push, accepted before a crash
+                who = f"{owner[0]}'s delta of round {owner[1]}" if owner else "a delta accepted before"
+                return f"duplicate delta: the same values as {who[:120]}", 0.0, None, ""
+        # The accepted blob is copied where only the coordinator writes: the round record's
+        # replay never depends on an object its worker could delete.
+        blob_name = protocol.delta_object(round_no, worker, record["sha256"])
+        await self.store.put_blob(blob_name, blob)
+        await self.store.delete_blob(record["object"], bucket=protocol.inbox_bucket(worker))
+        return "", weight, delta, record["sha256"]
+
+    async def _check(
+        self, round_no: int, worker: str, record: dict[str, Any] | None
+    ) -> tuple[str, float, np.ndarray | None, bytes]:
+        """Why the push is refused ("" when it is not), its staleness weight, the delta and its blob."""
         current = int(self.state["round"])
         if worker not in self.registry:
-            return "unknown worker: not registered", 0.0, None
-        if applied is not None or (worker, round_no) in self.accepted:
-            return (
-                f"duplicate: a delta of {worker} for round {round_no} is already taken; the first one is kept",
-                0,
-                None,
-            )
+            return "unknown worker: not registered", 0.0, None, b""
+        if worker in status.suspects(self.state):
+            return "suspect: its deltas were left out too many rounds running", 0.0, None, b""
         if self.state["phase"] == "finished":
-            return "late: training has finished", 0.0, None
+            return "late: training has finished", 0.0, None, b""
         if round_no > current:
-            return f"future round: round {round_no} is not open (current round {current})", 0.0, None
+            return f"future round: round {round_no} is not open (current round {current})", 0.0, None, b""
         outer = Outer.from_json(self.state["outer"])
         weight = outer.weight(current - round_no)
         if weight <= 0:
-            return f"stale: round {round_no} is closed (current round {current})", 0.0, None
+            return f"stale: round {round_no} is closed (current round {current})", 0.0, None, b""
         bad = protocol.check_push(record, round_no, worker)
         if bad:
-            return f"malformed push: {bad}", 0.0, None
+            return f"malformed push: {bad}", 0.0, None, b""
         assert record is not None
         base = self.state["model_sha256"] if round_no == current else self.state["model_history"].get(str(round_no))
         if record["base_sha256"] != base:
@@ -321,6 +423,7 @@ class Coordinator:
                 f"round {round_no}'s model is {str(base)[:12]}",
                 0.0,
                 None,
+                b"",
             )
         try:
             limit = wire.vector_max_bytes(self.model.count)
@@ -328,28 +431,24 @@ class Coordinator:
             if blob is None:  # accepted before a restart: moved into our own bucket already
                 blob = await self.store.get_blob(record["object"], limit)
         except BadBlob as exc:
-            return f"corrupt delta: {exc}", 0.0, None
+            return f"corrupt delta: {exc}", 0.0, None, b""
         if blob is None:
-            return "corrupt delta: the delta object is missing", 0.0, None
+            return "corrupt delta: the delta object is missing", 0.0, None, b""
         if wire.sha256(blob) != record["sha256"]:
-            return "corrupt delta: sha256 does not match the push record", 0.0, None
+            return "corrupt delta: sha256 does not match the push record", 0.0, None, b""
         try:
             delta, header = wire.decode_vector(blob, "delta", self.model.count)
         except BadBlob as exc:
-            return f"corrupt delta: {exc}", 0.0, None
+            return f"corrupt delta: {exc}", 0.0, None, b""
         if header.get("worker") != worker or header.get("round") != round_no:
-            return "corrupt delta: its header names another worker or round", 0.0, None
+            return "corrupt delta: its header names another worker or round", 0.0, None, b""
         norm = float(np.linalg.norm(delta))
         if norm > self.cfg.max_delta_norm:
-            return f"corrupt delta: norm {norm:.3g} is over the limit {self.cfg.max_delta_norm:g}", 0.0, None
+            return f"corrupt delta: norm {norm:.3g} is over the limit {self.cfg.max_delta_norm:g}", 0.0, None, b""
         copy = self._copy_of(worker, delta)
         if copy:
-            return f"duplicate delta: {copy}", 0.0, None
-        # The accepted blob is copied where only the coordinator writes: the round record's
-        # replay never depends on an object its worker could delete.
-        await self.store.put_blob(record["object"], blob)
-        await self.store.delete_blob(record["object"], bucket=protocol.inbox_bucket(worker))
-        return "", weight, delta
+            return f"duplicate delta: {copy}", 0.0, None, b""
+        return "", weight, delta, blob
 
     def _copy_of(self, worker: str, delta: np.ndarray) -> str:
         """Why ``delta`` is another worker's accepted delta re-sent (same values, or cosine above
@@ -367,7 +466,9 @@ class Coordinator:
                     return f"cosine {cos:.5f} with {other}'s delta of round {r}"
         return ""
 
-    async def _verdict(self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int) -> None:
+    async def _verdict(
+        self, round_no: int, worker: str, ok: bool, reason: str, weight: float, revision: int, sha: str
+    ) -> None:
         row = {
             "v": PROTOCOL,
             "accepted": ok,
@@ -375,8 +476,16 @@ class Coordinator:
             "weight": weight,
             "in_round": self.state["round"],
             "push_revision": revision,
+            "sha256": sha,
         }
-        await self.store.put_json(protocol.verdict_key(round_no, worker), row)
+        if not await self.store.create_json(protocol.verdict_key(round_no, worker), row):
+            self.log(f"round {self.state['round']}: a verdict on {worker}'s push for round {round_no} exists: kept")
+        if ok:
+            self._note_quorum()
+
+    def _note_quorum(self) -> None:
+        if self.quorum_at is None and len(self.accepted) >= int(self.state["min_deltas"]):
+            self.quorum_at = time.monotonic()
 
     def _count(self, why: str) -> None:
         rej = self.state.setdefault("rejected", {})
@@ -398,7 +507,7 @@ class Coordinator:
             r = int(self.state["round"])
             fresh = {w for (w, rr) in self.accepted if rr == r}
             enough = len(self.accepted) >= int(self.state["min_deltas"])
-            if enough and (now >= self.deadline or fresh >= self.expected_workers()):
+            if enough and (now >= self.deadline or fresh >= self.expected_workers() or self._grace_over(now)):
                 await self._commit()
             elif now >= self.deadline:
                 timeout = float(self.state["round_timeout"])
@@ -410,28 +519,58 @@ class Coordinator:
                     "waiting another round timeout"
                 )
 
+    def _grace_over(self, now: float) -> bool:
+        if self.quorum_at is None:
+            return False
+        return now >= self.quorum_at + max(MIN_GRACE, self.quorum_at - self.opened)
+
     async def _save_state(self, state: dict[str, Any] | None = None) -> None:
         """Compare-and-set ``state`` (default: the current one). Only once the store holds it
-        does it become this coordinator's state: a failed write changes nothing here."""
+        does it become this coordinator's state: a failed write changes nothing here.
+
+        A write whose reply was lost (an outage) may still have landed: every such write is
+        remembered until one succeeds, and a compare-and-set that fails against a row equal to
+        one of them is our own write, not a second coordinator's: its revision is taken and
+        the current state written over it. (Before: the retried commit carried new times, did
+        not equal the row that had landed, and the coordinator exited "is a second one
+        running?" with only one running.)"""
         state = self.state if state is None else state
         state["registered"] = len(self.registry)
-        rev = await self.store.update_json("state", state, self.revision)
-        if not rev:
-            # Our own write may have landed with its reply lost in an outage: then it is ours.
+        for _ in range(2):
+            written = parse_row(dump_row(state))
+            self.unconfirmed = [*self.unconfirmed[-15:], written]
+            rev = await self.store.update_json("state", state, self.revision)
+            if rev:
+                break
             row, now_rev = await self.store.get_json("state")
-            if row != parse_row(dump_row(state)):
+            if row == written:
+                rev = now_rev
+                break
+            if row not in self.unconfirmed:
                 raise CloudError(
                     "the round state changed under this coordinator: is a second one running?",
                     hint="run exactly one coordinator per NATS store",
                 )
-            rev = now_rev
+            self.revision = now_rev  # our own earlier write: write the current state over it
+        else:
+            raise CloudError("the round state could not be written twice in a row", hint="is a second one running?")
+        self.unconfirmed.clear()
         self.state, self.revision = state, rev
 
     async def _commit(self) -> None:
         r = int(self.state["round"])
         outer = Outer.from_json(self.state["outer"])
         items = sorted(self.accepted.items())
-        new_p, new_m, judged = outer.step_judged(self.params, self.momentum, [(d, w) for _, (d, w, _) in items])
+        reference, references, reference_row = None, None, None
+        ref_shas: list[str | None] = [None] * len(items)
+        if outer.aggregate == "reference":
+            reference, ref_sha = await self._reference(r)
+            reference_row = {"object": protocol.reference_key(r), "sha256": ref_sha}
+            judged_by = [await self._reference(rr) for (_, rr), _ in items]
+            references = [vec for vec, _ in judged_by]
+            ref_shas = [sha for _, sha in judged_by]
+        deltas = [(d, w) for _, (d, w, _) in items]
+        new_p, new_m, judged = outer.step_judged(self.params, self.momentum, deltas, reference, references)
         accuracy = self.model.accuracy(new_p, *self.test)
         model_blob = wire.encode_vector("model", new_p, round=r + 1)
         mom_blob = wire.encode_vector("momentum", new_m, round=r + 1)
@@ -439,8 +578,9 @@ class Coordinator:
         await self.store.put_blob(protocol.momentum_key(r + 1), mom_blob)
         applied = [
             {"worker": w, "round": rr, "object": protocol.delta_object(rr, w, sha), "sha256": sha, "weight": wt,
-             "norm": round(j.norm, 6), "verdict": j.verdict}
-            for ((w, rr), (_, wt, sha)), j in zip(items, judged, strict=True)
+             "norm": round(j.norm, 6), "trust": round(j.trust, 6), "cosine": round(j.cosine, 6),
+             "opposed": j.opposed, "verdict": j.verdict, "reference_sha256": ref}
+            for ((w, rr), (_, wt, sha)), j, ref in zip(items, judged, ref_shas, strict=True)
         ]  # fmt: skip
         await self.store.put_json(
             protocol.round_key(r),
@@ -451,6 +591,7 @@ class Coordinator:
                 "base_momentum_sha256": self.state["momentum_sha256"],
                 "applied": applied,
                 "aggregate": outer.aggregate,
+                "reference": reference_row,
                 "model_sha256": wire.sha256(model_blob),
                 "momentum_sha256": wire.sha256(mom_blob),
                 "test_accuracy": accuracy,
@@ -468,11 +609,12 @@ class Coordinator:
             if a["verdict"] == "applied":
                 outliers.pop(a["worker"], None)
                 continue
-            # Only trimmed rounds count towards "suspect": an honest worker the model drifted away
-            # from is clipped for a while, and must not be branded for it.
+            # Only opposed rounds (trimmed, or pointing against the coordinator's own update) count
+            # towards "suspect": an honest worker the model drifted away from is clipped for a
+            # while, and one near convergence sends noise: neither must be branded for it.
             before = outliers.get(a["worker"], {})
             streak = int(before.get("streak", 0)) + 1 if isinstance(before, dict) else 1
-            streak = streak if a["verdict"] == "trimmed" else 0
+            streak = streak if a["opposed"] else 0
             outliers[a["worker"]] = {"verdict": a["verdict"], "norm": a["norm"], "round": r, "streak": streak}
             self.log(f"round {r}: the delta of {a['worker']} was {a['verdict']} (norm {a['norm']:.3g}, "
                      f"{streak} round(s) running)")  # fmt: skip
@@ -490,8 +632,12 @@ class Coordinator:
         for w in expired:
             self.registry.pop(w, None)
             outliers.pop(w, None)
+        # Expected workers whose delta did not make this round: shown by status.
+        pushed = {a["worker"] for a in applied}
+        st["silent"] = sorted(w for w in self.expected_workers() if w not in pushed and w not in expired)[:64]
         await self._save_state(st)
         self.deadline = time.monotonic() + float(st["round_timeout"])
+        self.opened, self.quorum_at = time.monotonic(), None
         self.params, self.momentum = new_p, new_m
         self.accepted = {k: v for k, v in self.accepted.items() if k[1] > r}  # none: pushes for r+1 wait
         self.commits += 1
@@ -502,6 +648,31 @@ class Coordinator:
             self.log(f"registration of {w} expired: no delta applied for {self.cfg.expire_rounds} rounds")
         await self._prune(r + 1)
         self.write_status()
+
+    async def _reference(self, round_no: int) -> tuple[np.ndarray, str]:
+        """The coordinator's own update for round ``round_no`` (the workers' local steps from
+        that round's model, on its root set) and the sha256 of its blob ``reference.<r>``:
+        computed once (deterministic: the same model and batches give the same update), stored
+        for the replay, kept while a late delta may still be judged against it."""
+        if round_no in self.references:
+            return self.references[round_no]
+        if round_no == int(self.state["round"]):
+            params = self.params
+        else:
+            sha = self.state["model_history"].get(str(round_no))
+            params = await self._load_vector(protocol.model_key(round_no), "model", str(sha))
+        train = self.state["train"]
+        local, _, _ = train_local(
+            self.model, params, *self.root, steps=int(train["h"]), lr=float(train["lr"]),
+            batch=int(train["batch"]), seed=int(train["seed"]) * 1000 + hash_worker(ROOT_SEED), round_no=round_no,
+        )  # fmt: skip
+        update = local - params
+        blob = wire.encode_vector("delta", update, worker="coordinator", round=round_no)
+        await self.store.put_blob(protocol.reference_key(round_no), blob)
+        oldest = round_no - Outer.from_json(self.state["outer"]).max_staleness
+        self.references = {k: v for k, v in self.references.items() if k >= oldest}
+        self.references[round_no] = (update, wire.sha256(blob))
+        return self.references[round_no]
 
     def _expired(self, st: dict[str, Any]) -> list[str]:
         """Registrations with neither a registration nor an applied delta in the last
@@ -517,7 +688,7 @@ class Coordinator:
         old = now - self.cfg.keep_rounds
         if old < 0:
             return
-        for name in (protocol.model_key(old), protocol.momentum_key(old)):
+        for name in (protocol.model_key(old), protocol.momentum_key(old), protocol.reference_key(old)):
             await self.store.delete_blob(name)
         for key in (protocol.round_key(old), *[k for k in await self.store.keys(f"push.{old}.")]):
             await self.store.delete(key)
@@ -532,15 +703,26 @@ class Coordinator:
         status.write_atomic(self.cfg.status_path, fig)
 
 
-async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0, creds: Creds | None = None) -> dict[str, Any]:
+async def run(
+    url: str,
+    cfg: Config,
+    log: Log,
+    timeout: float = 5.0,
+    creds: Creds | None = None,
+    reply_creds: Creds | None = None,
+) -> dict[str, Any]:
     store = Store(url, timeout=timeout, name="eran-cloud coordinator", creds=creds)
+    # Registrations are received and answered on a connection of their own: with the shipped
+    # server config its user may publish to inboxes and nothing else (auth.py).
+    replies = Store(url, timeout=timeout, name="eran-cloud coordinator replies", creds=reply_creds)
     await store.connect(create=True)
     coord = Coordinator(cfg, store, log)
     try:
+        await replies.connect(buckets=False)
         await coord.load_or_init()
         await coord._save_state()  # take the round state: a second coordinator would now fail its CAS
         coord.write_status()
-        sub = await store.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=coord.on_register)
+        sub = await replies.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=coord.on_register)
         watcher: Any = None
         outage = Outage(store, cfg.outage_window, log)
         last_status = time.monotonic()
@@ -580,4 +762,5 @@ async def run(url: str, cfg: Config, log: Log, timeout: float = 5.0, creds: Cred
     except TRANSPORT_ERRORS as exc:
         raise store.unreachable(exc) from exc
     finally:
+        await replies.close()
         await store.close()

@@ -69,6 +69,14 @@ def batch_indices(seed: int, round_no: int, step: int, rows: int, batch: int) ->
     return np.random.default_rng([seed, round_no, step]).integers(0, rows, size=min(batch, rows))
 
 
+def hash_worker(worker: str) -> int:
+    """A stable small integer from the worker id (Python's hash() is salted per process): the
+    seed of its batch order."""
+    import zlib
+
+    return zlib.crc32(worker.encode()) % 1000
+
+
 def train_local(
     model: MLP,
     params: np.ndarray,

@@ -43,6 +43,11 @@ def round_key(round_no: int) -> str:
     return f"round.{round_no}"
 
 
+def reference_key(round_no: int) -> str:
+    """The coordinator's own update of a round (the ``reference`` aggregate's yardstick)."""
+    return f"reference.{round_no}"
+
+
 def delta_object(round_no: int, worker: str, sha: str) -> str:
     return f"delta.{round_no}.{worker}.{sha[:12]}"
 
@@ -59,6 +64,20 @@ def register_subject(worker: str) -> str:
 def worker_from_subject(subject: str) -> str | None:
     head, _, worker = subject.rpartition(".")
     return worker if head == REGISTER_PREFIX and WORKER_ID.match(worker) else None
+
+
+# nats-py's inbox: "<prefix>.<nuid>" for a single request, "<prefix>.<nuid>.<token>" for its
+# multiplexed one; a worker's prefix is "_INBOX.<its id>" (store.py), the only inbox its
+# server permissions let it subscribe to.
+_INBOX_TAIL = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,2}$")
+
+
+def reply_subject_ok(reply: str, worker: str) -> bool:
+    """True when ``reply`` is an inbox of ``worker`` itself: the only subject the coordinator
+    answers a registration on (a reply subject is the requester's text; answering anywhere
+    else would be writing there on the worker's behalf)."""
+    head = f"_INBOX.{worker}."
+    return WORKER_ID.match(worker) is not None and reply.startswith(head) and bool(_INBOX_TAIL.match(reply[len(head):]))
 
 
 def inbox_bucket(worker: str) -> str:

@@ -3,6 +3,8 @@
 * live: workers whose delta was applied within the last ``live_window`` rounds;
 * registered: rows in the registry (a worker that registered once and vanished still counts);
 * dry-run runs: DRY-RUN records in a local directory (they never reach a coordinator);
+* silent: workers the last round expected (live or recently registered) whose delta was not
+  in it when it closed (a registration that never pushes shows here, round after round);
 * outliers: workers whose last applied delta was clipped or trimmed by the robust
   aggregation, with its norm and how many rounds running; "suspect" after ``suspect_after``
   rounds running. A suspect worker is not counted as live.
@@ -18,6 +20,8 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from .protocol import WORKER_ID
 
 SCHEMA = "erancloud.status/1"
 DRY_RUN_GLOB = "erancloud-dry-run-*.json"
@@ -57,6 +61,11 @@ def count_dry_runs(directory: Path | None) -> int:
     return n
 
 
+def silent(state: dict[str, Any]) -> list[str]:
+    rows = state.get("silent", [])
+    return sorted({w for w in rows if isinstance(w, str) and WORKER_ID.match(w)}) if isinstance(rows, list) else []
+
+
 def figures(state: dict[str, Any], registered: int, dry_runs: int) -> dict[str, Any]:
     history = state.get("accuracy", [])
     last = history[-1] if history else None
@@ -77,6 +86,7 @@ def figures(state: dict[str, Any], registered: int, dry_runs: int) -> dict[str, 
         "rejected": state.get("rejected", {}),
         "outliers": outliers(state),
         "suspect_workers": suspects(state),
+        "silent_workers": silent(state),
         "aggregate": state.get("outer", {}).get("aggregate", "mean") if isinstance(state.get("outer"), dict) else "",
         "model_sha256": state.get("model_sha256", ""),
         "outer": state.get("outer", {}),
@@ -102,5 +112,7 @@ def render(fig: dict[str, Any]) -> str:
             + (" SUSPECT" if w in fig.get("suspect_workers", []) else "")
             for w, o in sorted(fig.get("outliers", {}).items())
         )
+        + (f"\n  silent (expected, no delta in the last round): {', '.join(fig['silent_workers'])}"
+           if fig.get("silent_workers") else "")
         + (f"\n  rejected: {fig['rejected']}" if fig.get("rejected") else "")
     )

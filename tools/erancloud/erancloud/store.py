@@ -105,6 +105,18 @@ class Disconnected(ConnectionError):
     """nats-py says the connection is down (it is reconnecting)."""
 
 
+def redact_url(url: str) -> str:
+    """``url`` without its userinfo (``nats://user:secret@host`` -> ``nats://***@host``):
+    a password in a URL must never reach a message."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{sep}{authority}{slash}{path}"
+
+
 def _cause(exc: BaseException | None) -> str:
     """A reader's name for a transport failure."""
     if exc is None or isinstance(exc, Disconnected):
@@ -120,8 +132,19 @@ def _cause(exc: BaseException | None) -> str:
 
 
 class Store:
-    def __init__(self, url: str, timeout: float = 5.0, name: str = "eran-cloud", creds: Creds | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 5.0,
+        name: str = "eran-cloud",
+        creds: Creds | None = None,
+        identity: str | None = None,
+    ) -> None:
         self.url = url
+        # Replies come to an inbox under this name: the credential's user (the server lets it
+        # subscribe to nothing else, auth.py), or on a server without auth the worker id, so
+        # the coordinator's reply check (protocol.reply_subject_ok) holds there too.
+        self.identity = creds.user if creds is not None else identity
         self.timeout = timeout
         self.name = name
         self.creds = creds
@@ -141,24 +164,21 @@ class Store:
         return main
 
     def unreachable(self, exc: BaseException, what: str = "") -> CoordinatorUnreachable:
-        return CoordinatorUnreachable(f"NATS at {self.url}{what}: {self.cause(exc)}")
+        return CoordinatorUnreachable(f"NATS at {redact_url(self.url)}{what}: {self.cause(exc)}")
 
     @property
     def connected(self) -> bool:
         return self.nc is not None and bool(self.nc.is_connected)
 
-    async def connect(self, create: bool = False) -> None:
+    async def connect(self, create: bool = False, buckets: bool = True) -> None:
         """Connect and open (``create``: make) the buckets. A worker never creates them: a
-        missing bucket means no coordinator has ever run here."""
+        missing bucket means no coordinator has ever run here. ``buckets=False``: the
+        connection alone (the coordinator's replies, which may touch no bucket)."""
         auth: dict[str, Any] = {}
+        if self.identity is not None:
+            auth["inbox_prefix"] = f"_INBOX.{self.identity}"
         if self.creds is not None:
-            # Replies come to an inbox under the user's own name: the server lets the user
-            # subscribe to nothing else (auth.py).
-            auth = {
-                "user": self.creds.user,
-                "password": self.creds.password,
-                "inbox_prefix": f"_INBOX.{self.creds.user}",
-            }
+            auth.update(user=self.creds.user, password=self.creds.password)
         try:
             self.nc = await asyncio.wait_for(
                 nats.connect(
@@ -176,6 +196,8 @@ class Store:
                 timeout=self.timeout,
             )
             self.js = self.nc.jetstream(timeout=self.timeout)
+            if not buckets:
+                return
             if create:
                 self.kv = await self._kv_bucket()
                 self.pushes = await self._push_bucket()
@@ -187,7 +209,7 @@ class Store:
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError) as exc:
             await self.close()
             raise CoordinatorUnreachable(
-                f"NATS at {self.url} has no {KV_BUCKET} buckets: no coordinator has run there",
+                f"NATS at {redact_url(self.url)} has no {KV_BUCKET} buckets: no coordinator has run there",
                 hint="start one: eran-cloud coordinator --nats URL",
             ) from exc
         except TRANSPORT_ERRORS as exc:
@@ -205,17 +227,22 @@ class Store:
 
     async def _push_bucket(self) -> Any:
         try:
-            return await self.js.key_value(PUSH_BUCKET)
+            await self.js.key_value(PUSH_BUCKET)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             await self.js.create_key_value(
                 bucket=PUSH_BUCKET, storage=api.StorageType.FILE, history=1, max_value_size=PUSH_VALUE_MAX,
                 max_bytes=PUSH_MAX_BYTES,
             )  # fmt: skip
-            # nats-py makes every KV bucket discard "new" when full: here the oldest rows go.
-            info = await self.js.stream_info(f"KV_{PUSH_BUCKET}")
+        # Checked on every start, so a bucket an older coordinator made is brought up to date.
+        # nats-py makes every KV bucket discard "new" when full: here the oldest rows go.
+        # Rollup headers are refused: every worker publishes into this stream, and one
+        # publish with "Nats-Rollup: all" on its own key once purged every worker's push.
+        info = await self.js.stream_info(f"KV_{PUSH_BUCKET}")
+        if info.config.discard != api.DiscardPolicy.OLD or info.config.allow_rollup_hdrs:
             info.config.discard = api.DiscardPolicy.OLD
+            info.config.allow_rollup_hdrs = False
             await self.js.update_stream(info.config)
-            return await self.js.key_value(PUSH_BUCKET)
+        return await self.js.key_value(PUSH_BUCKET)
 
     async def _obj_bucket(self) -> Any:
         try:
@@ -293,6 +320,11 @@ class Store:
             return 0
 
     async def delete(self, key: str) -> None:
+        if key.startswith(PUSH_PREFIX):
+            # A KV purge is a rollup header, which the push stream refuses: the API instead
+            # (only the coordinator has the right to call it on that stream).
+            await self.js.purge_stream(f"KV_{PUSH_BUCKET}", subject=f"$KV.{PUSH_BUCKET}.{key}")
+            return
         with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.NotFoundError):
             await self._kv(key).purge(key)
 
