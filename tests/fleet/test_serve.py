@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from alma.fleet import panel as P
+from alma.fleet import serve as S
 
 
 @pytest.fixture
 def server(tmp_path: Path):  # type: ignore[no-untyped-def]
     (tmp_path / "index.html").write_text("<!doctype html><title>t</title>")
-    handler = type("H", (P._Handler,), {"out_dir": tmp_path, "timeout": 0.5})
-    srv = type("S", (P.PanelServer,), {"max_connections": 4})(("127.0.0.1", 0), handler)
+    handler = type("H", (S._Handler,), {"out_dir": tmp_path, "timeout": 0.5})
+    srv = type("S", (S.PanelServer,), {"max_connections": 4})(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     try:
@@ -41,7 +41,7 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
         return True
 
 
-def test_idle_connections_are_bounded_and_time_out(server: P.PanelServer) -> None:
+def test_idle_connections_are_bounded_and_time_out(server: S.PanelServer) -> None:
     port = server.server_address[1]
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
     time.sleep(0.2)  # the four are being served (each waiting for its request line)
@@ -66,7 +66,7 @@ def test_idle_connections_are_bounded_and_time_out(server: P.PanelServer) -> Non
             s.close()
 
 
-def test_a_client_hang_up_prints_no_traceback(server: P.PanelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_client_hang_up_prints_no_traceback(server: S.PanelServer, capsys: pytest.CaptureFixture[str]) -> None:
     for exc in (ConnectionResetError(104, "reset"), BrokenPipeError(32, "pipe"), TimeoutError("timed out")):
         try:
             raise exc

@@ -19,6 +19,7 @@ from support_fleet import AXE_JS, chromium, served
 
 from alma.fleet import health as H
 from alma.fleet import history as Hist
+from alma.fleet import leaks as L
 from alma.fleet import panel as P
 from alma.fleet.inventory import Fleet, parse_fleet
 from alma.fleet.severity import Severity
@@ -103,7 +104,7 @@ def test_numeric_spellings_of_an_ip_are_refused(tmp_path: Path, alias: str) -> N
 
 @pytest.mark.parametrize("text", ["v2026.11.30.1640", "1.2.3", "release 4.300.1.2", "Edge 12.5 h"])
 def test_numbers_that_are_no_address_still_publish(text: str) -> None:
-    assert P.find_ips(text) == []
+    assert L.find_ips(text) == []
 
 
 def test_bidi_override_in_an_alias_is_isolated_and_visible(tmp_path: Path) -> None:

@@ -50,14 +50,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from almaboard import text as T
 
 from alma.errors import ConfigError
-from alma.fleet.health import FleetReport, NodeResult
 from alma.fleet.severity import Severity, worst
 from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
+
+if TYPE_CHECKING:  # types only: health imports inventory, which reads [[alert]] through this module
+    from alma.fleet.health import FleetReport, NodeResult
 
 EVENT_SCHEMA = "alma.alert/1"
 PAYLOADS = ("alma", "alertmanager")
