@@ -56,7 +56,26 @@ def test_state_changes_fire_repeat_and_resolve(tmp_path: Path) -> None:
     back, _ = A.evaluate(fl.alerts, ok, state, NOW + timedelta(seconds=800))
     assert [(e["node"], e["status"], e["previous"]) for _, e in back] == [("edge-01", "OK", "CRITICAL")]
     am = A.alertmanager_payload(back[0][1])[0]
-    assert am["endsAt"] == am["startsAt"] and am["labels"]["severity"] == "critical"  # resolves the alert
+    assert am["endsAt"] == am["startsAt"] and am["annotations"]["severity"] == "critical"  # resolves the alert
+
+
+def test_alertmanager_alerts_carry_ends_at_and_are_refreshed_before_it(tmp_path: Path) -> None:
+    fl = fleet(tmp_path, '[[alert]]\nname = "am"\nwebhook = "http://127.0.0.1:9/api/v2/alerts"\n'
+                         'payload = "alertmanager"\n')  # fmt: skip
+    warn = report(node("edge-01", "WARNING", {"disk": "WARNING"}), node("edge-02", "OK", {"disk": "OK"}))
+    crit = report(node("edge-01", "CRITICAL", {"disk": "CRITICAL"}), node("edge-02", "OK", {"disk": "OK"}))
+    ev, state = A.evaluate(fl.alerts, warn, {}, NOW, run_every_s=300)
+    am = A.alertmanager_payload(ev[0][1])[0]
+    assert am["endsAt"] == "2026-12-01T20:20:00Z" and "severity" not in am["labels"]  # 4 x 300 s ahead
+    ev, state = A.evaluate(fl.alerts, crit, state, NOW + timedelta(seconds=60), run_every_s=300)
+    am2 = A.alertmanager_payload(ev[0][1])[0]
+    assert am2["labels"] == am["labels"] and am2["annotations"]["severity"] == "critical"  # the same alert
+    assert am2["startsAt"] == am["startsAt"]  # firing since the first problem
+    quiet, state = A.evaluate(fl.alerts, crit, state, NOW + timedelta(seconds=600), run_every_s=300)
+    assert quiet == []  # refreshed 2 x 300 s after the last send, not before
+    ev, state = A.evaluate(fl.alerts, crit, state, NOW + timedelta(seconds=660), run_every_s=300)
+    assert [e["kind"] for _, e in ev] == ["refresh"]
+    assert A.alertmanager_payload(ev[0][1])[0]["endsAt"] == "2026-12-01T20:31:00Z"
 
 
 def test_maintenance_windows_per_node_and_per_check(tmp_path: Path) -> None:
@@ -144,7 +163,8 @@ def test_alert_reaches_a_real_receiver_after_two_failures_and_a_command_hook(tmp
     assert handler.codes == [500, 500, 200]
     [alert] = handler.bodies[-1]  # Alertmanager's /api/v2/alerts body: a list of alerts
     assert alert["labels"] == {"alertname": "AlmaNodeState", "node": "edge-01", "role": "board",
-                               "severity": "critical", "alma_rule": "ops"}  # fmt: skip
+                               "alma_rule": "ops"}  # fmt: skip
+    assert alert["annotations"]["severity"] == "critical" and alert["endsAt"] > alert["startsAt"]
     assert by["command"]["ok"] and by["command"]["attempts"] == 1
     event = json.loads(hook_out.read_text())
     assert event["schema"] == "alma.alert/1" and event["node"] == "edge-01" and event["status"] == "CRITICAL"

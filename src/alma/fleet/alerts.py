@@ -18,6 +18,14 @@
     start = "2026-12-01T20:00:00Z"
     end = "2026-12-01T22:00:00Z"
 
+Alertmanager (``payload = "alertmanager"``): one alert per node and rule, its labels
+``alertname``, ``node``, ``role``, ``alma_rule``; the state is the ``severity`` annotation, so
+WARNING -> CRITICAL updates the one alert instead of opening a second. A firing alert carries
+``endsAt`` = its time + ``4 x [panel] stale_after`` and is re-sent (kind ``refresh``, to that
+webhook only) once ``2 x stale_after`` passed since it was last sent: the runs come more often
+than ``stale_after`` (else the page is stale too), so Alertmanager never ends an alert that is
+still firing, and one left behind when alma stops running ends by itself (as Prometheus does).
+
 A node's alert state is the worst of its checks outside maintenance (UNKNOWN when it did
 not answer); state per rule and node is kept in ``fleet-alerts.json`` beside the snapshot
 (private, 0600). A node seen for the first time counts as having been OK. During a node's
@@ -168,9 +176,13 @@ def _alert_status(n: NodeResult, rule: AlertRule, now: float) -> tuple[Severity,
                     if c.status is not Severity.OK]  # fmt: skip
 
 
-def evaluate(rules: tuple[AlertRule, ...], report: FleetReport, state: dict[str, Any],
-             now: datetime) -> tuple[list[tuple[AlertRule, dict[str, Any]]], dict[str, Any]]:  # fmt: skip
-    """(rule, event) pairs to deliver, and the new state."""
+def evaluate(rules: tuple[AlertRule, ...], report: FleetReport, state: dict[str, Any], now: datetime,
+             run_every_s: float = 900.0) -> tuple[list[tuple[AlertRule, dict[str, Any]]], dict[str, Any]]:  # fmt: skip
+    """(rule, event) pairs to deliver, and the new state.
+
+    ``run_every_s``: the longest expected time between runs ([panel] stale_after); a firing
+    event is valid for 4 times that (``valid_until``) and refreshed after 2 times that.
+    """
     t = now.timestamp()
     new = {k: dict(v) for k, v in state.items() if isinstance(v, dict)}
     out = []
@@ -182,35 +194,51 @@ def evaluate(rules: tuple[AlertRule, ...], report: FleetReport, state: dict[str,
             status, bad = got
             key = f"{rule.name}/{n.name}"
             prev = new.get(key, {"status": "OK", "sent": 0.0})
+            firing = status is not Severity.OK and status.name in rule.on
+            since = float(prev.get("since", t)) if prev.get("status") not in (None, "OK") and firing else t
+            # Two clocks: `sent` (any event: repeat) and `refreshed` (what Alertmanager last got).
+            sent, refreshed = float(prev.get("sent", 0.0)), float(prev.get("refreshed", prev.get("sent", 0.0)))
             kind = None
             if status.name != prev.get("status"):
                 kind = "changed" if status.name in rule.on else None
-            elif (status is not Severity.OK and status.name in rule.on and rule.repeat_s > 0
-                  and t - float(prev.get("sent", 0.0)) >= rule.repeat_s):  # fmt: skip
+            elif firing and rule.repeat_s > 0 and t - sent >= rule.repeat_s:
                 kind = "repeat"
-            entry = {"status": status.name, "sent": float(prev.get("sent", 0.0))}
+            elif firing and rule.payload == "alertmanager" and rule.webhook and t - refreshed >= 2 * run_every_s:
+                kind = "refresh"
+            entry: dict[str, Any] = {"status": status.name, "sent": sent, "refreshed": refreshed, "since": since}
             if kind:
-                entry["sent"] = t
-                out.append((rule, {
+                entry["refreshed"] = t
+                if kind != "refresh":
+                    entry["sent"] = t
+                event = {
                     "schema": EVENT_SCHEMA, "rule": rule.name, "kind": kind, "node": n.name, "role": n.role,
                     "status": status.name, "previous": prev.get("status", "OK"), "time": utc_iso(now),
+                    "since": utc_iso(datetime.fromtimestamp(since, now.tzinfo)),
                     "summary": T.terminal(n.summary)[:MAX_SUMMARY], "checks": bad,
-                }))  # fmt: skip
+                }  # fmt: skip
+                if firing:
+                    event["valid_until"] = utc_iso(datetime.fromtimestamp(t + 4 * run_every_s, now.tzinfo))
+                out.append((rule, event))
             new[key] = entry
     return out, new
 
 
 def alertmanager_payload(event: dict[str, Any]) -> list[dict[str, Any]]:
-    """Prometheus Alertmanager's POST /api/v2/alerts body: an OK event resolves the alert."""
+    """Prometheus Alertmanager's POST /api/v2/alerts body: one alert per node and rule (the
+    state is an annotation, not a label); firing until ``valid_until``, an OK event ends it."""
+    resolved = event["status"] == "OK"
     alert: dict[str, Any] = {
         "labels": {"alertname": "AlmaNodeState", "node": event["node"], "role": event["role"],
-                   "severity": event["status"].lower(), "alma_rule": event["rule"]},
-        "annotations": {"summary": event["summary"] or f"{event['node']} is {event['status']}"},
-        "startsAt": event["time"],
+                   "alma_rule": event["rule"]},
+        "annotations": {"summary": event["summary"] or f"{event['node']} is {event['status']}",
+                        "severity": (event["previous"] if resolved else event["status"]).lower()},
+        "startsAt": event.get("since") or event["time"],
     }  # fmt: skip
-    if event["status"] == "OK":
-        alert["labels"]["severity"] = event["previous"].lower()
+    if resolved:
+        alert["startsAt"] = event["time"]
         alert["endsAt"] = event["time"]
+    elif event.get("valid_until"):
+        alert["endsAt"] = event["valid_until"]
     return [alert]
 
 
@@ -227,7 +255,7 @@ def fire(fleet: Any, report: FleetReport, state_path: Path, *, now: datetime | N
             state = {}
     except (OSError, ValueError):
         state = {}  # an unreadable state re-fires current problems: noisy, never silent
-    events, new = evaluate(fleet.alerts, report, state, when)
+    events, new = evaluate(fleet.alerts, report, state, when, run_every_s=float(fleet.panel.stale_after))
     try:
         state_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(state_path, json.dumps(new, sort_keys=True), mode=0o600)
@@ -301,7 +329,7 @@ def deliver_job(job: Path, sleep: Callable[[float], None] = time.sleep) -> dict[
         if rule["webhook"]:
             body = json.dumps(alertmanager_payload(event) if rule["payload"] == "alertmanager" else event).encode()
             targets.append((f"webhook {rule['webhook']}", partial(_post, str(rule["webhook"]), body, timeout)))
-        if rule["command"]:
+        if rule["command"] and event["kind"] != "refresh":  # a refresh only keeps Alertmanager's alert alive
             argv = [str(x) for x in rule["command"]]
             targets.append((f"command {argv[0]}", partial(_hook, argv, json.dumps(event).encode(), timeout)))
         for target, call in targets:
