@@ -317,6 +317,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         )
     nodes: list[Node] = []
     seen: dict[str, int | None] = {}
+    aliases: dict[str, int | None] = {}
     for i, raw in enumerate(raw_nodes):
         line = src.node_line(i)
         name = _str(raw, "name", src, line)
@@ -345,6 +346,14 @@ def parse_fleet(text: str, path: Path) -> Fleet:
             raise src.error(src.key_line(i, "ssh"), f"node {name!r}: ssh destination may not start with '-'")
         cmd = _str(raw, "health_command", src, line, default=default_cmd) or default_cmd
         alias = _str(raw, "alias", src, line)
+        if alias is not None:  # the public panel's and /metrics' node identity: one node each
+            key = " ".join(alias.split()).casefold()
+            if key in aliases:
+                first = aliases[key]
+                where = f" at line {first}" if first else ""
+                raise src.error(src.key_line(i, "alias"), f"node {name!r}: alias {alias!r} is already used{where}",
+                                hint="give every node its own alias: the panel tells nodes apart by it")  # fmt: skip
+            aliases[key] = src.key_line(i, "alias")
         unknown_keys = sorted(
             set(raw) - {"name", "ssh", "role", "alias", "health_command", "reserve", "links", "host_key"}
         )
