@@ -272,10 +272,9 @@ def test_control_persist_reuses_one_connection(sshd: Sshd, boards: dict[str, Pat
         )
         assert check.returncode == 0 and "Master running" in check.stderr
     finally:
-        subprocess.run(
-            ["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={cm}/%C", "-O", "exit", "node-a"],
-            capture_output=True,
-        )
+        for sock in cm.iterdir() if cm.exists() else ():
+            subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={sock}", "-O", "exit", "node-a"],
+                           capture_output=True)  # fmt: skip
         shutil.rmtree(cm, ignore_errors=True)
 
 
