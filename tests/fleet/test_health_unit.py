@@ -460,3 +460,21 @@ def test_perfdata_labels_cannot_collide_across_nodes() -> None:
     labels = [i.split("=")[0] for i in items]
     assert len(labels) == len(set(labels))
     assert "'node-rack1/b_response'=9;;;;" in items and "'node-rack1_b/response'=0.5s;;;0;" in items
+
+
+def test_check_names_are_compared_case_insensitively() -> None:
+    """disk OK beside DISK CRITICAL is no green disk: the same check reported twice."""
+    text = report("OK", checks=[{"name": "disk", "status": "OK", "summary": "ok"},
+                                {"name": "DISK", "status": "CRITICAL", "summary": "full"}])  # fmt: skip
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "reported twice: disk" in r.summary
+    alone = H.parse_report(report("OK", checks=[{"name": "Disk", "status": "CRITICAL", "summary": "full"}]), NODE,
+                           now=NOW, stale_after=300)  # fmt: skip
+    assert [c.name for c in alone.checks] == ["disk"] and alone.status is Severity.CRITICAL
+
+
+def test_a_report_of_invented_checks_only_is_unknown() -> None:
+    text = report("OK", checks=[{"name": "vibes", "status": "OK", "summary": "fine"},
+                                {"name": "mood", "status": "OK", "summary": "great"}])  # fmt: skip
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "none of the expected checks" in r.summary and "vibes" in r.summary

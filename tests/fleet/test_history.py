@@ -186,3 +186,22 @@ def test_perfdata_is_kept_as_hourly_rollups_per_check(tmp_path: Path) -> None:
     assert [v for _, v in series.points] == [10.5, 12.5, 14.5] and series.last == 14.5
     assert (series.lo, series.hi) == (10.0, 15.0)
     assert "n2" not in h.perf
+
+
+def test_a_full_disk_is_called_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own "database or disk is full" (its page limit reached here, the same error a
+    full disk gives) is no "unreadable fleet history" that advises moving the file away."""
+    db = tmp_path / "h.sqlite"
+    Hist.append(db, run_at(datetime.now(UTC), {"n1": "OK"}))
+    real = sqlite3.connect
+
+    def full(*args: object, **kw: object) -> sqlite3.Connection:
+        conn = real(*args, **kw)  # type: ignore[arg-type]
+        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        return conn
+
+    monkeypatch.setattr(Hist.sqlite3, "connect", full)
+    with pytest.raises(ConfigError) as err:
+        Hist.append(db, run_at(datetime.now(UTC), {f"n{i}": "OK" for i in range(2000)}))
+    assert "the disk is full" in err.value.message and "unreadable" not in err.value.message
+    assert "move" not in (err.value.hint or "")

@@ -137,3 +137,8 @@ def test_an_alias_names_one_node_only(tmp_path: Path) -> None:
             '[[node]]\nname = "a2"\nrole = "board"\nalias = "edge  a"\n')  # fmt: skip
     with pytest.raises(ConfigError, match=r"fleet.toml:8: node 'a2': alias 'edge  a' is already used at line 4"):
         parse_fleet(text, tmp_path / "fleet.toml")
+
+
+def test_a_missing_role_says_it_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"fleet.toml:1: node 'a1' has no role"):
+        parse_fleet('[[node]]\nname = "a1"\n', tmp_path / "fleet.toml")

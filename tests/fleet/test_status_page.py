@@ -162,6 +162,19 @@ def test_a_corrupt_history_is_a_clear_error(tmp_path: Path) -> None:
         Hist.append(db, run_at(NOW, {"orin-01": "OK"}))
 
 
+def test_a_corrupt_history_still_renders_the_page_saying_uptime_is_missing(
+        fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Before: exit 2 and no page (the served one went stale); now the states are published."""
+    snap_path = tmp_path / "fleet-health.json"
+    snap_path.write_text(json.dumps(snap(NOW)))
+    Hist.default_history_path(snap_path).write_bytes(b"this is not sqlite" * 100)
+    out = tmp_path / "out"
+    P.render_to(out, fleet, snap_path, now=NOW)
+    html = (out / "index.html").read_text()
+    assert 'id="history-note"' in html and "fleet history could not be read" in html
+    assert "unreadable fleet history" in capsys.readouterr().err
+
+
 def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path) -> None:
     snap_path = tmp_path / "fleet-health.json"
     db = Hist.default_history_path(snap_path)

@@ -235,17 +235,23 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
                 )
                 for p in raw.get("perfdata") or []
             ]
-            checks.append(Check(str(raw["name"]), Severity.parse(raw.get("status")), str(raw.get("summary", "")), perf))
+            name = raw["name"].casefold() if raw["name"].casefold() in KNOWN_CHECKS else raw["name"]  # DISK: disk
+            checks.append(Check(name, Severity.parse(raw.get("status")), str(raw.get("summary", "")), perf))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return unknown(f"malformed {REPORT_SCHEMA} report: {exc}")
     if not checks:
         return unknown("report with no checks: nothing was verified")
-    counts = Counter(c.name for c in checks)  # linear: 35,000 checks are judged in milliseconds
+    # Names compared case-insensitively: "disk" OK beside "DISK" CRITICAL is no green disk.
+    counts = Counter(c.name.casefold() for c in checks)  # linear: 35,000 checks are judged in milliseconds
     twice = sorted(n for n, k in counts.items() if k > 1)
     if twice:
         if len(twice) > 5:
             twice = [*twice[:5], f"and {len(twice) - 5} more"]
         return unknown(f"check(s) reported twice: {', '.join(twice)}")
+
+    if not any(name in counts for name in KNOWN_CHECKS):  # invented checks only: nothing expected was verified
+        got = ", ".join(T.terminal(c.name)[:32] for c in checks[:5]) + (" ..." if len(checks) > 5 else "")
+        return unknown(f"none of the expected checks ({', '.join(KNOWN_CHECKS)}) reported; got: {got}")
 
     age = (now - t).total_seconds()
     result = NodeResult(

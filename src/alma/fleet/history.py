@@ -145,6 +145,9 @@ def _connect(path: Path, *, create: bool, busy_timeout: float = BUSY_TIMEOUT_S) 
                 f"{path}: another alma run is writing the fleet history; retry",
                 hint=f"waited {busy_timeout:g} s for its lock; run again once it is done (nothing was lost)",
             ) from None
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc):
+            raise ConfigError(f"{path}: the disk is full: the fleet history was not written",
+                              hint=f"free space on the disk of {path.parent}; the file is intact") from exc  # fmt: skip
         raise ConfigError(
             f"{path}: unreadable fleet history: {exc}",
             hint=f"keep a copy of {path} for inspection (sqlite3 {path} .recover), then move it away; "

@@ -337,7 +337,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         if role not in ROLES:
             raise src.error(
                 src.key_line(i, "role"),
-                f"node {name!r}: unknown role {role!r}",
+                f"node {name!r}: unknown role {role!r}" if role is not None else f"node {name!r} has no role",
                 hint="role must be one of: " + ", ".join(ROLES),
             )
         dest = _str(raw, "ssh", src, line, default=name) or name

@@ -29,6 +29,7 @@ import hashlib
 import math
 import re
 import socket
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -393,6 +394,7 @@ def publish(
     now: datetime | None = None,
     refresh_s: int | None = None,
     history: History | None = None,
+    history_unreadable: bool = False,
 ) -> Published:
     """index.html, status.json and feed.atom; raises LeakError rather than publish a leak."""
     env = _env()
@@ -425,6 +427,7 @@ def publish(
         refresh_s=refresh_s,
         n_all=len(view["rows"]),
         n_problems=len(problems),
+        history_unreadable=history_unreadable,
     )
     template = env.get_template("panel.html.j2")
     html = template.render(**common, **view, page_kind="all", base="")
@@ -571,9 +574,16 @@ def render_to(
     when = now or utc_now()
     hpath = history_path or hist.default_history_path(snapshot_path)
     limit = float(stale_after if stale_after is not None else fleet.panel.stale_after)
-    history = hist.load(hpath, when, max_gap=limit) if (history_path or hpath.exists()) else None
+    history, unreadable = None, False
+    if history_path or hpath.exists():
+        try:
+            history = hist.load(hpath, when, max_gap=limit)
+        except ConfigError as exc:  # the states are still worth publishing; the page says what is missing
+            unreadable = True
+            print(f"alma panel: warning: {T.terminal(exc.message)}; rendering without uptime", file=sys.stderr)
     try:
-        pub = publish(fleet, snap, stale_after=stale_after, refresh_s=refresh_s, history=history, now=when)
+        pub = publish(fleet, snap, stale_after=stale_after, refresh_s=refresh_s, history=history, now=when,
+                      history_unreadable=unreadable)  # fmt: skip
     except (KeyError, ValueError, TypeError) as exc:
         raise ConfigError(f"{snapshot_path}: malformed snapshot: {exc}", hint="run `alma fleet health` again") from exc
     return write_panel(out_dir, pub)
