@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -11,9 +13,12 @@ from typing import Any
 
 from alma.fleet.panel import _SLUG, FILES, METRICS, NODES_DIR, PAGE
 
-# --serve limits: a client gets READ_TIMEOUT_S to send its request (and to take the answer),
-# at most MAX_CONNECTIONS are served at once; more are closed at once, not queued as threads.
+# --serve limits: a connection gets REQUEST_DEADLINE_S for the whole of its request and
+# answer (one deadline: a client trickling a header line every few seconds is cut off like a
+# silent one), READ_TIMEOUT_S for any one read; at most MAX_CONNECTIONS are served at once,
+# at most a quarter of them to one client address; more are closed at once, never queued.
 READ_TIMEOUT_S = 10.0
+REQUEST_DEADLINE_S = 15.0
 MAX_CONNECTIONS = 64
 
 
@@ -22,6 +27,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     out_dir: Path
     timeout = READ_TIMEOUT_S  # StreamRequestHandler: socket timeout for every read and write
+    request_deadline = REQUEST_DEADLINE_S
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(self.request_deadline, self._expire)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _expire(self) -> None:
+        with contextlib.suppress(OSError):  # the blocked read or write fails: the thread ends
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
 
     def version_string(self) -> str:
         return "alma-panel"  # no Python or OS version for a scanner to match
@@ -70,22 +90,47 @@ class PanelServer(http.server.ThreadingHTTPServer):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._per_client: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _take(self, host: str) -> bool:
+        """A slot for ``host``, if it holds less than its share and one is free."""
+        with self._lock:
+            if self._per_client.get(host, 0) >= max(1, self.max_connections // 4):
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._per_client[host] = self._per_client.get(host, 0) + 1
+            return True
+
+    def _give(self, host: str) -> None:
+        with self._lock:
+            left = self._per_client.pop(host, 1) - 1
+            if left > 0:
+                self._per_client[host] = left
+            self._slots.release()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: closed at once, never a thread per client
+        host = str(client_address[0])
+        if not self._take(host):
+            self.shutdown_request(request)  # full, or this client's share: closed at once, never a thread
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give(host)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # ThreadingMixIn's body, with the slot given back BEFORE the socket closes: a client
+        # that saw its answer end may connect again at once and find its share free.
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self._slots.release()
+            self._give(str(client_address[0]))
+            self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
