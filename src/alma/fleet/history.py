@@ -356,10 +356,16 @@ class History:
     changes: list[Change]  # newest first
     runs: int
     perf: dict[str, list[Series]] = field(default_factory=dict)  # node -> series (check, label order)
+    node_changes: dict[str, list[Change]] = field(default_factory=dict)  # node -> its own, newest first
+
+
+# State changes kept per node for its page: its own, however busy the rest of the fleet is.
+NODE_CHANGES = 20
 
 
 def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> History:
-    """Uptime per node and the newest ``limit`` state changes from the history file."""
+    """Uptime per node, the newest ``limit`` state changes of the fleet and the newest
+    ``NODE_CHANGES`` of each node from the history file."""
     t_now = now.timestamp()
     now_hour = math.floor(t_now / BUCKET_S)
     sums: dict[str, dict[str, list[float]]] = {}
@@ -385,6 +391,12 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
         change_rows = conn.execute(
             "SELECT node, epoch, before, after FROM changes WHERE epoch <= ? ORDER BY epoch DESC, node LIMIT ?",
             (t_now, limit),
+        ).fetchall()
+        own_rows = conn.execute(
+            "SELECT node, epoch, before, after FROM (SELECT node, epoch, before, after, ROW_NUMBER() OVER "
+            "(PARTITION BY node ORDER BY epoch DESC) AS k FROM changes WHERE epoch <= ?) WHERE k <= ? "
+            "ORDER BY node, epoch DESC",
+            (t_now, NODE_CHANGES),
         ).fetchall()
         runs = int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
         perf = _perf_series(conn, now_hour - PERF_HOURS + 1, now_hour)
@@ -412,7 +424,10 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
         return s if s in _STATUSES else "UNKNOWN"
 
     changes = [Change(str(n), utc_iso(float(e)), float(e), valid(b), valid(a)) for n, e, b, a in change_rows]
-    return History(nodes, changes, runs, perf)
+    own: dict[str, list[Change]] = {}
+    for n, e, b, a in own_rows:
+        own.setdefault(str(n), []).append(Change(str(n), utc_iso(float(e)), float(e), valid(b), valid(a)))
+    return History(nodes, changes, runs, perf, own)
 
 
 def _perf_series(conn: sqlite3.Connection, first: int, last: int) -> dict[str, list[Series]]:

@@ -155,6 +155,9 @@ class Row:
     slug: str = ""  # nodes/<slug>.html, from the public label
     perf: list[Spark] = field(default_factory=list)  # public perfdata series (node page)
     perf_now: list[tuple[str, str, str, float]] = field(default_factory=list)  # (check, label, unit, value)
+    coverage: dict[str, str] = field(default_factory=dict)  # window -> share of it that was checked
+    checked: str = ""  # when this node's report was taken (UTC), "" when it sent none
+    response: str = ""  # seconds to connect, read and judge its report this run
 
 
 # Perfdata published (node pages, /metrics): only the project's checks, labels and units of
@@ -282,6 +285,13 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
         raw_up = dict(h.uptime) if h else dict.fromkeys(WINDOWS)
         row = Row(label, role, st.name, CSS_CLASS[st], cells, name,
                   {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up, updating)  # fmt: skip
+        row.coverage = {w: f"{h.coverage.get(w, 0.0):g} %" for w in WINDOWS} if h else {}
+        if isinstance(n.get("report_time"), str):
+            with contextlib.suppress(ValueError):
+                row.checked = utc_iso(parse_utc(n["report_time"]))
+        dur = n.get("duration_s")
+        if isinstance(dur, int | float) and not isinstance(dur, bool) and 0 <= dur < 1e6:
+            row.response = f"{dur:.2f} s"
         fresh = {c for c in got if c not in stale_checks}
         for ch in _checks_of(n):
             for p in ch.get("perfdata") or [] if ch.get("name") in fresh else []:
@@ -299,17 +309,21 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
         r.slug = slug
     overall = worst(statuses) if statuses else Severity.UNKNOWN
     aliases = {r.name: r.label for r in rows}
-    changes = []
-    for c in history.changes[:20] if history else []:
-        if c.node in aliases:  # a node no longer in the snapshot has no public name
-            changes.append({"alias": aliases[c.node], "time": c.time, "before": c.before, "after": c.after,
-                            "css": CSS_CLASS[Severity.parse(c.after)], "node": c.node})  # fmt: skip
+
+    def shown(cs: list[Any]) -> list[dict[str, Any]]:  # a node no longer in the snapshot has no public name
+        return [{"alias": aliases[c.node], "time": c.time, "before": c.before, "after": c.after,
+                 "css": CSS_CLASS[Severity.parse(c.after)], "node": c.node}
+                for c in cs if c.node in aliases]  # fmt: skip
+
+    changes = shown(history.changes[:20]) if history else []
+    own = {n: shown(cs) for n, cs in history.node_changes.items()} if history else {}
     return {
         "rows": rows,
         "checks": checks,
         "check_help": [(c, CHECK_HELP[c]) for c in checks],
         "windows": list(WINDOWS),
         "changes": changes,
+        "own_changes": own,
         "runs": history.runs if history else 0,
         "overall": overall.name,
         "overall_css": CSS_CLASS[overall],
@@ -439,7 +453,7 @@ def publish(
     marks = {"script": "<alma-script/>", "style": "<alma-style/>"}
     node_pages = {}
     for r in view["rows"]:
-        mine = [c for c in view["changes"] if c["node"] == r.name]
+        mine = view["own_changes"].get(r.name, [])
         node_pages[f"{NODES_DIR}/{r.slug}.html"] = template.render(
             **{**common, **marks}, **{**view, "rows": [r], "changes": mine}, node=r, page_kind="node", base="../",
             perf_hours=PERF_HOURS)  # fmt: skip
