@@ -99,10 +99,19 @@ CREATE TABLE IF NOT EXISTS perf_rollup (
     PRIMARY KEY (node, "check", label, hour)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS perf_rollup_hour ON perf_rollup(hour);
+CREATE TABLE IF NOT EXISTS perf_series (
+    node TEXT NOT NULL,
+    "check" TEXT NOT NULL,
+    label TEXT NOT NULL,
+    last_hour INTEGER NOT NULL,
+    PRIMARY KEY (node, "check", label)
+) WITHOUT ROWID;
 """
 # Tables added within schema 2 (older alma ignores them): created by every writer.
 _DDL_ADDED = _DDL[_DDL.index("CREATE TABLE IF NOT EXISTS meta") :]
-MAX_PERF_SERIES = 200  # perfdata series kept per node and run (a node cannot bloat the file)
+# Perfdata series per node over the whole retention window (not per run): a node inventing
+# new labels every run gets no new series once it has this many, so it cannot bloat the file.
+MAX_PERF_SERIES = 200
 _STATUSES = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
 
 
@@ -216,6 +225,41 @@ def _prune(conn: sqlite3.Connection, epoch: float) -> None:
     conn.execute("DELETE FROM rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
     conn.execute("DELETE FROM node_state WHERE epoch < ?", (cutoff,))
     conn.execute("DELETE FROM perf_rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
+    conn.execute("DELETE FROM perf_series WHERE last_hour < ?", (math.floor(cutoff / BUCKET_S),))
+
+
+def _within_budget(conn: sqlite3.Connection, rows: list[tuple[str, str, str, int, str, float]]) -> list[
+        tuple[str, str, str, int, str, float]]:  # fmt: skip
+    """The rows whose series the node already has, and new series while the node has fewer
+    than MAX_PERF_SERIES in the retention window; the series table follows."""
+    if not rows:
+        return rows
+    if conn.execute("SELECT 1 FROM perf_series LIMIT 1").fetchone() is None:  # written before the budget
+        conn.execute('INSERT OR IGNORE INTO perf_series SELECT node, "check", label, MAX(hour) FROM perf_rollup '
+                     'GROUP BY node, "check", label')  # fmt: skip
+    nodes = sorted({r[0] for r in rows})
+    known: set[tuple[str, str, str]] = set()
+    count: dict[str, int] = {}
+    for i in range(0, len(nodes), 500):  # SQLite's bound-parameter limit
+        part = nodes[i : i + 500]
+        marks = ",".join("?" * len(part))
+        for node, check, label in conn.execute(
+                f'SELECT node, "check", label FROM perf_series WHERE node IN ({marks})', part):  # fmt: skip
+            known.add((node, check, label))
+            count[node] = count.get(node, 0) + 1
+    kept = []
+    for r in rows:
+        key = (r[0], r[1], r[2])
+        if key not in known:
+            if count.get(r[0], 0) >= MAX_PERF_SERIES:
+                continue
+            known.add(key)
+            count[r[0]] = count.get(r[0], 0) + 1
+        kept.append(r)
+    conn.executemany('INSERT INTO perf_series (node, "check", label, last_hour) VALUES (?, ?, ?, ?) '
+                     'ON CONFLICT (node, "check", label) DO UPDATE SET last_hour = excluded.last_hour',
+                     [(r[0], r[1], r[2], r[3]) for r in kept])  # fmt: skip
+    return kept
 
 
 def _perf_rows(report: FleetReport) -> list[tuple[str, str, str, int, str, float]]:
@@ -306,7 +350,7 @@ def append(
                 'VALUES (?, ?, ?, ?, ?, 1, ?6, ?6, ?6) ON CONFLICT (node, "check", label, hour) DO UPDATE SET '
                 "unit = excluded.unit, n = n + 1, total = total + excluded.total, "
                 "lo = MIN(lo, excluded.lo), hi = MAX(hi, excluded.hi)",
-                _perf_rows(report),
+                _within_budget(conn, _perf_rows(report)),
             )
             if epoch - start >= CONFIRM_S:
                 _prune(conn, epoch)
