@@ -156,7 +156,8 @@ def test_a_node_page_shows_its_own_changes_however_busy_the_fleet_is(tmp_path: P
         t = start + timedelta(minutes=10 * k)
         a = "CRITICAL" if k == 1 else "OK"
         b = "WARNING" if k % 2 else "OK"
-        Hist.append(db, H.FleetReport(utc_iso(t), [H.NodeResult("orin-01", "board", None, Severity[a], ""),
+        Hist.append(db, H.FleetReport(utc_iso(t), [H.NodeResult("orin-01", "board", None, Severity[a], "",
+                                                                 duration_s=0.25 + k / 100),
                                                    H.NodeResult("orin-02", "board", None, Severity[b], "")], 300))
     out = tmp_path / "site"
     P.render_to(out, parse_fleet(FLEET, tmp_path / "fleet.toml"), snap_path, now=now)
@@ -168,3 +169,4 @@ def test_a_node_page_shows_its_own_changes_however_busy_the_fleet_is(tmp_path: P
     assert "mean of the last hour" in page and ">value<" not in page
     assert re.search(r"24h: [\d.]+ % over [\d.]+ % of the 24h checked", page)
     assert 'id="last-check"' in page
+    assert 'id="response-history"' in page and 'aria-label="response time, ' in page  # stored and drawn

@@ -112,6 +112,8 @@ _DDL_ADDED = _DDL[_DDL.index("CREATE TABLE IF NOT EXISTS meta") :]
 # Perfdata series per node over the whole retention window (not per run): a node inventing
 # new labels every run gets no new series once it has this many, so it cannot bloat the file.
 MAX_PERF_SERIES = 200
+# Each run's response time per node (connect, read, judge) is kept as a series of its own.
+RESPONSE_CHECK, RESPONSE_LABEL = "alma", "response_time"
 _STATUSES = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
 
 
@@ -267,6 +269,8 @@ def _perf_rows(report: FleetReport) -> list[tuple[str, str, str, int, str, float
     hour = math.floor(parse_utc(report.time).timestamp() / BUCKET_S)
     out = []
     for n in report.nodes:
+        if n.reachable and 0 < n.duration_s < 1e6:  # the check's own response time, first: never out of budget
+            out.append((n.name, RESPONSE_CHECK, RESPONSE_LABEL, hour, "s", float(n.duration_s)))
         seen: set[tuple[str, str]] = set()
         for c in n.checks:
             if c.stale:

@@ -43,7 +43,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from alma.errors import ConfigError, UserError
 from alma.fleet.desktop import CHECK_NAME as DESKTOP_CHECK
 from alma.fleet.health import KNOWN_CHECKS
-from alma.fleet.history import PERF_HOURS, WINDOWS, History
+from alma.fleet.history import PERF_HOURS, RESPONSE_CHECK, RESPONSE_LABEL, WINDOWS, History
 from alma.fleet.inventory import ROLES, Figure, Fleet
 from alma.fleet.leaks import LeakError, LeakScanner
 from alma.fleet.severity import Severity, worst
@@ -158,6 +158,7 @@ class Row:
     coverage: dict[str, str] = field(default_factory=dict)  # window -> share of it that was checked
     checked: str = ""  # when this node's report was taken (UTC), "" when it sent none
     response: str = ""  # seconds to connect, read and judge its report this run
+    response_spark: Spark | None = None  # the response time's hourly means (node page)
 
 
 # Perfdata published (node pages, /metrics): only the project's checks, labels and units of
@@ -304,6 +305,8 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
             first_hour = (now_hour or 0) - PERF_HOURS + 1
             row.perf = [_spark(s, first_hour) for s in history.perf.get(name, [])
                         if public_perf(s.check, s.label, s.unit)][:MAX_PUBLIC_PERF]  # fmt: skip
+            row.response_spark = next((_spark(s, first_hour) for s in history.perf.get(name, [])
+                                       if (s.check, s.label) == (RESPONSE_CHECK, RESPONSE_LABEL)), None)  # fmt: skip
         rows.append(row)
     for r, slug in zip(rows, _slugs([r.label for r in rows]), strict=True):
         r.slug = slug
