@@ -478,3 +478,23 @@ def test_a_report_of_invented_checks_only_is_unknown() -> None:
                                 {"name": "mood", "status": "OK", "summary": "great"}])  # fmt: skip
     r = H.parse_report(text, NODE, now=NOW, stale_after=300)
     assert r.status is Severity.UNKNOWN and "none of the expected checks" in r.summary and "vibes" in r.summary
+
+
+def test_a_report_from_another_node_of_the_fleet_is_unknown_naming_both(tmp_path: Path) -> None:
+    """A swapped address: edge-01's ssh destination reaches edge-02, whose report says so.
+    Before: the report was accepted as edge-01's (its node field never compared)."""
+    fl = parse_fleet('[[node]]\nname = "edge-01"\nssh = "10.0.0.2"\nrole = "board"\n'
+                     '[[node]]\nname = "edge-02"\nssh = "10.0.0.2"\nrole = "board"\n', tmp_path / "f.toml")  # fmt: skip
+
+    def remote(node: Node, command: str, *args: Any, **kw: Any) -> RemoteResult:
+        doc = json.loads(report("OK"))
+        doc["node"] = "EDGE-02.lab"  # what the board at 10.0.0.2 calls itself
+        return RemoteResult(node.name, command, 0, [json.dumps(doc)], 0.1)
+
+    rep = H.run_fleet_health(fl, remote=remote, clock=lambda: NOW)
+    one, two = rep.nodes
+    assert one.status is Severity.UNKNOWN and "'EDGE-02.lab', not from 'edge-01'" in one.summary
+    assert two.status is Severity.OK  # its own report, hostname case and domain aside
+    # a hostname that is no fleet node's name is not judged (names need not be hostnames)
+    assert H.parse_report(report("OK"), Node("lab-a", "lab-a", "board"), now=NOW, stale_after=300,
+                          fleet_names=frozenset({"lab-a"})).status is Severity.OK  # fmt: skip
