@@ -26,6 +26,7 @@ The alert storm: 1000 CRITICAL nodes, one rule whose webhook accepts and never a
 from the run handing the job to its detached deliverer until the healthy receiver holds
 every event, against one direct POST of the same 1000 alerts. Target: within 10 s.
 Run: .venv/bin/python bench/bench_fleet.py [--nodes 16] [--rounds 3] [--panel-only] [--alerts-only]
+     [--render-only --days 90]  (the panel render alone, this code only, over N days of history)
 """
 
 from __future__ import annotations
@@ -302,21 +303,22 @@ def render_once(src: Path | None, d: Path, fleet: Path, snap: Path, history: Pat
     return dict(json.loads(r.stdout))
 
 
-def panel_case(base: Path) -> list[tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]]:
+def panel_case(base: Path, days: int = 30, with_old: bool = True) -> list[
+        tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]]:  # fmt: skip
     """(case, old, new, new one-time upgrade) render figures, each in a fresh interpreter."""
     import shutil
 
-    old = old_src(OLD_REV, base / "old")
+    old = old_src(OLD_REV, base / "old") if with_old else None
     out = []
-    for case, nodes, days in (("100 nodes x 30 days", 100, 30), ("1000 nodes", 1000, 0)):
+    for case, nodes, span in ((f"100 nodes x {days} days", 100, days), ("1000 nodes", 1000, 0)):
         d = base / case.replace(" ", "_")
-        fleet, snap, hist = panel_inputs(d, nodes, days)
+        fleet, snap, hist = panel_inputs(d, nodes, span)
         new_hist = d / "new-history.sqlite"
         shutil.copy(hist, new_hist)
 
         old_fig = render_once(old, d, fleet, snap, hist) if old else {"wall": float("nan"), "rss_mb": float("nan")}
         # the new code's first render folds the schema-1 file in, once; the second is the steady state
-        upgrade = render_once(None, d, fleet, snap, new_hist) if days else None
+        upgrade = render_once(None, d, fleet, snap, new_hist) if span else None
         out.append((case, old_fig, render_once(None, d, fleet, snap, new_hist), upgrade))
     return out
 
@@ -344,7 +346,13 @@ def main() -> int:
     ap.add_argument("--panel-only", action="store_true", help="Only the judging and panel render cases.")
     ap.add_argument("--skip-panel", action="store_true", help="Leave out the judging and panel cases.")
     ap.add_argument("--alerts-only", action="store_true", help="Only the alert storm case.")
+    ap.add_argument("--days", type=int, default=30, help="Days of history in the panel case.")
+    ap.add_argument("--render-only", action="store_true", help="Only the panel render, new code only.")
     args = ap.parse_args()
+    if args.render_only:
+        with tempfile.TemporaryDirectory(prefix="bench-panel-") as tmp:
+            print_panel(panel_case(Path(tmp), args.days, with_old=False))
+        return 0
     if args.alerts_only:
         with tempfile.TemporaryDirectory(prefix="bench-alerts-") as tmp:
             print_storm(alert_storm(Path(tmp)))
