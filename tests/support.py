@@ -25,6 +25,9 @@ PACKAGE_OF = {
     "systemd-analyze": "systemd",
     "zstd": "zstd",
     "pzstd": "zstd",
+    "prometheus": "prometheus",
+    "prometheus-alertmanager": "prometheus-alertmanager",
+    "prometheus-node-exporter": "prometheus-node-exporter",
 }
 
 

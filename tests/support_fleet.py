@@ -173,11 +173,11 @@ def chromium(tmp_path: Path, url: str, *extra: str, size: str = "1100,720") -> s
 def served(out: Path) -> Iterator[str]:
     """``alma panel --serve``'s server over ``out`` on an ephemeral loopback port, in a thread;
     yields its base URL and stops it on the way out."""
-    from alma.fleet import panel as P
+    from alma.fleet.serve import serve
 
     stop = threading.Event()
     urls: list[str] = []
-    t = threading.Thread(target=P.serve, args=(out, "127.0.0.1", 0, 3600, lambda: None, lambda e: None),
+    t = threading.Thread(target=serve, args=(out, "127.0.0.1", 0, 3600, lambda: None, lambda e: None),
                          kwargs={"ready": urls.append, "stop": stop}, daemon=True)  # fmt: skip
     t.start()
     try:

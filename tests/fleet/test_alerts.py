@@ -5,11 +5,14 @@ official prometheus_client parser."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,26 @@ def test_state_changes_fire_repeat_and_resolve(tmp_path: Path) -> None:
     back, _ = A.evaluate(fl.alerts, ok, state, NOW + timedelta(seconds=800))
     assert [(e["node"], e["status"], e["previous"]) for _, e in back] == [("edge-01", "OK", "CRITICAL")]
     am = A.alertmanager_payload(back[0][1])[0]
-    assert am["endsAt"] == am["startsAt"] and am["labels"]["severity"] == "critical"  # resolves the alert
+    assert am["endsAt"] == am["startsAt"] and am["annotations"]["severity"] == "critical"  # resolves the alert
+
+
+def test_alertmanager_alerts_carry_ends_at_and_are_refreshed_before_it(tmp_path: Path) -> None:
+    fl = fleet(tmp_path, '[[alert]]\nname = "am"\nwebhook = "http://127.0.0.1:9/api/v2/alerts"\n'
+                         'payload = "alertmanager"\n')  # fmt: skip
+    warn = report(node("edge-01", "WARNING", {"disk": "WARNING"}), node("edge-02", "OK", {"disk": "OK"}))
+    crit = report(node("edge-01", "CRITICAL", {"disk": "CRITICAL"}), node("edge-02", "OK", {"disk": "OK"}))
+    ev, state = A.evaluate(fl.alerts, warn, {}, NOW, run_every_s=300)
+    am = A.alertmanager_payload(ev[0][1])[0]
+    assert am["endsAt"] == "2026-12-01T20:20:00Z" and "severity" not in am["labels"]  # 4 x 300 s ahead
+    ev, state = A.evaluate(fl.alerts, crit, state, NOW + timedelta(seconds=60), run_every_s=300)
+    am2 = A.alertmanager_payload(ev[0][1])[0]
+    assert am2["labels"] == am["labels"] and am2["annotations"]["severity"] == "critical"  # the same alert
+    assert am2["startsAt"] == am["startsAt"]  # firing since the first problem
+    quiet, state = A.evaluate(fl.alerts, crit, state, NOW + timedelta(seconds=600), run_every_s=300)
+    assert quiet == []  # refreshed 2 x 300 s after the last send, not before
+    ev, state = A.evaluate(fl.alerts, crit, state, NOW + timedelta(seconds=660), run_every_s=300)
+    assert [e["kind"] for _, e in ev] == ["refresh"]
+    assert A.alertmanager_payload(ev[0][1])[0]["endsAt"] == "2026-12-01T20:31:00Z"
 
 
 def test_maintenance_windows_per_node_and_per_check(tmp_path: Path) -> None:
@@ -147,9 +169,10 @@ def test_alert_reaches_a_real_receiver_after_two_failures_and_a_command_hook(tmp
     assert handler.codes == [500, 500, 200]
     [alert] = handler.bodies[-1]  # Alertmanager's /api/v2/alerts body: a list of alerts
     assert alert["labels"] == {"alertname": "AlmaNodeState", "node": "edge-01", "role": "board",
-                               "severity": "critical", "alma_rule": "ops"}  # fmt: skip
+                               "alma_rule": "ops"}  # fmt: skip
+    assert alert["annotations"]["severity"] == "critical" and alert["endsAt"] > alert["startsAt"]
     assert by["command"]["ok"] and by["command"]["attempts"] == 1
-    event = json.loads(hook_out.read_text())
+    [event] = json.loads(hook_out.read_text())  # the run's events for this receiver, one list
     assert event["schema"] == "alma.alert/1" and event["node"] == "edge-01" and event["status"] == "CRITICAL"
     assert json.loads(state.read_text())["ops/edge-01"]["status"] == "CRITICAL"
     assert not (state.with_name("fleet-alerts.log")).exists()  # nothing failed in the end
@@ -198,3 +221,99 @@ def test_prometheus_output_parses_with_the_official_parser(tmp_path: Path) -> No
     weird = [k for k in perf if k[0] != "root_free_pct"][0][0]
     assert "\u202e" not in weird and "\n" not in weird and 'we"ird\\label' in weird  # escaped, round-tripped
     assert families["alma_fleet_status"].samples[0].value == 1.0
+
+
+@contextlib.contextmanager
+def trickler() -> Iterator[int]:
+    """A receiver that reads the request, then sends one byte every 0.5 s, forever: every
+    socket read succeeds, so only an overall deadline ends the attempt."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+
+    def talk(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            while not stop.wait(0.5):
+                conn.sendall(b"H")
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=talk, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        srv.close()
+
+
+def test_a_trickling_webhook_is_ended_by_one_deadline_and_others_still_get_the_storm(tmp_path: Path) -> None:
+    srv, handler = serve(fail=0)
+    names = [f"edge-{i:02d}" for i in range(1, 21)]
+    with trickler() as slow_port:
+        text = "".join(f'[[node]]\nname = "{n}"\nrole = "board"\n' for n in names)
+        text += f'[[alert]]\nname = "slow"\nwebhook = "http://127.0.0.1:{slow_port}/hook"\ntimeout = 1\nretries = 0\n'
+        text += (f'[[alert]]\nname = "ok"\nwebhook = "http://127.0.0.1:{srv.server_address[1]}/api/v2/alerts"\n'
+                 'payload = "alertmanager"\n')  # fmt: skip
+        fl = parse_fleet(text, tmp_path / "fleet.toml")
+        rep = report(*(node(n, "CRITICAL", {"disk": "CRITICAL"}) for n in names))
+        done: list[Path | None] = []
+        t = threading.Thread(target=lambda: done.append(A.fire(fl, rep, tmp_path / "fleet-alerts.json", now=NOW,
+                                                               detach=False)), daemon=True)  # fmt: skip
+        t.start()
+        t.join(90)  # generous; the trickler would hold a per-read timeout forever
+        srv.shutdown()
+        srv.server_close()
+        assert done, "the deliverer is still held by a receiver that trickles bytes"
+    job = done[0]
+    assert job is not None
+    result = json.loads(job.with_suffix(".result.json").read_text())
+    by = {d["rule"]: d for d in result["deliveries"]}
+    assert by["slow"]["ok"] is False and "deadline" in by["slow"]["error"]
+    assert by["ok"]["ok"] is True and by["ok"]["events"] == 20
+    assert len(handler.bodies) == 1 and sorted(a["labels"]["node"] for a in handler.bodies[0]) == names
+
+
+def test_one_deliverer_per_fleet_and_a_later_run_delivers_what_is_pending(tmp_path: Path) -> None:
+    import fcntl
+
+    srv, handler = serve(fail=0)
+    try:
+        fl = fleet(tmp_path, f'[[alert]]\nname = "ops"\nwebhook = "http://127.0.0.1:{srv.server_address[1]}/h"\n')
+        state = tmp_path / "fleet-alerts.json"
+        spool = tmp_path / "fleet-alerts.d"
+        spool.mkdir(mode=0o700)
+        with open(spool / "deliverer.lock", "a") as held:  # another deliverer is at work
+            fcntl.flock(held, fcntl.LOCK_EX)
+            job = A.fire(fl, report(node("edge-01", "CRITICAL", {"disk": "CRITICAL"})), state, now=NOW, detach=False)
+            assert job is not None and A.pending(spool) == [job] and handler.bodies == []
+        # The next run has nothing new to say, but finds the job pending and delivers it.
+        assert A.fire(fl, report(node("edge-01", "CRITICAL", {"disk": "CRITICAL"})), state,
+                      now=NOW + timedelta(seconds=60), detach=False) is None  # fmt: skip
+        assert A.pending(spool) == [] and [e["node"] for e in handler.bodies[0]] == ["edge-01"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_flapping_node_is_damped(tmp_path: Path) -> None:
+    fl = fleet(tmp_path, '[[alert]]\nname = "ops"\ncommand = ["true"]\n')
+    state: dict[str, Any] = {}
+    kinds = []
+    for k in range(7):  # a new state every 5 minutes
+        st = "CRITICAL" if k % 2 == 0 else "OK"
+        ev, state = A.evaluate(fl.alerts, report(node("edge-01", st, {"disk": st})), state,
+                               NOW + timedelta(minutes=5 * k))  # fmt: skip
+        kinds += [e["kind"] for _, e in ev]
+    assert kinds == ["changed", "changed", "changed", "flapping"]  # the 4th change says "flapping", then quiet
+    # CRITICAL since the 7th run; settled after 30 minutes: one event, from what was last sent.
+    ev, state = A.evaluate(fl.alerts, report(node("edge-01", "CRITICAL", {"disk": "CRITICAL"})), state,
+                           NOW + timedelta(minutes=30 + 30))  # fmt: skip
+    assert [(e["kind"], e["previous"], e["status"]) for _, e in ev] == [("changed", "OK", "CRITICAL")]

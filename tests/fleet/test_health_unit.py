@@ -460,3 +460,41 @@ def test_perfdata_labels_cannot_collide_across_nodes() -> None:
     labels = [i.split("=")[0] for i in items]
     assert len(labels) == len(set(labels))
     assert "'node-rack1/b_response'=9;;;;" in items and "'node-rack1_b/response'=0.5s;;;0;" in items
+
+
+def test_check_names_are_compared_case_insensitively() -> None:
+    """disk OK beside DISK CRITICAL is no green disk: the same check reported twice."""
+    text = report("OK", checks=[{"name": "disk", "status": "OK", "summary": "ok"},
+                                {"name": "DISK", "status": "CRITICAL", "summary": "full"}])  # fmt: skip
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "reported twice: disk" in r.summary
+    alone = H.parse_report(report("OK", checks=[{"name": "Disk", "status": "CRITICAL", "summary": "full"}]), NODE,
+                           now=NOW, stale_after=300)  # fmt: skip
+    assert [c.name for c in alone.checks] == ["disk"] and alone.status is Severity.CRITICAL
+
+
+def test_a_report_of_invented_checks_only_is_unknown() -> None:
+    text = report("OK", checks=[{"name": "vibes", "status": "OK", "summary": "fine"},
+                                {"name": "mood", "status": "OK", "summary": "great"}])  # fmt: skip
+    r = H.parse_report(text, NODE, now=NOW, stale_after=300)
+    assert r.status is Severity.UNKNOWN and "none of the expected checks" in r.summary and "vibes" in r.summary
+
+
+def test_a_report_from_another_node_of_the_fleet_is_unknown_naming_both(tmp_path: Path) -> None:
+    """A swapped address: edge-01's ssh destination reaches edge-02, whose report says so.
+    Before: the report was accepted as edge-01's (its node field never compared)."""
+    fl = parse_fleet('[[node]]\nname = "edge-01"\nssh = "10.0.0.2"\nrole = "board"\n'
+                     '[[node]]\nname = "edge-02"\nssh = "10.0.0.2"\nrole = "board"\n', tmp_path / "f.toml")  # fmt: skip
+
+    def remote(node: Node, command: str, *args: Any, **kw: Any) -> RemoteResult:
+        doc = json.loads(report("OK"))
+        doc["node"] = "EDGE-02.lab"  # what the board at 10.0.0.2 calls itself
+        return RemoteResult(node.name, command, 0, [json.dumps(doc)], 0.1)
+
+    rep = H.run_fleet_health(fl, remote=remote, clock=lambda: NOW)
+    one, two = rep.nodes
+    assert one.status is Severity.UNKNOWN and "'EDGE-02.lab', not from 'edge-01'" in one.summary
+    assert two.status is Severity.OK  # its own report, hostname case and domain aside
+    # a hostname that is no fleet node's name is not judged (names need not be hostnames)
+    assert H.parse_report(report("OK"), Node("lab-a", "lab-a", "board"), now=NOW, stale_after=300,
+                          fleet_names=frozenset({"lab-a"})).status is Severity.OK  # fmt: skip

@@ -186,3 +186,43 @@ def test_perfdata_is_kept_as_hourly_rollups_per_check(tmp_path: Path) -> None:
     assert [v for _, v in series.points] == [10.5, 12.5, 14.5] and series.last == 14.5
     assert (series.lo, series.hi) == (10.0, 15.0)
     assert "n2" not in h.perf
+
+
+def test_a_full_disk_is_called_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own "database or disk is full" (its page limit reached here, the same error a
+    full disk gives) is no "unreadable fleet history" that advises moving the file away."""
+    db = tmp_path / "h.sqlite"
+    Hist.append(db, run_at(datetime.now(UTC), {"n1": "OK"}))
+    real = sqlite3.connect
+
+    def full(*args: object, **kw: object) -> sqlite3.Connection:
+        conn = real(*args, **kw)  # type: ignore[arg-type]
+        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        return conn
+
+    monkeypatch.setattr(Hist.sqlite3, "connect", full)
+    with pytest.raises(ConfigError) as err:
+        Hist.append(db, run_at(datetime.now(UTC), {f"n{i}": "OK" for i in range(2000)}))
+    assert "the disk is full" in err.value.message and "unreadable" not in err.value.message
+    assert "move" not in (err.value.hint or "")
+
+
+def test_a_node_inventing_labels_every_run_stays_within_its_series_budget(tmp_path: Path) -> None:
+    """Before: the cap was per run, so 50 new labels a run grew the file without bound."""
+    db = tmp_path / "h.sqlite"
+    t0 = datetime.now(UTC) - timedelta(hours=3)
+    for k in range(8):  # 8 runs x 50 invented labels = 400 series, twice the budget
+        rep = run_at(t0 + timedelta(minutes=5 * k), {"n1": "OK", "n2": "OK"})
+        rep.nodes[0].checks = [H.Check("disk", Severity.OK, perfdata=[H.Perf(f"l{k}_{i}", 1.0) for i in range(50)])]
+        rep.nodes[1].checks = [H.Check("disk", Severity.OK, perfdata=[H.Perf("root_free_pct", 40.0 + k, "%")])]
+        Hist.append(db, rep)
+    with sqlite3.connect(db) as conn:
+        per_node = dict(conn.execute('SELECT node, COUNT(DISTINCT "check" || label) FROM perf_rollup GROUP BY node'))
+    assert per_node == {"n1": Hist.MAX_PERF_SERIES, "n2": 1}
+    # the series it already has keep their history
+    last = run_at(t0 + timedelta(minutes=45), {"n1": "OK"})
+    last.nodes[0].checks = [H.Check("disk", Severity.OK, perfdata=[H.Perf("l0_0", 5.0), H.Perf("new", 1.0)])]
+    Hist.append(db, last)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT MAX(hi) FROM perf_rollup WHERE node = 'n1' AND label = 'l0_0'").fetchone()[0] == 5.0
+        assert conn.execute("SELECT COUNT(*) FROM perf_rollup WHERE label = 'new'").fetchone()[0] == 0

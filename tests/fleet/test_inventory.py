@@ -135,3 +135,16 @@ def test_output_cap_default_and_setting(tmp_path: Path) -> None:
     base = '[[node]]\nname="a1"\nrole="board"\n'
     assert parse_fleet(base, tmp_path / "f.toml").max_output == 1 << 20
     assert parse_fleet('[health]\nmax_output = "64KiB"\n' + base, tmp_path / "f.toml").max_output == 65536
+
+
+def test_an_alias_names_one_node_only(tmp_path: Path) -> None:
+    """Two nodes under one alias would be one series in /metrics (Prometheus keeps either)."""
+    text = ('[[node]]\nname = "a1"\nrole = "board"\nalias = "Edge A"\n'
+            '[[node]]\nname = "a2"\nrole = "board"\nalias = "edge  a"\n')  # fmt: skip
+    with pytest.raises(ConfigError, match=r"fleet.toml:8: node 'a2': alias 'edge  a' is already used at line 4"):
+        parse_fleet(text, tmp_path / "fleet.toml")
+
+
+def test_a_missing_role_says_it_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"fleet.toml:1: node 'a1' has no role"):
+        parse_fleet('[[node]]\nname = "a1"\n', tmp_path / "fleet.toml")

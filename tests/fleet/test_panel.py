@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from support import REPO
 from support_fleet import chromium
 
+from alma.fleet import leaks as L
 from alma.fleet import panel as P
 from alma.fleet.inventory import Fleet, parse_fleet
 
@@ -202,8 +203,8 @@ def test_autoescape(tmp_path: Path) -> None:
 
 
 def test_find_ips_does_not_flag_times() -> None:
-    assert P.find_ips("at 2026-11-30T16:40:00Z, 16:40, v1.2.3") == []
-    assert P.find_ips("x 10.0.0.1 y ::1 z fe80::1%eth0") == ["10.0.0.1", "::1", "fe80::1"]
+    assert L.find_ips("at 2026-11-30T16:40:00Z, 16:40, v1.2.3") == []
+    assert L.find_ips("x 10.0.0.1 y ::1 z fe80::1%eth0") == ["10.0.0.1", "::1", "fe80::1"]
 
 
 def test_missing_snapshot_is_exit_2(tmp_path: Path) -> None:
@@ -430,7 +431,7 @@ def test_the_linear_leak_scan_finds_exactly_what_the_regex_scan_found(names: set
     picked = sorted(names)
     html = "".join(words[: len(words) // 2]) + picked[0] + "".join(words[len(words) // 2 :])
     html += " " + "".join(words) + (picked[-1].upper() if len(picked) > 1 else "")
-    got = sorted(x.split("'")[1] for x in P.leaks(html, names) if x.startswith("internal name"))
+    got = sorted(x.split("'")[1] for x in L.leaks(html, names) if x.startswith("internal name"))
     assert [g.lower() for g in got] == [n.lower() for n in old_leaks(html, names)]
 
 
@@ -460,7 +461,7 @@ def test_svg_badges_say_unknown_when_stale_and_name_nothing_private(fleet: Fleet
     assert set(fresh) == set(P.BADGES)
     for b in (*fresh.values(), *old.values()):
         ET.fromstring(b)  # well-formed SVG
-        assert "orin-0" not in b and not P.find_ips(b)
+        assert "orin-0" not in b and not L.find_ips(b)
     assert ET.fromstring(old["badge.svg"]).get("aria-label") == "fleet: stale" and "#57606a" in old["badge.svg"]
     assert "no data" in fresh["badge-uptime-7d.svg"]  # no history: grey, never a made-up 100 %
 

@@ -142,3 +142,31 @@ def test_metrics_of_stale_data_say_unknown(tmp_path: Path) -> None:
     assert fams["alma_panel_stale"].samples[0].value == 1.0
     assert {s.value for s in fams["alma_panel_node_status"].samples} == {3.0}
     assert {s.value for s in fams["alma_panel_check_status"].samples} == {3.0}
+
+
+def test_a_node_page_shows_its_own_changes_however_busy_the_fleet_is(tmp_path: Path) -> None:
+    """Before: node pages filtered the fleet's newest 20 changes, so a node whose one change
+    was followed by 30 of another node's read "No state change recorded"."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    snap_path = tmp_path / "fleet-health.json"
+    snap_path.write_text(json.dumps(snap(now)))
+    db = Hist.default_history_path(snap_path)
+    start = now - timedelta(hours=10)
+    for k in range(40):  # orin-01 fails once at the start; orin-02 flaps all the time after
+        t = start + timedelta(minutes=10 * k)
+        a = "CRITICAL" if k == 1 else "OK"
+        b = "WARNING" if k % 2 else "OK"
+        Hist.append(db, H.FleetReport(utc_iso(t), [H.NodeResult("orin-01", "board", None, Severity[a], "",
+                                                                 duration_s=0.25 + k / 100),
+                                                   H.NodeResult("orin-02", "board", None, Severity[b], "")], 300))
+    out = tmp_path / "site"
+    P.render_to(out, parse_fleet(FLEET, tmp_path / "fleet.toml"), snap_path, now=now)
+    page = (out / "nodes" / "edge-a.html").read_text()
+    assert "No state change recorded" not in page
+    assert page.count('data-change="CRITICAL"') == 1 and page.count('data-change="OK"') == 1
+    assert "Edge B" not in re.search(r'<ol class="changes">.*?</ol>', page, re.S).group(0)  # type: ignore[union-attr]
+    # labels that say what a number is, and how much of each window the uptime stands on
+    assert "mean of the last hour" in page and ">value<" not in page
+    assert re.search(r"24h: [\d.]+ % over [\d.]+ % of the 24h checked", page)
+    assert 'id="last-check"' in page
+    assert 'id="response-history"' in page and 'aria-label="response time, ' in page  # stored and drawn

@@ -150,3 +150,35 @@ def test_two_fleets_with_the_same_node_name_never_share_a_pin(sshd: Sshd, tmp_pa
         outs = [p.communicate(timeout=120)[0] for p in procs]
         assert json.loads(outs[0])["nodes"][0]["status"] == "OK"
         assert json.loads(outs[1])["nodes"][0]["status"] == "UNKNOWN"
+
+
+def test_a_master_opened_by_another_fleet_does_not_vouch_for_a_pinned_node(sshd: Sshd, tmp_path: Path) -> None:
+    """Fleet A reaches the host unpinned (its own known_hosts) and leaves a master open;
+    fleet B pins the same destination to another key, with the same control dir. Before:
+    the control path was host/port/user only, so B's node rode A's master and showed OK."""
+    import shutil
+    import tempfile
+
+    cfg = client_config(sshd, tmp_path)
+    known = tmp_path / "known_hosts"
+    key = (sshd.dir / "host_ed25519.pub").read_text().split()
+    known.write_text(f"[127.0.0.1]:{sshd.port} {key[0]} {key[1]}\n")
+    cm = Path(tempfile.mkdtemp(prefix="alma-cm-", dir="/tmp"))  # short: a unix socket path has ~100 bytes
+    shared = f'control_persist = 60\ncontrol_dir = "{cm}"\n'
+    a = fleet_file(tmp_path / "a" / "fleet.toml", cfg, [("edge-01", "direct", "")],
+                   ssh_extra=shared + f'known_hosts = "{known}"\n')  # fmt: skip
+    a.write_text(a.read_text().replace('host_key = ""\n', ""))
+    wrong = fingerprint(other_key(tmp_path))
+    b = fleet_file(tmp_path / "b" / "fleet.toml", cfg, [("edge-01", "direct", wrong)], ssh_extra=shared)
+    try:
+        code_a, nodes_a = health(a)
+        assert code_a == 0 and nodes_a["edge-01"]["status"] == "OK", nodes_a
+        assert any(cm.iterdir())  # A's master is up
+        code_b, nodes_b = health(b)
+        assert nodes_b["edge-01"]["status"] == "UNKNOWN", nodes_b
+        assert f"pinned {wrong}, the host offered" in nodes_b["edge-01"]["summary"]
+    finally:
+        for sock in cm.iterdir():
+            subprocess.run(["ssh", "-F", str(cfg), "-o", f"ControlPath={sock}", "-O", "exit", "direct"],
+                           capture_output=True, timeout=30)  # fmt: skip
+        shutil.rmtree(cm, ignore_errors=True)

@@ -50,3 +50,17 @@ def test_a_tree_that_ignores_sigterm_and_forks_in_a_loop_is_ended(tmp_path: Path
             for pid in _alive_sleeps([int(x) for x in pids_file.read_text().split()]):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_the_deadline_counts_from_the_session_shell_so_a_slow_rc_file_runs_nothing(tmp_path: Path) -> None:
+    """sshd's login shell reads the account's rc files, then ``exec``-s the reaper (same pid,
+    same start time). Here the shell spends 3 s before the exec, as a hanging ~/.bashrc does,
+    against a 2 s limit. Before: the reaper gave the command its full 2 s after that, long
+    after alma had given up; now the limit is spent and nothing runs (exit 124)."""
+    marker = tmp_path / "health-ran"
+    script = f'sleep 3; exec "$0" -c "$1" 2 1 "touch {marker}"'
+    r = subprocess.run(["bash", "-c", script, sys.executable, REAPER.read_text()], timeout=120, check=False)
+    assert r.returncode == 124 and not marker.exists()
+    ok = subprocess.run(["bash", "-c", f'exec "$0" -c "$1" 30 1 "touch {marker}"', sys.executable,
+                         REAPER.read_text()], timeout=120, check=False)  # fmt: skip
+    assert ok.returncode == 0 and marker.exists()  # a quick shell keeps its time

@@ -69,6 +69,7 @@ def hostile_report() -> H.FleetReport:
         "checks": [
             {"name": "thermal\x1b[2J", "status": "WARNING", "summary": HOSTILE,
              "perfdata": [{"label": "x'|=\n\x1b]0;t\x07", "value": 1.5}]},
+            {"name": "disk", "status": "OK", "summary": "ok"},  # an expected check beside it
         ],
     }  # fmt: skip
     return H.FleetReport("2026-11-30T16:00:00Z", [H.parse_report(json.dumps(rep), node, now=NOW, stale_after=300)], 300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ def test_control_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     fl = parse_fleet('[ssh]\ncontrol_persist = 30\n[[node]]\nname = "n1"\nrole = "board"\n', tmp_path / "f.toml")
     argv = ssh_argv(fl.nodes[0], "true", fl.ssh)
     d = tmp_path / "cache" / "alma" / "ssh"
-    assert f'ControlPath="{d}/%C"' in argv and "ControlPersist=30" in argv and "ControlMaster=auto" in argv
+    [path] = [a for a in argv if a.startswith("ControlPath=")]
+    assert re.fullmatch(rf'ControlPath="{re.escape(str(d))}/[0-9a-f]{{8}}-%C"', path)
+    assert "ControlPersist=30" in argv and "ControlMaster=auto" in argv
     assert d.stat().st_mode & 0o777 == 0o700  # sockets are credentials: private directory
 
 
@@ -64,3 +67,19 @@ def test_remote_deadline_wrapper_keeps_the_command_exact(command: str, tmp_path:
     wrapped_r = subprocess.run(["sh", "-c", remote_command(command, 5)], capture_output=True, text=True, env=env,
                                cwd=tmp_path)  # fmt: skip
     assert (wrapped_r.returncode, wrapped_r.stdout) == (direct.returncode, direct.stdout)
+
+
+def test_a_shared_master_is_keyed_by_what_it_verified(tmp_path: Path) -> None:
+    """One destination, pinned in one fleet and unpinned (or pinned to another key) in
+    another: never the same control socket, so no node rides a connection checked otherwise."""
+    pin = "SHA256:" + "A" * 43
+
+    def path(text: str, name: str = "f.toml") -> str:
+        fl = parse_fleet(f'[ssh]\ncontrol_persist = 30\ncontrol_dir = "{tmp_path / "cm"}"\n' + text, tmp_path / name)
+        return next(a for a in ssh_argv(fl.nodes[0], "true", fl.ssh) if a.startswith("ControlPath="))
+
+    node = '[[node]]\nname = "n1"\nssh = "admin@10.0.0.1"\nrole = "board"\n'
+    unpinned, pinned = path(node), path(node + f'host_key = "{pin}"\n')
+    other_pin = path(node + f'host_key = "SHA256:{"B" * 43}"\n')
+    assert len({unpinned, pinned, other_pin}) == 3
+    assert path(node + f'host_key = "{pin}"\n', "other-fleet.toml") == pinned  # same verification: shared

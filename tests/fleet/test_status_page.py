@@ -19,6 +19,7 @@ from support_fleet import AXE_JS, chromium, served
 
 from alma.fleet import health as H
 from alma.fleet import history as Hist
+from alma.fleet import leaks as L
 from alma.fleet import panel as P
 from alma.fleet.inventory import Fleet, parse_fleet
 from alma.fleet.severity import Severity
@@ -103,7 +104,7 @@ def test_numeric_spellings_of_an_ip_are_refused(tmp_path: Path, alias: str) -> N
 
 @pytest.mark.parametrize("text", ["v2026.11.30.1640", "1.2.3", "release 4.300.1.2", "Edge 12.5 h"])
 def test_numbers_that_are_no_address_still_publish(text: str) -> None:
-    assert P.find_ips(text) == []
+    assert L.find_ips(text) == []
 
 
 def test_bidi_override_in_an_alias_is_isolated_and_visible(tmp_path: Path) -> None:
@@ -159,6 +160,19 @@ def test_a_corrupt_history_is_a_clear_error(tmp_path: Path) -> None:
     db.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(Exception, match="unreadable fleet history"):
         Hist.append(db, run_at(NOW, {"orin-01": "OK"}))
+
+
+def test_a_corrupt_history_still_renders_the_page_saying_uptime_is_missing(
+        fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Before: exit 2 and no page (the served one went stale); now the states are published."""
+    snap_path = tmp_path / "fleet-health.json"
+    snap_path.write_text(json.dumps(snap(NOW)))
+    Hist.default_history_path(snap_path).write_bytes(b"this is not sqlite" * 100)
+    out = tmp_path / "out"
+    P.render_to(out, fleet, snap_path, now=NOW)
+    html = (out / "index.html").read_text()
+    assert 'id="history-note"' in html and "fleet history could not be read" in html
+    assert "unreadable fleet history" in capsys.readouterr().err
 
 
 def test_render_to_writes_page_status_json_and_feed(fleet: Fleet, tmp_path: Path) -> None:

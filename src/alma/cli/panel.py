@@ -58,6 +58,7 @@ def panel(
     from alma.fleet.erancloud_figures import with_erancloud_figures
     from alma.fleet.health import default_snapshot_path
     from alma.fleet.inventory import load_fleet
+    from alma.fleet.serve import serve as serve_panel
 
     snap_path = snapshot or default_snapshot_path()
 
@@ -79,7 +80,8 @@ def panel(
         click.echo(f"re-render failed, still serving the previous page: {text.terminal(exc)}", err=True)
 
     try:
-        P.serve(out, bind, port, interval, render, on_error, ready=lambda url: click.echo(f"serving {url}", err=True))
+        serve_panel(out, bind, port, interval, render, on_error,
+                    ready=lambda url: click.echo(f"serving {url}", err=True))
     except OSError as exc:
         raise UserError(f"cannot serve on {bind}:{port}: {exc}", hint="pick another --port") from exc
     except KeyboardInterrupt:

@@ -199,8 +199,14 @@ def _is_low(p: dict[str, Any]) -> bool:
     return warn is not None and crit is not None and warn > crit
 
 
-def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, duration_s: float = 0.0) -> NodeResult:
-    """Turn a node's output into a NodeResult; any deviation from the contract is UNKNOWN."""
+def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, duration_s: float = 0.0,
+                 fleet_names: frozenset[str] = frozenset()) -> NodeResult:  # fmt: skip
+    """Turn a node's output into a NodeResult; any deviation from the contract is UNKNOWN.
+
+    ``fleet_names`` (casefolded): a report whose ``node`` is ANOTHER node of the fleet came
+    from the wrong board (a swapped address, a stale DNS entry): UNKNOWN naming both. A
+    hostname outside the fleet is not judged (a node's name need not be its hostname).
+    """
 
     def unknown(why: str) -> NodeResult:
         return NodeResult(node.name, node.role, node.alias, Severity.UNKNOWN, why, duration_s=duration_s)
@@ -235,17 +241,30 @@ def parse_report(text: str, node: Node, *, now: datetime, stale_after: float, du
                 )
                 for p in raw.get("perfdata") or []
             ]
-            checks.append(Check(str(raw["name"]), Severity.parse(raw.get("status")), str(raw.get("summary", "")), perf))
+            name = raw["name"].casefold() if raw["name"].casefold() in KNOWN_CHECKS else raw["name"]  # DISK: disk
+            checks.append(Check(name, Severity.parse(raw.get("status")), str(raw.get("summary", "")), perf))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return unknown(f"malformed {REPORT_SCHEMA} report: {exc}")
     if not checks:
         return unknown("report with no checks: nothing was verified")
-    counts = Counter(c.name for c in checks)  # linear: 35,000 checks are judged in milliseconds
+    said = data.get("node")
+    if isinstance(said, str) and said.strip():
+        other = said.strip().casefold()
+        mine = node.name.casefold()
+        if mine not in (other, other.split(".")[0]) and (other in fleet_names or other.split(".")[0] in fleet_names):
+            return unknown(f"the report is from {T.terminal(said)[:64]!r}, not from {node.name!r}: "
+                           f"another node answered at {T.terminal(node.ssh)[:64]}")  # fmt: skip
+    # Names compared case-insensitively: "disk" OK beside "DISK" CRITICAL is no green disk.
+    counts = Counter(c.name.casefold() for c in checks)  # linear: 35,000 checks are judged in milliseconds
     twice = sorted(n for n, k in counts.items() if k > 1)
     if twice:
         if len(twice) > 5:
             twice = [*twice[:5], f"and {len(twice) - 5} more"]
         return unknown(f"check(s) reported twice: {', '.join(twice)}")
+
+    if not any(name in counts for name in KNOWN_CHECKS):  # invented checks only: nothing expected was verified
+        got = ", ".join(T.terminal(c.name)[:32] for c in checks[:5]) + (" ..." if len(checks) > 5 else "")
+        return unknown(f"none of the expected checks ({', '.join(KNOWN_CHECKS)}) reported; got: {got}")
 
     age = (now - t).total_seconds()
     result = NodeResult(
@@ -278,13 +297,15 @@ def _mark_stale(checks: list[Check]) -> None:
         c.reported, c.status, c.stale, c.perfdata = c.status.name, Severity.UNKNOWN, True, []
 
 
-def node_from_remote(res: RemoteResult, node: Node, *, now: datetime, stale_after: float) -> NodeResult:
+def node_from_remote(res: RemoteResult, node: Node, *, now: datetime, stale_after: float,
+                     fleet_names: frozenset[str] = frozenset()) -> NodeResult:  # fmt: skip
     if res.error:
         return NodeResult(
             node.name, node.role, node.alias, Severity.UNKNOWN, res.why(), duration_s=res.duration_s,
             reachable=False,
         )  # fmt: skip
-    return parse_report(res.text, node, now=now, stale_after=stale_after, duration_s=res.duration_s)
+    return parse_report(res.text, node, now=now, stale_after=stale_after, duration_s=res.duration_s,
+                        fleet_names=fleet_names)  # fmt: skip
 
 
 def add_desktop_rule(result: NodeResult, gpu: RemoteResult, ps: RemoteResult) -> None:
@@ -334,7 +355,7 @@ def run_fleet_health(
         """The node's whole budget, connect + read + judge, is ``per_node`` (one deadline)."""
         started = ticks()
         res = call(node, node.health_command)
-        result = node_from_remote(res, node, now=clock(), stale_after=fleet.stale_after)
+        result = node_from_remote(res, node, now=clock(), stale_after=fleet.stale_after, fleet_names=names)
         spent = ticks() - started
         if spent > per_node + JUDGE_GRACE_S and result.reachable:
             return NodeResult(node.name, node.role, node.alias, Severity.UNKNOWN,
@@ -342,6 +363,7 @@ def run_fleet_health(
                               "and judge the report)", duration_s=spent)  # fmt: skip
         return result
 
+    names = frozenset(n.name.casefold() for n in fleet.nodes)
     n_calls = sum(3 if n.role == "desktop" else 1 for n in targets)
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_WORKERS, n_calls))) as pool:
         for n in targets:

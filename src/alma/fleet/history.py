@@ -99,10 +99,21 @@ CREATE TABLE IF NOT EXISTS perf_rollup (
     PRIMARY KEY (node, "check", label, hour)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS perf_rollup_hour ON perf_rollup(hour);
+CREATE TABLE IF NOT EXISTS perf_series (
+    node TEXT NOT NULL,
+    "check" TEXT NOT NULL,
+    label TEXT NOT NULL,
+    last_hour INTEGER NOT NULL,
+    PRIMARY KEY (node, "check", label)
+) WITHOUT ROWID;
 """
 # Tables added within schema 2 (older alma ignores them): created by every writer.
 _DDL_ADDED = _DDL[_DDL.index("CREATE TABLE IF NOT EXISTS meta") :]
-MAX_PERF_SERIES = 200  # perfdata series kept per node and run (a node cannot bloat the file)
+# Perfdata series per node over the whole retention window (not per run): a node inventing
+# new labels every run gets no new series once it has this many, so it cannot bloat the file.
+MAX_PERF_SERIES = 200
+# Each run's response time per node (connect, read, judge) is kept as a series of its own.
+RESPONSE_CHECK, RESPONSE_LABEL = "alma", "response_time"
 _STATUSES = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
 
 
@@ -145,6 +156,9 @@ def _connect(path: Path, *, create: bool, busy_timeout: float = BUSY_TIMEOUT_S) 
                 f"{path}: another alma run is writing the fleet history; retry",
                 hint=f"waited {busy_timeout:g} s for its lock; run again once it is done (nothing was lost)",
             ) from None
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc):
+            raise ConfigError(f"{path}: the disk is full: the fleet history was not written",
+                              hint=f"free space on the disk of {path.parent}; the file is intact") from exc  # fmt: skip
         raise ConfigError(
             f"{path}: unreadable fleet history: {exc}",
             hint=f"keep a copy of {path} for inspection (sqlite3 {path} .recover), then move it away; "
@@ -213,6 +227,41 @@ def _prune(conn: sqlite3.Connection, epoch: float) -> None:
     conn.execute("DELETE FROM rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
     conn.execute("DELETE FROM node_state WHERE epoch < ?", (cutoff,))
     conn.execute("DELETE FROM perf_rollup WHERE hour < ?", (math.floor(cutoff / BUCKET_S),))
+    conn.execute("DELETE FROM perf_series WHERE last_hour < ?", (math.floor(cutoff / BUCKET_S),))
+
+
+def _within_budget(conn: sqlite3.Connection, rows: list[tuple[str, str, str, int, str, float]]) -> list[
+        tuple[str, str, str, int, str, float]]:  # fmt: skip
+    """The rows whose series the node already has, and new series while the node has fewer
+    than MAX_PERF_SERIES in the retention window; the series table follows."""
+    if not rows:
+        return rows
+    if conn.execute("SELECT 1 FROM perf_series LIMIT 1").fetchone() is None:  # written before the budget
+        conn.execute('INSERT OR IGNORE INTO perf_series SELECT node, "check", label, MAX(hour) FROM perf_rollup '
+                     'GROUP BY node, "check", label')  # fmt: skip
+    nodes = sorted({r[0] for r in rows})
+    known: set[tuple[str, str, str]] = set()
+    count: dict[str, int] = {}
+    for i in range(0, len(nodes), 500):  # SQLite's bound-parameter limit
+        part = nodes[i : i + 500]
+        marks = ",".join("?" * len(part))
+        for node, check, label in conn.execute(
+                f'SELECT node, "check", label FROM perf_series WHERE node IN ({marks})', part):  # fmt: skip
+            known.add((node, check, label))
+            count[node] = count.get(node, 0) + 1
+    kept = []
+    for r in rows:
+        key = (r[0], r[1], r[2])
+        if key not in known:
+            if count.get(r[0], 0) >= MAX_PERF_SERIES:
+                continue
+            known.add(key)
+            count[r[0]] = count.get(r[0], 0) + 1
+        kept.append(r)
+    conn.executemany('INSERT INTO perf_series (node, "check", label, last_hour) VALUES (?, ?, ?, ?) '
+                     'ON CONFLICT (node, "check", label) DO UPDATE SET last_hour = excluded.last_hour',
+                     [(r[0], r[1], r[2], r[3]) for r in kept])  # fmt: skip
+    return kept
 
 
 def _perf_rows(report: FleetReport) -> list[tuple[str, str, str, int, str, float]]:
@@ -220,6 +269,8 @@ def _perf_rows(report: FleetReport) -> list[tuple[str, str, str, int, str, float
     hour = math.floor(parse_utc(report.time).timestamp() / BUCKET_S)
     out = []
     for n in report.nodes:
+        if n.reachable and 0 < n.duration_s < 1e6:  # the check's own response time, first: never out of budget
+            out.append((n.name, RESPONSE_CHECK, RESPONSE_LABEL, hour, "s", float(n.duration_s)))
         seen: set[tuple[str, str]] = set()
         for c in n.checks:
             if c.stale:
@@ -303,7 +354,7 @@ def append(
                 'VALUES (?, ?, ?, ?, ?, 1, ?6, ?6, ?6) ON CONFLICT (node, "check", label, hour) DO UPDATE SET '
                 "unit = excluded.unit, n = n + 1, total = total + excluded.total, "
                 "lo = MIN(lo, excluded.lo), hi = MAX(hi, excluded.hi)",
-                _perf_rows(report),
+                _within_budget(conn, _perf_rows(report)),
             )
             if epoch - start >= CONFIRM_S:
                 _prune(conn, epoch)
@@ -353,10 +404,16 @@ class History:
     changes: list[Change]  # newest first
     runs: int
     perf: dict[str, list[Series]] = field(default_factory=dict)  # node -> series (check, label order)
+    node_changes: dict[str, list[Change]] = field(default_factory=dict)  # node -> its own, newest first
+
+
+# State changes kept per node for its page: its own, however busy the rest of the fleet is.
+NODE_CHANGES = 20
 
 
 def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> History:
-    """Uptime per node and the newest ``limit`` state changes from the history file."""
+    """Uptime per node, the newest ``limit`` state changes of the fleet and the newest
+    ``NODE_CHANGES`` of each node from the history file."""
     t_now = now.timestamp()
     now_hour = math.floor(t_now / BUCKET_S)
     sums: dict[str, dict[str, list[float]]] = {}
@@ -382,6 +439,12 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
         change_rows = conn.execute(
             "SELECT node, epoch, before, after FROM changes WHERE epoch <= ? ORDER BY epoch DESC, node LIMIT ?",
             (t_now, limit),
+        ).fetchall()
+        own_rows = conn.execute(
+            "SELECT node, epoch, before, after FROM (SELECT node, epoch, before, after, ROW_NUMBER() OVER "
+            "(PARTITION BY node ORDER BY epoch DESC) AS k FROM changes WHERE epoch <= ?) WHERE k <= ? "
+            "ORDER BY node, epoch DESC",
+            (t_now, NODE_CHANGES),
         ).fetchall()
         runs = int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
         perf = _perf_series(conn, now_hour - PERF_HOURS + 1, now_hour)
@@ -409,7 +472,10 @@ def load(path: Path, now: datetime, *, max_gap: float, limit: int = 50) -> Histo
         return s if s in _STATUSES else "UNKNOWN"
 
     changes = [Change(str(n), utc_iso(float(e)), float(e), valid(b), valid(a)) for n, e, b, a in change_rows]
-    return History(nodes, changes, runs, perf)
+    own: dict[str, list[Change]] = {}
+    for n, e, b, a in own_rows:
+        own.setdefault(str(n), []).append(Change(str(n), utc_iso(float(e)), float(e), valid(b), valid(a)))
+    return History(nodes, changes, runs, perf, own)
 
 
 def _perf_series(conn: sqlite3.Connection, first: int, last: int) -> dict[str, list[Series]]:

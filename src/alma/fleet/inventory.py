@@ -314,6 +314,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         )
     nodes: list[Node] = []
     seen: dict[str, int | None] = {}
+    aliases: dict[str, int | None] = {}
     for i, raw in enumerate(raw_nodes):
         line = src.node_line(i)
         name = _str(raw, "name", src, line)
@@ -333,7 +334,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         if role not in ROLES:
             raise src.error(
                 src.key_line(i, "role"),
-                f"node {name!r}: unknown role {role!r}",
+                f"node {name!r}: unknown role {role!r}" if role is not None else f"node {name!r} has no role",
                 hint="role must be one of: " + ", ".join(ROLES),
             )
         dest = _str(raw, "ssh", src, line, default=name) or name
@@ -342,6 +343,14 @@ def parse_fleet(text: str, path: Path) -> Fleet:
             raise src.error(src.key_line(i, "ssh"), f"node {name!r}: ssh destination may not start with '-'")
         cmd = _str(raw, "health_command", src, line, default=default_cmd) or default_cmd
         alias = _str(raw, "alias", src, line)
+        if alias is not None:  # the public panel's and /metrics' node identity: one node each
+            key = " ".join(alias.split()).casefold()
+            if key in aliases:
+                first = aliases[key]
+                where = f" at line {first}" if first else ""
+                raise src.error(src.key_line(i, "alias"), f"node {name!r}: alias {alias!r} is already used{where}",
+                                hint="give every node its own alias: the panel tells nodes apart by it")  # fmt: skip
+            aliases[key] = src.key_line(i, "alias")
         unknown_keys = sorted(
             set(raw) - {"name", "ssh", "role", "alias", "health_command", "reserve", "links", "host_key"}
         )

@@ -16,7 +16,8 @@ and sorted, no JavaScript needed), ``status.json`` (current state for scripts an
 docs/formats.md), ``feed.atom`` (state changes from the history), SVG badges, ``metrics.txt``
 (served as ``/metrics``: the public state in the Prometheus text format, aliases only) and
 one ``nodes/<alias>.html`` per node (its checks, uptime, state changes and a sparkline per
-perfdata series from the history). All of them pass the same leak scan.
+perfdata series from the history). All of them pass the same leak scan (alma.fleet.leaks);
+alma.fleet.serve serves them.
 """
 
 from __future__ import annotations
@@ -25,13 +26,10 @@ import base64
 import contextlib
 import getpass
 import hashlib
-import http.server
-import ipaddress
 import math
 import re
 import socket
 import sys
-import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,8 +43,9 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from alma.errors import ConfigError, UserError
 from alma.fleet.desktop import CHECK_NAME as DESKTOP_CHECK
 from alma.fleet.health import KNOWN_CHECKS
-from alma.fleet.history import PERF_HOURS, WINDOWS, History
+from alma.fleet.history import PERF_HOURS, RESPONSE_CHECK, RESPONSE_LABEL, WINDOWS, History
 from alma.fleet.inventory import ROLES, Figure, Fleet
+from alma.fleet.leaks import LeakError, LeakScanner
 from alma.fleet.severity import Severity, worst
 from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 
@@ -86,51 +85,12 @@ CHECK_HELP = {
     "disk": "Disk: is there enough free storage space?",
     DESKTOP_CHECK: "No local AI: the desktop that watches the fleet must not run AI training or models itself.",
 }
-# A sentence may end right after an address ("down at 10.0.0.1."): only a digit, or a dot
-# followed by a digit, continues a number. Parts may be written with leading zeros, in
-# octal (0377) or hex (0xff): inet_aton reads all of them as addresses, so the scan does.
-_PART = r"(?:0[xX][0-9a-fA-F]{1,8}|\d{1,12})"
-_IPV4_CAND = re.compile(rf"(?<![\w.])(?<!\d\.){_PART}(?:\.{_PART}){{3}}(?![\w]|\.\d)")
-_IPV6_CAND = re.compile(r"(?<![0-9A-Za-z:])[0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*(?![0-9A-Za-z:])")
 CSS_CLASS = {
     Severity.OK: "st-ok",
     Severity.WARNING: "st-warn",  # amber: a warning is not a failure
     Severity.CRITICAL: "st-bad",
     Severity.UNKNOWN: "st-unknown",
 }
-
-
-class LeakError(UserError):
-    """The page would publish something private; nothing was written."""
-
-
-def _octet(part: str) -> bool:
-    """Could ``part`` be one byte of an address, read as decimal, octal or hex?"""
-    if part[:2].lower() == "0x":
-        return int(part, 16) <= 255
-    values = [int(part, 10)]
-    if len(part) > 1 and part.startswith("0") and all(c in "01234567" for c in part):
-        values.append(int(part, 8))
-    return any(v <= 255 for v in values)
-
-
-def find_ips(text: str) -> list[str]:
-    """IPv4 and IPv6 addresses in ``text`` (candidates validated by ``ipaddress``).
-
-    IPv4 numbers are normalised first: ``010.020.030.040`` and ``0x0a.0.0.1`` are addresses.
-    """
-    found = []
-    for m in _IPV4_CAND.finditer(text):
-        if all(_octet(p) for p in m.group(0).split(".")):
-            found.append(m.group(0))
-    for m in _IPV6_CAND.finditer(text):
-        cand = m.group(0).rstrip(".")
-        try:
-            ipaddress.IPv6Address(cand)
-            found.append(cand)
-        except ValueError:
-            pass
-    return found
 
 
 def private_names(fleet: Fleet, snapshot: dict[str, Any]) -> set[str]:
@@ -173,49 +133,6 @@ def _page_vocabulary() -> set[str]:
     return words
 
 
-_TOKEN = re.compile(r"[\w.-]+")
-_NAME_CHARS = re.compile(r"^[\w.-]+$")
-
-
-class LeakScanner:
-    r"""IP addresses and internal names in a text: ONE linear pass, whatever the fleet size.
-
-    A name counts where it stands alone: not inside a longer word, though a trailing dot
-    (a sentence's end, or a domain: ``edge-01.lab``) still counts. The text is cut into
-    ``[\w.-]+`` tokens once; the token and every prefix of it that ends before a dot
-    (``edge-01``, ``edge-01.lab``) are looked up in a set. The rare name with other
-    characters is matched by one regex. The sets and the regex are built once per render
-    (building them per scanned text made 1000 node pages quadratic: 1000 x 3000 names).
-    """
-
-    def __init__(self, forbidden: set[str]) -> None:
-        self.plain = {n.lower() for n in forbidden if _NAME_CHARS.match(n)}
-        other = sorted(n for n in forbidden if not _NAME_CHARS.match(n))
-        alternation = "|".join(re.escape(n) for n in sorted(other, key=len, reverse=True))
-        self.other = re.compile(rf"(?<![\w.-])(?:{alternation})(?![\w-])", re.IGNORECASE) if other else None
-        self.by_lower = {n.lower(): n for n in forbidden}
-
-    def __call__(self, html: str) -> list[str]:
-        out = [f"IP address {ip}" for ip in find_ips(html)]
-        found: set[str] = set()
-        plain = self.plain
-        for tok in set(_TOKEN.findall(html.lower())):  # each distinct token once (C speed for the scan)
-            if tok in plain:
-                found.add(tok)
-            cut = tok.find(".")
-            while cut != -1:  # a name ends where the token does or at a dot (never before \w or -)
-                if tok[:cut] in plain:
-                    found.add(tok[:cut])
-                cut = tok.find(".", cut + 1)
-        if self.other is not None:
-            found.update(m.group(0).lower() for m in self.other.finditer(html))
-        return out + [f"internal name {self.by_lower.get(n, n)!r}" for n in sorted(found)]
-
-
-def leaks(html: str, forbidden: set[str]) -> list[str]:
-    """IP addresses and internal names in ``html`` (:class:`LeakScanner`, built for one text)."""
-    return LeakScanner(forbidden)(html)
-
 
 @dataclass
 class Cell:
@@ -238,6 +155,10 @@ class Row:
     slug: str = ""  # nodes/<slug>.html, from the public label
     perf: list[Spark] = field(default_factory=list)  # public perfdata series (node page)
     perf_now: list[tuple[str, str, str, float]] = field(default_factory=list)  # (check, label, unit, value)
+    coverage: dict[str, str] = field(default_factory=dict)  # window -> share of it that was checked
+    checked: str = ""  # when this node's report was taken (UTC), "" when it sent none
+    response: str = ""  # seconds to connect, read and judge its report this run
+    response_spark: Spark | None = None  # the response time's hourly means (node page)
 
 
 # Perfdata published (node pages, /metrics): only the project's checks, labels and units of
@@ -365,6 +286,13 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
         raw_up = dict(h.uptime) if h else dict.fromkeys(WINDOWS)
         row = Row(label, role, st.name, CSS_CLASS[st], cells, name,
                   {w: _uptime_words(v) for w, v in raw_up.items()}, raw_up, updating)  # fmt: skip
+        row.coverage = {w: f"{h.coverage.get(w, 0.0):g} %" for w in WINDOWS} if h else {}
+        if isinstance(n.get("report_time"), str):
+            with contextlib.suppress(ValueError):
+                row.checked = utc_iso(parse_utc(n["report_time"]))
+        dur = n.get("duration_s")
+        if isinstance(dur, int | float) and not isinstance(dur, bool) and 0 <= dur < 1e6:
+            row.response = f"{dur:.2f} s"
         fresh = {c for c in got if c not in stale_checks}
         for ch in _checks_of(n):
             for p in ch.get("perfdata") or [] if ch.get("name") in fresh else []:
@@ -377,22 +305,28 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
             first_hour = (now_hour or 0) - PERF_HOURS + 1
             row.perf = [_spark(s, first_hour) for s in history.perf.get(name, [])
                         if public_perf(s.check, s.label, s.unit)][:MAX_PUBLIC_PERF]  # fmt: skip
+            row.response_spark = next((_spark(s, first_hour) for s in history.perf.get(name, [])
+                                       if (s.check, s.label) == (RESPONSE_CHECK, RESPONSE_LABEL)), None)  # fmt: skip
         rows.append(row)
     for r, slug in zip(rows, _slugs([r.label for r in rows]), strict=True):
         r.slug = slug
     overall = worst(statuses) if statuses else Severity.UNKNOWN
     aliases = {r.name: r.label for r in rows}
-    changes = []
-    for c in history.changes[:20] if history else []:
-        if c.node in aliases:  # a node no longer in the snapshot has no public name
-            changes.append({"alias": aliases[c.node], "time": c.time, "before": c.before, "after": c.after,
-                            "css": CSS_CLASS[Severity.parse(c.after)], "node": c.node})  # fmt: skip
+
+    def shown(cs: list[Any]) -> list[dict[str, Any]]:  # a node no longer in the snapshot has no public name
+        return [{"alias": aliases[c.node], "time": c.time, "before": c.before, "after": c.after,
+                 "css": CSS_CLASS[Severity.parse(c.after)], "node": c.node}
+                for c in cs if c.node in aliases]  # fmt: skip
+
+    changes = shown(history.changes[:20]) if history else []
+    own = {n: shown(cs) for n, cs in history.node_changes.items()} if history else {}
     return {
         "rows": rows,
         "checks": checks,
         "check_help": [(c, CHECK_HELP[c]) for c in checks],
         "windows": list(WINDOWS),
         "changes": changes,
+        "own_changes": own,
         "runs": history.runs if history else 0,
         "overall": overall.name,
         "overall_css": CSS_CLASS[overall],
@@ -477,6 +411,7 @@ def publish(
     now: datetime | None = None,
     refresh_s: int | None = None,
     history: History | None = None,
+    history_unreadable: bool = False,
 ) -> Published:
     """index.html, status.json and feed.atom; raises LeakError rather than publish a leak."""
     env = _env()
@@ -509,6 +444,7 @@ def publish(
         refresh_s=refresh_s,
         n_all=len(view["rows"]),
         n_problems=len(problems),
+        history_unreadable=history_unreadable,
     )
     template = env.get_template("panel.html.j2")
     html = template.render(**common, **view, page_kind="all", base="")
@@ -520,7 +456,7 @@ def publish(
     marks = {"script": "<alma-script/>", "style": "<alma-style/>"}
     node_pages = {}
     for r in view["rows"]:
-        mine = [c for c in view["changes"] if c["node"] == r.name]
+        mine = view["own_changes"].get(r.name, [])
         node_pages[f"{NODES_DIR}/{r.slug}.html"] = template.render(
             **{**common, **marks}, **{**view, "rows": [r], "changes": mine}, node=r, page_kind="node", base="../",
             perf_hours=PERF_HOURS)  # fmt: skip
@@ -655,127 +591,16 @@ def render_to(
     when = now or utc_now()
     hpath = history_path or hist.default_history_path(snapshot_path)
     limit = float(stale_after if stale_after is not None else fleet.panel.stale_after)
-    history = hist.load(hpath, when, max_gap=limit) if (history_path or hpath.exists()) else None
+    history, unreadable = None, False
+    if history_path or hpath.exists():
+        try:
+            history = hist.load(hpath, when, max_gap=limit)
+        except ConfigError as exc:  # the states are still worth publishing; the page says what is missing
+            unreadable = True
+            print(f"alma panel: warning: {T.terminal(exc.message)}; rendering without uptime", file=sys.stderr)
     try:
-        pub = publish(fleet, snap, stale_after=stale_after, refresh_s=refresh_s, history=history, now=when)
+        pub = publish(fleet, snap, stale_after=stale_after, refresh_s=refresh_s, history=history, now=when,
+                      history_unreadable=unreadable)  # fmt: skip
     except (KeyError, ValueError, TypeError) as exc:
         raise ConfigError(f"{snapshot_path}: malformed snapshot: {exc}", hint="run `alma fleet health` again") from exc
     return write_panel(out_dir, pub)
-
-
-# --serve limits: a client gets READ_TIMEOUT_S to send its request (and to take the answer),
-# at most MAX_CONNECTIONS are served at once; more are closed at once, not queued as threads.
-READ_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 64
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves the three files, nothing else (no directory listing, no other files); GET and HEAD."""
-
-    out_dir: Path
-    timeout = READ_TIMEOUT_S  # StreamRequestHandler: socket timeout for every read and write
-
-    def version_string(self) -> str:
-        return "alma-panel"  # no Python or OS version for a scanner to match
-
-    def _answer(self, with_body: bool) -> None:
-        path = self.path.split("?", 1)[0]
-        name = {"/": PAGE, "/metrics": METRICS}.get(path, path.lstrip("/"))
-        kind = FILES.get(name)
-        node_dir, _, page = name.partition("/")
-        if node_dir == NODES_DIR and page.endswith(".html") and _SLUG.match(page[:-5]):
-            kind = "text/html; charset=utf-8"  # nodes/<slug>.html: a fixed grammar, no traversal
-        if kind is None:
-            self.send_error(404)
-            return
-        try:
-            body = (self.out_dir / name).read_bytes()
-        except OSError:
-            self.send_error(503, "panel not rendered yet")
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._answer(with_body=True)
-
-    def do_HEAD(self) -> None:
-        self._answer(with_body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # access logs would name client addresses; keep quiet
-
-
-class PanelServer(http.server.ThreadingHTTPServer):
-    """A bounded server: at most ``max_connections`` handler threads; a client that hangs up
-    or times out ends its thread quietly (no traceback, no client address in any log)."""
-
-    daemon_threads = True
-    max_connections = MAX_CONNECTIONS
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: closed at once, never a thread per client
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, OSError):  # hang-ups, resets, read timeouts: the client's business
-            return
-        print(f"alma panel: request failed: {type(exc).__name__}", file=sys.stderr)
-
-
-def serve(
-    out_dir: Path, bind: str, port: int, interval: float, rerender: Callable[[], None],
-    on_error: Callable[[Exception], None], ready: Callable[[str], None] | None = None,
-    stop: threading.Event | None = None,
-) -> None:  # fmt: skip
-    """Serve ``out_dir/index.html`` on ``bind:port``; re-render every ``interval`` seconds.
-
-    A failed re-render keeps the previous page (whose own banner turns stale in time).
-    """
-    handler = type("PanelHandler", (_Handler,), {"out_dir": out_dir})
-    httpd = PanelServer((bind, port), handler)
-    stop = stop or threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(interval):
-            try:
-                rerender()
-            except Exception as exc:  # keep serving the last good page
-                on_error(exc)
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    if ready:
-        ready(f"http://{bind}:{httpd.server_address[1]}/")
-    srv = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    srv.start()
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        stop.set()
-        httpd.shutdown()
-        httpd.server_close()

@@ -8,6 +8,12 @@ is re-parented to it rather than to init, wherever it moved its session or proce
 it runs COMMAND with ``sh -c`` and, when COMMAND ends or LIMIT_S passes (whichever is
 first), sends SIGTERM to every process still below it, SIGKILL KILL_AFTER_S later, and
 reaps them. Exit code: COMMAND's, or 124 on timeout (as coreutils ``timeout``).
+
+LIMIT_S counts from the start of the ssh session, not of this program: the login shell
+``exec``-s it, so this process IS that shell and its start time (``/proc/self/stat``) is
+when sshd started it, before the account's rc files ran. An rc file that hung past the
+deadline leaves no time at all: exit 124 at once, the command never runs (alma gave up on
+it long ago). Node-local clocks only (time since boot), so the desktop's clock is no part of it.
 What remains out of reach (docs/fleet.md): work handed to another daemon (systemd-run, at,
 cron, a container engine) and processes of another user (sudo) that it may not signal.
 Stdlib only; it must run on the board's python3 (3.12) and any older one (3.8+).
@@ -99,8 +105,24 @@ def _stop(signum: int, frame: object) -> None:
     raise Stopped()
 
 
+def session_age() -> float:
+    """Seconds since this process (the session's login shell, exec'd into us) started."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read()
+        with open("/proc/uptime", "rb") as fh:
+            up = float(fh.read().split()[0])
+        started = int(stat[stat.rfind(b")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0  # no /proc: the limit counts from here
+    return max(0.0, up - started)
+
+
 def main(argv: list[str]) -> int:
     limit, kill_after, command = float(argv[0]), float(argv[1]), argv[2]
+    limit -= session_age()
+    if limit <= 0:
+        return 124  # the rc files took the whole deadline: alma gave up; run nothing
     with contextlib.suppress(OSError, AttributeError):  # no prctl: only what stays a child is ended
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for sig in (signal.SIGTERM, signal.SIGHUP):

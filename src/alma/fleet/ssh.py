@@ -22,6 +22,7 @@ a space would make it read a second, planted file.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shlex
@@ -33,7 +34,7 @@ from pathlib import Path
 from alma import runner, settings
 from alma.errors import ToolError, ToolNotFound, ToolOutputLimit, ToolTimeout
 from alma.fleet.inventory import Node, SshConfig
-from alma.fleet.join import pinned_ssh_options, ssh_quote
+from alma.fleet.join import pinned_fingerprint, pinned_ssh_options, ssh_quote
 from alma.fleet.pinhook import PREFIX as PIN_MISMATCH
 
 # ssh's own exit code for "could not connect / authenticate / protocol error".
@@ -99,6 +100,16 @@ def control_dir(cfg: SshConfig) -> Path:
     return d
 
 
+def trust_tag(node: Node, cfg: SshConfig) -> str:
+    """What a shared master's host key was verified against, hashed: the node's pin, else the
+    fleet's ssh config, known_hosts and policy. Masters are shared only under the same tag: a
+    pinned node never rides a connection an unpinned entry (another fleet) opened, and two
+    pins of one host never share one (ssh checks the key only when the master connects)."""
+    what = "\0".join([pinned_fingerprint(node) or "unpinned", str(cfg.config or ""), str(cfg.known_hosts or ""),
+                       cfg.strict_host_key_checking])  # fmt: skip
+    return hashlib.sha256(what.encode()).hexdigest()[:8]
+
+
 REAPER = Path(__file__).with_name("reaper.py")
 
 
@@ -135,10 +146,12 @@ def ssh_argv(node: Node, command: str, cfg: SshConfig, *, remote_timeout: float 
     if cfg.known_hosts is not None:
         argv += ["-o", f"UserKnownHostsFile={ssh_quote(str(cfg.known_hosts), '[ssh] known_hosts')}"]
     if cfg.control_persist > 0:
-        # %C (a hash of host, port, user) keeps the socket path short and unique.
+        # %C (a hash of host, port, user) keeps the socket path short; the prefix keys it by
+        # what the master verified, so no connection checked another way can be reused.
+        quoted_dir = ssh_quote(str(control_dir(cfg)), "[ssh] control_dir")[:-1]
         argv += [
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={ssh_quote(str(control_dir(cfg)), '[ssh] control_dir')[:-1]}/%C\"",
+            "-o", f"ControlPath={quoted_dir}/{trust_tag(node, cfg)}-%C\"",
             "-o", f"ControlPersist={cfg.control_persist}",
         ]  # fmt: skip
     argv += ["--", node.ssh, remote_command(command, remote_timeout)]
