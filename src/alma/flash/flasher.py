@@ -27,7 +27,7 @@ from almaboard import text as T
 
 from alma import runner, settings
 from alma.errors import ToolError, ToolTimeout, UserError
-from alma.flash import reasons
+from alma.flash import privilege, reasons
 from alma.flash.protocol import PHASES, Tracker
 from alma.flash.records import Phase
 from alma.ground import utc_iso
@@ -124,6 +124,9 @@ class Flasher(Protocol):
 
     def kill_all(self) -> None: ...
 
+    def check(self) -> None:
+        """Refuse (UserError) before any board is touched when the program cannot be trusted."""
+
 
 class _CancellableDeadline(runner.Deadline):
     """A phase deadline that also expires at once when ``cancel`` is set: the runner then
@@ -158,11 +161,28 @@ class InitrdFlasher:
         self.cancel = cancel or threading.Event()
         self._pids: set[int] = set()
         self._pids_lock = threading.Lock()
+        self._program: privilege.CheckedProgram | None = None
+        self._checked = False
+
+    def check(self) -> None:
+        """A configured initrd-flash (alma.toml, ALMA_TOOL_INITRD_FLASH) is trusted and hashed
+        now (alma.flash.privilege, invariant 4); the bundle's own is checked per board copy."""
+        if self._checked:
+            return
+        configured = settings.tool("initrd-flash")
+        if configured != "initrd-flash":
+            found = configured if "/" in configured else shutil.which(configured)
+            if found is None:
+                raise UserError(f"initrd-flash tool {configured!r} not found in PATH", hint="fix [tools] in alma.toml")
+            self._program = privilege.CheckedProgram.of(
+                Path(found), "initrd-flash tool", "point [tools] initrd-flash at a program only root can write"
+            )
+        self._checked = True
 
     def command(self, bundle_dir: Path, usb_instance: str) -> list[str]:
-        configured = settings.tool("initrd-flash")
+        self.check()
         # The bundle's own script by default: it matches the bundle's binaries.
-        exe = str(bundle_dir / "initrd-flash") if configured == "initrd-flash" else configured
+        exe = str(bundle_dir / "initrd-flash") if self._program is None else str(self._program.path)
         return [exe, "--usb-instance", usb_instance, *self.args.argv()]
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
@@ -210,9 +230,12 @@ class InitrdFlasher:
             pid_box.append(proc.pid)
             self._started(proc)
 
+        argv = self.command(bundle_dir, usb_instance)
+        if self._program is not None:
+            self._program.reverify()  # the inode and bytes that were checked, right before the exec
         try:
             res = runner.run(
-                self.command(bundle_dir, usb_instance),
+                argv,
                 cwd=bundle_dir,
                 env=self.env,
                 timeout=deadline,

@@ -132,14 +132,21 @@ def _abs(root: Path, p: str | os.PathLike[str]) -> Path:
     return path if path.is_absolute() else root / path
 
 
+def _trusted_manifest(path: Path) -> Path:
+    """A manifest chooses the bundle and its sha256: another user's is refused (privilege, 4)."""
+    return privilege.trusted_config(
+        path, "facts manifest", "use a manifest only you (or root) can write, or pass --sha256 HEX"
+    )
+
+
 def resolve_bundle(opts: FlashOptions) -> BundleChoice:
     """Which bundle, and the sha256 it must have (from the facts manifest, or --sha256)."""
     root = opts.root or settings.repo_root()
     chosen: facts.Manifest | None = None
     if opts.manifest is not None:
-        chosen = facts.load_manifest(opts.manifest)
+        chosen = facts.load_manifest(_trusted_manifest(opts.manifest))
     else:
-        found = [facts.load_manifest(p) for p in facts.find_manifests(root)]
+        found = [facts.load_manifest(_trusted_manifest(p)) for p in facts.find_manifests(root)]
         cands = found
         if opts.machine:
             cands = [m for m in cands if m.machine == opts.machine]
@@ -362,6 +369,7 @@ class FlashSession:
         records.probe_writable(self.records_dir)  # no record could be written: refuse first
         try:
             self.opts.flash_args.check()
+            self.flasher.check()
             boards = pick_boards(self.opts, self.ctx)
             if self.opts.identity is not None:  # issue 14: name every board before touching one
                 self.opts.identity.bind([b.usb_instance for b in boards])
