@@ -182,6 +182,7 @@ def run(
     max_line: int = MAX_LINE,
     stop_grace: float = STOP_GRACE_S,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> Result:
     """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
 
@@ -200,6 +201,7 @@ def run(
     ``flush_partial_after=S`` hands an unfinished line to ``on_line`` once the tool has been
     quiet for S seconds (prompts, "Waiting for USB storage device ......").
     ``on_start(proc)`` is called once the tool runs (its pid is its process group's id).
+    ``pass_fds`` are inherited by the tool (e.g. a lock that must outlive alma: alma.flash.lock).
     """
     if stderr not in ("merge", "separate"):
         raise ValueError(f"stderr must be 'merge' or 'separate', not {stderr!r}")
@@ -227,6 +229,7 @@ def run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if stderr == "merge" else subprocess.PIPE,
             start_new_session=True,  # own process group: we can stop it and its children
+            pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
         if logf:

@@ -52,6 +52,7 @@ PARTIAL_AFTER_S = 0.5
 # A stopped initrd-flash (timeout, Ctrl-C, SIGTERM) gets this long after SIGTERM before its
 # whole process group is killed: bounded, so every board has its record well within 5 s.
 STOP_GRACE_S = 4.0
+TRANSCRIPT = "alma-initrd-flash.log"  # alma's own copy of the script's output, next to its logs
 PRESIGNED_WARNING = "WARN: binaries already signed; ignoring signing options"
 
 
@@ -120,7 +121,14 @@ class Flasher(Protocol):
 
     cancel: threading.Event
 
-    def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome: ...
+    def flash(
+        self,
+        bundle_dir: Path,
+        usb_instance: str,
+        on_event: Callable[[FlashEvent], None],
+        *,
+        pass_fds: tuple[int, ...] = (),
+    ) -> FlashOutcome: ...
 
     def kill_all(self) -> None: ...
 
@@ -197,7 +205,16 @@ class InitrdFlasher:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
-    def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome:
+    def flash(
+        self,
+        bundle_dir: Path,
+        usb_instance: str,
+        on_event: Callable[[FlashEvent], None],
+        *,
+        pass_fds: tuple[int, ...] = (),
+    ) -> FlashOutcome:
+        """``pass_fds``: the board's lock and the run's, held by the flasher itself while it runs
+        (a killed alma's flasher keeps the board locked and its run dir alive: alma.flash.leftovers)."""
         phases: list[Phase] = [Phase("wait-board", utc_iso())]
         deadline = _CancellableDeadline(self.timeouts["wait-board"], "wait-board", self.cancel)
         lines: list[str] = []
@@ -219,7 +236,7 @@ class InitrdFlasher:
                 warnings.append(PRESIGNED_WARNING)
             on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=banner))
 
-        transcript = bundle_dir / "alma-initrd-flash.log"
+        transcript = bundle_dir / TRANSCRIPT
         result = "FAILED"
         exit_code: int | None = None
         timed_out: str | None = None
@@ -246,6 +263,7 @@ class InitrdFlasher:
                 flush_partial_after=PARTIAL_AFTER_S,
                 on_start=started,
                 stop_grace=STOP_GRACE_S,
+                pass_fds=pass_fds,
             )
             exit_code = res.returncode
         except ToolTimeout:

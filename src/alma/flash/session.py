@@ -33,7 +33,16 @@ from alma.errors import Interrupted, UserError
 from alma.flash import bundle as bundles
 from alma.flash import discovery, identity, leftovers, privilege, records
 from alma.flash.console import INTERRUPTED_REASON, ConsoleWatcher, find_console
-from alma.flash.flasher import FlashArgs, Flasher, FlashEvent, FlashOutcome, InitrdFlasher, keep_logs
+from alma.flash.flasher import (
+    TRANSCRIPT,
+    FlashArgs,
+    Flasher,
+    FlashEvent,
+    FlashOutcome,
+    InitrdFlasher,
+    collect_logs,
+    keep_logs,
+)
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
 from alma.flash.records import Boot, FlashRecord, Phase
@@ -288,6 +297,8 @@ class FlashSession:
         self.budget = Budget(cap=opts.unpack_cap, margin=opts.space_margin)
         self.record_errors: list[UserError] = []
         self.evidence: set[Path] = set()  # board dirs whose logs could not be moved to the records
+        self.locks: dict[str, BoardLock] = {}  # each board's lock, inherited by its flasher
+        self.live_fd: int | None = None  # the run dir's .alma-live lock, inherited by every flasher
         self._events_lock = threading.Lock()
 
     @property
@@ -395,7 +406,7 @@ class FlashSession:
                 fitting.append(b)
             except UserError as exc:
                 runs.append(self.refuse(exc, b, choice, started, machine=str(env_machine)))
-        locks: dict[str, BoardLock] = {}
+        locks = self.locks
         for b in list(fitting):
             lk = BoardLock(b.usb_instance, b.devnode)
             try:
@@ -426,16 +437,47 @@ class FlashSession:
         base = privilege.trusted_base(base, "work dir", "--work-dir")  # UntrustedPath: a REFUSED record per board
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            for msg in leftovers.clean_stale_runs(base):
+            for msg in leftovers.clean_stale_runs(base, on_killed=self._killed_record):
                 self._emit("warning", {"message": msg})
             run = Path(tempfile.mkdtemp(prefix="run-", dir=base))
-            leftovers.mark_run(run)
+            self.live_fd = leftovers.mark_run(run)
             return run
         except OSError as exc:
             raise UserError(
                 f"cannot create a work directory in {base}: {exc.strerror or exc}",
                 hint="choose another place: alma flash --work-dir DIR",
             ) from exc
+
+    def _killed_record(self, k: leftovers.KilledFlash) -> None:
+        """The record of a board whose alma was killed while its flasher ran (found at this start)."""
+        info = k.info
+        ended = utc_iso(k.ended) if k.ended else None
+        rec = FlashRecord(
+            board=info.get("board") if isinstance(info.get("board"), dict) else {},
+            bundle_sha256=str(info.get("sha256") or ""),
+            bundle_path=str(info.get("bundle_path") or ""),
+            machine=str(info.get("machine") or "unknown"),
+            image=str(info["image"]) if info.get("image") else None,
+            started=str(info.get("started") or ""),
+            finished=ended or utc_iso(),
+            result="INTERRUPTED",
+            reason=f"interrupted: alma killed (pid {k.alma_pid}), flasher ran until {ended or 'an unknown time'}; "
+            "the board's state is unknown: flash it again",
+            options=info.get("options") if isinstance(info.get("options"), dict) else {},
+        )
+        path = records.next_path(rec, self.records_dir)
+        host_log, device_logs = collect_logs(k.board_dir) if k.board_dir.is_dir() else (None, None)
+        transcript = k.board_dir / TRANSCRIPT
+        outcome = FlashOutcome(
+            "INTERRUPTED", rec.reason, None, None, host_log=host_log, device_logs=device_logs,
+            transcript=transcript if transcript.is_file() else None,
+        )  # fmt: skip
+        with contextlib.suppress(OSError):
+            rec.logs = {
+                key: _rel(v, self.records_dir) for key, v in keep_logs(outcome, path.with_suffix(".logs")).items()
+            }
+        self._save(BoardRun(None, rec), path)
+        self._emit("warning", {"message": f"{rec.board.get('usb_instance', '?')}: {rec.reason}"})
 
     def _prepare_and_flash(
         self, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
@@ -451,6 +493,9 @@ class FlashSession:
                 _prune_to_logs(work, self.evidence)
             elif not self.opts.keep_work:
                 shutil.rmtree(work, ignore_errors=True)
+            if self.live_fd is not None:
+                os.close(self.live_fd)
+                self.live_fd = None
 
     def _in_work(
         self, work: Path, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
@@ -577,9 +622,28 @@ class FlashSession:
             if watcher is not None:
                 watcher.stop()
             return self.refuse(exc, board, choice, started, phases=[prep_phase], **kw)
+        lock = self.locks.get(board.usb_instance)
+        info = {
+            "board": board.record_board(),
+            "board_dir": board_dir.name,
+            "sha256": prepared.sha256,
+            "bundle_path": str(choice.path),
+            "machine": prepared.env.machine,
+            "image": choice.image,
+            "started": started,
+            "options": self.opts.flash_args.record(),
+        }
+
+        leftovers.mark_flasher(work, board.usb_instance, info)  # what the next start needs if alma is killed
+        keep = tuple(fd for fd in (lock.fd if lock is not None else None, self.live_fd) if fd is not None)
         presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
-            outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
+            outcome = self.flasher.flash(
+                board_dir,
+                board.usb_instance,
+                on_line,
+                pass_fds=keep,
+            )
             presence.stop()
             rec.result = outcome.result
             rec.reason = _vanished(outcome, presence, board.usb_instance) or outcome.reason
@@ -612,6 +676,7 @@ class FlashSession:
             elif port and outcome.result == "SUCCESS":
                 rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
             self._save(run, path)
+            leftovers.flasher_done(work, board.usb_instance)
             if run.unrecorded:
                 self.evidence.add(board_dir)
                 self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
