@@ -154,6 +154,22 @@ def test_a_scope_id_is_never_an_address_and_the_next_one_is_used() -> None:
     assert only is not None and only.addresses == ()
 
 
+def test_loopback_and_link_local_addresses_never_become_a_fleet_entry() -> None:
+    from alma.fleet.join import after_flash
+
+    got = identity.parse_board_line(_line("edge-01", "127.0.0.1,::1,169.254.3.4,fe80::1,192.0.2.7", KEY))
+    assert got is not None and got.addresses == ("192.0.2.7",)
+    only = identity.parse_board_line(_line("edge-01", "127.0.0.1", KEY))
+    assert only is not None and only.addresses == ()
+    rec = FlashRecord(
+        board={"usb_instance": "1-3"}, bundle_sha256="a" * 64, bundle_path="b", machine=NANO,
+        started="x", finished="y", result="SUCCESS", final_status="SUCCESS",
+        boot=Boot(seen=True, console="/dev/ttyUSB0", board=only.to_dict()),
+    )  # fmt: skip
+    (join,) = after_flash([rec], None, "alma")
+    assert join["entry"] is None and "127.0.0.1" not in str(join.get("toml"))
+
+
 def test_identity_problems_never_change_the_exit_code_or_stop_other_boards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
