@@ -296,6 +296,28 @@ def test_setup_udev_writes_atomically_where_told(station: Station, tmp_path: Pat
     assert printed.stdout == udev_rules.render()
 
 
+@pytest.mark.parametrize(
+    "group",
+    ["plugdev\", RUN+=\"/bin/sh -c 'id > /tmp/pwned'", 'plugdev\nACTION=="add", RUN+="/bin/true"', "-x", "g" * 40],
+)
+def test_setup_udev_group_must_be_a_group_name(station: Station, tmp_path: Path, group: str) -> None:
+    rules_dir = tmp_path / "rules.d"
+    r = station.alma("setup", "udev", "--rules-dir", str(rules_dir), "--group", group, device=None)
+    assert r.returncode == 2 and "not a group name" in r.stderr, r.stderr
+    assert not rules_dir.exists() or list(rules_dir.iterdir()) == []
+    assert "RUN+=" not in r.stdout and "usermod" not in r.stdout
+
+
+def test_setup_udev_group_must_exist_and_the_hint_is_quoted(station: Station, tmp_path: Path) -> None:
+    rules_dir = tmp_path / "rules.d"
+    missing = "nogroup-" + os.urandom(4).hex()
+    r = station.alma("setup", "udev", "--rules-dir", str(rules_dir), "--group", missing, device=None)
+    assert r.returncode == 2 and "no such group" in r.stderr and f"groupadd {missing}" in r.stderr, r.stderr
+    ok = station.alma("setup", "udev", "--rules-dir", str(rules_dir), "--group", "root", device=None)
+    assert ok.returncode == 0, ok.stderr
+    assert 'usermod -aG root "$USER"' in ok.stdout
+
+
 def test_setup_udev_unwritable_dir_is_exit_2_with_sudo_hint(station: Station, tmp_path: Path) -> None:
     if os.geteuid() == 0:
         # root ignores permissions: a path under a regular file cannot be created either
