@@ -151,34 +151,7 @@ def _trusted_manifest(path: Path) -> Path:
 def resolve_bundle(opts: FlashOptions) -> BundleChoice:
     """Which bundle, and the sha256 it must have (from the facts manifest, or --sha256)."""
     root = opts.root or settings.repo_root()
-    chosen: facts.Manifest | None = None
-    if opts.manifest is not None:
-        chosen = facts.load_manifest(_trusted_manifest(opts.manifest))
-    else:
-        found = [facts.load_manifest(_trusted_manifest(p)) for p in facts.find_manifests(root)]
-        cands = found
-        if opts.machine:
-            cands = [m for m in cands if m.machine == opts.machine]
-        if opts.image:
-            cands = [m for m in cands if m.image == opts.image]
-        if opts.bundle is not None and len(cands) != 1:
-            real = Path(opts.bundle).resolve()
-            by_path = [
-                m
-                for m in cands
-                if _manifest_value(m, "bundle_path") and _abs(root, m.value("bundle_path")).resolve() == real
-            ]
-            parsed = parse_name(Path(opts.bundle).name)
-            by_name = [m for m in cands if parsed is not None and parsed.is_for(str(m.image), m.machine)]
-            cands = by_path or by_name
-        if len(cands) == 1:
-            chosen = cands[0]
-        elif len(cands) > 1 and opts.sha256 is None:
-            names = ", ".join(f"{m.image}-{m.machine}" for m in cands)
-            raise UserError(
-                f"several facts manifests fit ({names})",
-                hint="choose one: alma flash --machine MACHINE [--image IMAGE]",
-            )
+    chosen = _choose_manifest(opts, root)
     if chosen is None and opts.sha256 is None:
         where = root / facts.FACTS_DIR
         raise UserError(
@@ -196,6 +169,48 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
                 hint="build the image (alma build), then alma verify; or name the bundle: alma flash BUNDLE",
             )
         path = _abs(root, bp)
+    expected = _expected_sha256(opts, chosen)
+    _check_bundle_file(path, chosen)
+    return BundleChoice(
+        path=path,
+        expected_sha256=expected.lower(),
+        machine=(chosen.machine if chosen else opts.machine),
+        image=(chosen.image if chosen else opts.image),
+        manifest=chosen,
+    )
+
+
+def _choose_manifest(opts: FlashOptions, root: Path) -> facts.Manifest | None:
+    """--manifest, or the one facts manifest that fits --machine/--image and the bundle's path or name."""
+    if opts.manifest is not None:
+        return facts.load_manifest(_trusted_manifest(opts.manifest))
+    cands = [facts.load_manifest(_trusted_manifest(p)) for p in facts.find_manifests(root)]
+    if opts.machine:
+        cands = [m for m in cands if m.machine == opts.machine]
+    if opts.image:
+        cands = [m for m in cands if m.image == opts.image]
+    if opts.bundle is not None and len(cands) != 1:
+        real = Path(opts.bundle).resolve()
+        by_path = [
+            m
+            for m in cands
+            if _manifest_value(m, "bundle_path") and _abs(root, m.value("bundle_path")).resolve() == real
+        ]
+        parsed = parse_name(Path(opts.bundle).name)
+        by_name = [m for m in cands if parsed is not None and parsed.is_for(str(m.image), m.machine)]
+        cands = by_path or by_name
+    if len(cands) == 1:
+        return cands[0]
+    if len(cands) > 1 and opts.sha256 is None:
+        names = ", ".join(f"{m.image}-{m.machine}" for m in cands)
+        raise UserError(
+            f"several facts manifests fit ({names})",
+            hint="choose one: alma flash --machine MACHINE [--image IMAGE]",
+        )
+    return None
+
+
+def _expected_sha256(opts: FlashOptions, chosen: facts.Manifest | None) -> str:
     expected = opts.sha256
     if expected is None:
         assert chosen is not None
@@ -210,8 +225,13 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
             f"--sha256 {expected} contradicts the facts manifest {chosen.path} ({chosen.value('bundle_sha256')})",
             hint="drop --sha256, or re-run alma verify",
         )
+    return str(expected)
+
+
+def _check_bundle_file(path: Path, chosen: facts.Manifest | None) -> None:
+    """A regular file (stat never blocks, even on a FIFO) of the size the manifest recorded."""
     try:
-        st = path.stat()  # stat never blocks, even on a FIFO
+        st = path.stat()
     except OSError:
         raise UserError(
             f"bundle not found: {path}", hint="alma build, or pass the bundle's path: alma flash BUNDLE"
@@ -220,19 +240,12 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
         raise NotARegularFile(path, file_kind(st.st_mode))
     if chosen is not None:
         want_bytes = _manifest_value(chosen, "bundle_bytes")
-        if isinstance(want_bytes, int) and want_bytes != path.stat().st_size:
+        if isinstance(want_bytes, int) and want_bytes != st.st_size:
             raise UserError(
-                f"{path.name}: {path.stat().st_size} bytes, but the facts manifest {chosen.path} recorded "
+                f"{path.name}: {st.st_size} bytes, but the facts manifest {chosen.path} recorded "
                 f"{want_bytes}: not the verified bundle; refused",
                 hint="re-run alma verify on the build host, or copy the right bundle",
             )
-    return BundleChoice(
-        path=path,
-        expected_sha256=str(expected).lower(),
-        machine=(chosen.machine if chosen else opts.machine),
-        image=(chosen.image if chosen else opts.image),
-        manifest=chosen,
-    )
 
 
 def pick_boards(opts: FlashOptions, context: Any = None) -> list[discovery.UsbBoard]:
@@ -596,17 +609,7 @@ class FlashSession:
             return self._interrupted_before(board, choice, started, [prep_phase], **kw)
         self._emit("start", {"board": board})
 
-        watcher: ConsoleWatcher | None = None
-        port = self.opts.console
-        if port == "auto":
-            port = find_console(board.sys_path or None, self.ctx, only_one_ok=not self.opts.all_boards)
-            if port is None:
-                self._emit(
-                    "warning", {"message": f"{board.usb_instance}: no USB serial console found; boot not watched"}
-                )
-        if port:
-            watcher = ConsoleWatcher(port)
-            watcher.start()
+        watcher, port = self._console(board)
 
         def on_line(ev: FlashEvent) -> None:
             if watcher is not None and ev.line.startswith("Final status:"):
@@ -622,7 +625,6 @@ class FlashSession:
             if watcher is not None:
                 watcher.stop()
             return self.refuse(exc, board, choice, started, phases=[prep_phase], **kw)
-        lock = self.locks.get(board.usb_instance)
         info = {
             "board": board.record_board(),
             "board_dir": board_dir.name,
@@ -633,17 +635,12 @@ class FlashSession:
             "started": started,
             "options": self.opts.flash_args.record(),
         }
-
         leftovers.mark_flasher(work, board.usb_instance, info)  # what the next start needs if alma is killed
+        lock = self.locks.get(board.usb_instance)
         keep = tuple(fd for fd in (lock.fd if lock is not None else None, self.live_fd) if fd is not None)
         presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
-            outcome = self.flasher.flash(
-                board_dir,
-                board.usb_instance,
-                on_line,
-                pass_fds=keep,
-            )
+            outcome = self.flasher.flash(board_dir, board.usb_instance, on_line, pass_fds=keep)
             presence.stop()
             rec.result = outcome.result
             rec.reason = _vanished(outcome, presence, board.usb_instance) or outcome.reason
@@ -652,39 +649,65 @@ class FlashSession:
             rec.phases += outcome.phases
             rec.warnings = list(outcome.warnings)
             rec.finished = utc_iso()
-            run = BoardRun(board, rec)
-            path = records.next_path(rec, self.records_dir)
-            logs_dir = path.with_suffix(".logs")
-            try:
-                rec.logs = keep_logs(outcome, logs_dir)
-                rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
-            except OSError as exc:
-                # the evidence stays in the board's work dir, which is kept (not removed)
-                self.evidence.add(board_dir)
-                rec.logs = {"error": f"logs not moved to {logs_dir}: {exc.strerror or exc}", "kept_in": str(board_dir)}
-                self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
-            if watcher is not None and outcome.result == "SUCCESS" and not self.interrupted:
-                boot_phase = Phase("boot", utc_iso())
-                self._emit(
-                    "line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")}
-                )
-                rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
-                boot_phase.finished = utc_iso()
-                boot_phase.result = boot_phase_result(rec.boot, self.interrupted)
-                rec.phases.append(boot_phase)
-                rec.finished = utc_iso()
-            elif port and outcome.result == "SUCCESS":
-                rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
-            self._save(run, path)
+            run = self._after_flash(board, board_dir, rec, outcome, watcher, port)
             leftovers.flasher_done(work, board.usb_instance)
-            if run.unrecorded:
-                self.evidence.add(board_dir)
-                self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
             return run
         finally:
             presence.stop()
             if watcher is not None:
                 watcher.stop()
+
+    def _console(self, board: discovery.UsbBoard) -> tuple[ConsoleWatcher | None, str | None]:
+        """The board's console, watched from before the flash (None: the boot is not watched)."""
+        port = self.opts.console
+        if port == "auto":
+            port = find_console(board.sys_path or None, self.ctx, only_one_ok=not self.opts.all_boards)
+            if port is None:
+                self._emit(
+                    "warning", {"message": f"{board.usb_instance}: no USB serial console found; boot not watched"}
+                )
+        if not port:
+            return None, None
+        watcher = ConsoleWatcher(port)
+        watcher.start()
+        return watcher, port
+
+    def _after_flash(
+        self,
+        board: discovery.UsbBoard,
+        board_dir: Path,
+        rec: FlashRecord,
+        outcome: FlashOutcome,
+        watcher: ConsoleWatcher | None,
+        port: str | None,
+    ) -> BoardRun:
+        """The flash's logs next to its record, the boot watch, the record itself."""
+        run = BoardRun(board, rec)
+        path = records.next_path(rec, self.records_dir)
+        logs_dir = path.with_suffix(".logs")
+        try:
+            rec.logs = keep_logs(outcome, logs_dir)
+            rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
+        except OSError as exc:
+            # the evidence stays in the board's work dir, which is kept (not removed)
+            self.evidence.add(board_dir)
+            rec.logs = {"error": f"logs not moved to {logs_dir}: {exc.strerror or exc}", "kept_in": str(board_dir)}
+            self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
+        if watcher is not None and outcome.result == "SUCCESS" and not self.interrupted:
+            boot_phase = Phase("boot", utc_iso())
+            self._emit("line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")})
+            rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
+            boot_phase.finished = utc_iso()
+            boot_phase.result = boot_phase_result(rec.boot, self.interrupted)
+            rec.phases.append(boot_phase)
+            rec.finished = utc_iso()
+        elif port and outcome.result == "SUCCESS":
+            rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
+        self._save(run, path)
+        if run.unrecorded:
+            self.evidence.add(board_dir)
+            self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
+        return run
 
 
 def boot_phase_result(boot: Boot, interrupted: bool) -> str:
