@@ -157,6 +157,7 @@ def test_a_path_outside_the_bundle_dirs_is_neither_used_nor_probed(svc: tuple[in
         peer.send(_request(bundle, path=path, size=size))
         assert peer.read() == {"upload": True}, path
         peer.close()
+        wait_for("the upload given up is torn down", lambda: not _uploads(station))  # one flash slot per board
     assert len(station.records_list()) == before
     wait_for("no upload directory left", lambda: not _uploads(station))
 
