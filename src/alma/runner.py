@@ -216,7 +216,9 @@ def run(
     logf: IO[str] | None = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        logf = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
+        # never through a link: a log named by a tool's own tree must not append into its target
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        logf = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
         logf.write(cmdline + "\n")
 
     started = time.monotonic()

@@ -236,7 +236,8 @@ class InitrdFlasher:
                 warnings.append(PRESIGNED_WARNING)
             on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=banner))
 
-        transcript = bundle_dir / TRANSCRIPT
+        transcript = transcript_path(bundle_dir)
+        _create_private(transcript)  # alma's own file, new, outside the bundle's tree
         result = "FAILED"
         exit_code: int | None = None
         timed_out: str | None = None
@@ -309,6 +310,22 @@ class InitrdFlasher:
         )
 
 
+def transcript_path(bundle_dir: Path) -> Path:
+    """alma's transcript of a board's flash: next to the board's copy, never inside it (the
+    bundle's tree is the bundle's: a member may be a link that a write would follow)."""
+    return bundle_dir.parent / f"{bundle_dir.name}.{TRANSCRIPT}"
+
+
+def _create_private(path: Path) -> None:
+    """``path`` created new through its directory's descriptor: never a link, never an old file."""
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.close(os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd))  # fmt: skip
+    finally:
+        os.close(dfd)
+
+
 def _waits_for(bundle_dir: Path, phase: str | None) -> str | None:
     """The USB storage device initrd-flash waits for in ``phase`` (see initrd-flash.sh)."""
     if phase in ("flashpkg", "final-status"):
@@ -345,7 +362,7 @@ def keep_logs(outcome: FlashOutcome, dest: Path) -> dict[str, object]:
         target = _move(outcome.device_logs, dest / outcome.device_logs.name)
         out["device_logs"] = sorted(str(p) for p in target.rglob("*") if p.is_file())
     if outcome.transcript is not None and outcome.transcript.exists():
-        out["transcript"] = str(_move(outcome.transcript, dest / outcome.transcript.name))
+        out["transcript"] = str(_move(outcome.transcript, dest / TRANSCRIPT))
     return out
 
 

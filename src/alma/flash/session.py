@@ -42,6 +42,7 @@ from alma.flash.flasher import (
     InitrdFlasher,
     collect_logs,
     keep_logs,
+    transcript_path,
 )
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
@@ -312,6 +313,7 @@ class FlashSession:
         self.evidence: set[Path] = set()  # board dirs whose logs could not be moved to the records
         self.locks: dict[str, BoardLock] = {}  # each board's lock, inherited by its flasher
         self.live_fd: int | None = None  # the run dir's .alma-live lock, inherited by every flasher
+        self.shared_before: dict[str, tuple[int, int]] = {}  # shared payloads' state before any flash
         self._events_lock = threading.Lock()
 
     @property
@@ -480,7 +482,7 @@ class FlashSession:
         )
         path = records.next_path(rec, self.records_dir)
         host_log, device_logs = collect_logs(k.board_dir) if k.board_dir.is_dir() else (None, None)
-        transcript = k.board_dir / TRANSCRIPT
+        transcript = transcript_path(k.board_dir)
         outcome = FlashOutcome(
             "INTERRUPTED", rec.reason, None, None, host_log=host_log, device_logs=device_logs,
             transcript=transcript if transcript.is_file() else None,
@@ -548,7 +550,7 @@ class FlashSession:
             bundles.check_copy_space(prepared, len(ok), self.budget, work)
         except UserError as exc:
             return runs + [self.refuse(exc, b, choice, started, phases=[prep_phase], **kw) for b in ok]
-        before = bundles.shared_payload_state(prepared)
+        self.shared_before = bundles.shared_payload_state(prepared)
         pool = ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash")
         futures: dict[Future[BoardRun], discovery.UsbBoard] = {
             pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work): b for b in ok
@@ -565,8 +567,6 @@ class FlashSession:
                 raise failure
             else:
                 runs.append(f.result())
-        if bundles.shared_payload_state(prepared) != before:
-            self._emit("warning", {"message": "a shared payload changed during the flash (hard-linked copy)"})
         return runs
 
     def _wait_all(self, futures: list[Future[BoardRun]]) -> None:
@@ -649,6 +649,14 @@ class FlashSession:
             rec.phases += outcome.phases
             rec.warnings = list(outcome.warnings)
             rec.finished = utc_iso()
+            changed = self._shared_changed(prepared)
+            if changed:
+                rec.result = "FAILED"
+                rec.reason = (
+                    f"the shared payload {', '.join(changed)} changed while board {board.usb_instance} was flashed "
+                    "(one hard-linked copy serves every board and initrd-flash must only read it): this flash is "
+                    f"not trusted; flash the board again (initrd-flash: {outcome.reason or outcome.result})"
+                )
             run = self._after_flash(board, board_dir, rec, outcome, watcher, port)
             leftovers.flasher_done(work, board.usb_instance)
             return run
@@ -656,6 +664,11 @@ class FlashSession:
             presence.stop()
             if watcher is not None:
                 watcher.stop()
+
+    def _shared_changed(self, prepared: bundles.PreparedBundle) -> list[str]:
+        """The shared (hard-linked) payloads whose size or mtime moved since the flashes began."""
+        now = bundles.shared_payload_state(prepared)
+        return sorted(p for p, st in self.shared_before.items() if now.get(p) != st)
 
     def _console(self, board: discovery.UsbBoard) -> tuple[ConsoleWatcher | None, str | None]:
         """The board's console, watched from before the flash (None: the boot is not watched)."""
@@ -726,6 +739,10 @@ def _prune_to_logs(work: Path, keep: set[Path]) -> None:
         if entry.name != "boards":
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
     for board_dir in (work / "boards").iterdir() if (work / "boards").is_dir() else []:
+        if board_dir.name.endswith("." + TRANSCRIPT):
+            if board_dir.with_name(board_dir.name.removesuffix("." + TRANSCRIPT)) not in keep:
+                board_dir.unlink(missing_ok=True)
+            continue
         if board_dir not in keep:
             shutil.rmtree(board_dir, ignore_errors=True)
             continue
