@@ -52,6 +52,7 @@ PARTIAL_AFTER_S = 0.5
 # A stopped initrd-flash (timeout, Ctrl-C, SIGTERM) gets this long after SIGTERM before its
 # whole process group is killed: bounded, so every board has its record well within 5 s.
 STOP_GRACE_S = 4.0
+STOP_CAUSE = "Ctrl-C or SIGTERM"  # what sets cancel unless the caller says otherwise (the flash service)
 TRANSCRIPT = "alma-initrd-flash.log"  # alma's own copy of the script's output, next to its logs
 PRESIGNED_WARNING = "WARN: binaries already signed; ignoring signing options"
 
@@ -120,6 +121,7 @@ class Flasher(Protocol):
     stops every flash running in any thread; ``kill_all`` stops them without grace."""
 
     cancel: threading.Event
+    stop_cause: str  # what set ``cancel``, for the record's reason
 
     def flash(
         self,
@@ -169,6 +171,7 @@ class InitrdFlasher:
         self.cancel = cancel or threading.Event()
         self._pids: set[int] = set()
         self._pids_lock = threading.Lock()
+        self.stop_cause = STOP_CAUSE
         self._program: privilege.CheckedProgram | None = None
         self._checked = False
 
@@ -291,7 +294,7 @@ class InitrdFlasher:
             result = "SUCCESS"
         reason = None
         if result == "INTERRUPTED":
-            reason = f"interrupted (Ctrl-C or SIGTERM) in phase {phases[-1].name}; initrd-flash was stopped"
+            reason = f"interrupted ({self.stop_cause}) in phase {phases[-1].name}; initrd-flash was stopped"
         elif result != "SUCCESS":
             reason = reasons.reason_from_log(
                 all_lines,

@@ -381,7 +381,7 @@ class FlashSession:
             choice,
             started,
             "INTERRUPTED",
-            reason="interrupted (Ctrl-C or SIGTERM) before the board was touched; nothing was flashed",
+            reason=f"interrupted ({self.flasher.stop_cause}) before the board was touched; nothing was flashed",
             phases=phases,
             **kw,
         )

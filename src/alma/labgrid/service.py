@@ -71,6 +71,9 @@ STOP_JOIN_S = 30.0  # on stop, how long the flash in progress gets to write its 
 # being torn down), then is answered "busy": well inside the driver's 30 s connect timeout.
 SLOT_WAIT_S = 10.0
 MAX_PEERS = 16  # connections served at once (each reading its request); more are closed at once
+# Why a flash was stopped when its client went away (the record's reason says which).
+CLOSED = "the client closed its connection (it gave up or was stopped)"
+VANISHED = "the client vanished: its connection broke"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -334,8 +337,7 @@ class Service:
                 try:
                     send(conn, {"event": "line", "phase": ev.phase, "text": ev.line[:4096]})
                 except OSError:
-                    peer_lost.set()  # the client went away: stop the flash, keep its record
-                    cancel.set()
+                    lost(VANISHED)  # the client went away: stop the flash, keep its record
 
         def watch_peer() -> None:
             # The client sends nothing more; EOF (or a reset) means it is gone.
@@ -344,11 +346,16 @@ class Service:
                     conn.settimeout(0.2)
                     try:
                         if conn.recv(1) == b"":
-                            peer_lost.set()
-                            cancel.set()
+                            lost(CLOSED)
                             return
                     except TimeoutError:
                         continue
+
+        def lost(cause: str) -> None:
+            if not peer_lost.is_set():
+                session.flasher.stop_cause = cause  # the record names why, not "Ctrl-C or SIGTERM"
+                peer_lost.set()
+            cancel.set()
 
         def watch_stop() -> None:
             while not done.wait(0.1):
@@ -368,13 +375,14 @@ class Service:
         if req["boot_timeout"] is not None:
             opts.boot_timeout = req["boot_timeout"]
         done = threading.Event()
+        session = FlashSession(opts, on_event=on_event, cancel=cancel, urgent=urgent)
         threads = [threading.Thread(target=f, daemon=True) for f in (watch_peer, watch_stop)]
         for t in threads:
             t.start()
         _tell_exporter("flash-start")
         error: UserError | None = None
         try:
-            FlashSession(opts, on_event=on_event, cancel=cancel, urgent=urgent).run()
+            session.run()
         except UserError as exc:
             error = exc
         finally:
