@@ -159,9 +159,11 @@ def verify(
         if on_cache:
             on_cache(str(b.real), hit)
         src = str(b.real)
-        m.set("image_buildable", True, f"{src}: a bundle exists, so the image was built")
-        if is_zip(b.real.name):  # judged as alma flash judges it
+        if is_zip(b.real.name):  # judged as alma flash judges it: built, not flashable
+            m.set("image_buildable", True, f"{src}: a bundle exists, so the image was built")
             problems.append(f"{b.real.name}: {ZIP_REFUSAL} (try: {ZIP_HINT})")
+        else:
+            m.set("image_buildable", True, f"{src}: a flashable bundle exists, so the image was built")
         m.set("bundle_path", src, f"{b.link} -> {b.real.name}" if b.link != b.real else src)
         m.set("bundle_bytes", scan.size, f"{src}: file size")
         m.set("bundle_sha256", scan.sha256, f"{src}: sha256 ({'cached by path/size/mtime/inode' if hit else 'read'})")
