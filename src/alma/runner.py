@@ -182,6 +182,7 @@ def run(
     max_line: int = MAX_LINE,
     stop_grace: float = STOP_GRACE_S,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> Result:
     """Run ``argv`` (never through a shell), streaming stdout+stderr line by line.
 
@@ -200,6 +201,7 @@ def run(
     ``flush_partial_after=S`` hands an unfinished line to ``on_line`` once the tool has been
     quiet for S seconds (prompts, "Waiting for USB storage device ......").
     ``on_start(proc)`` is called once the tool runs (its pid is its process group's id).
+    ``pass_fds`` are inherited by the tool (e.g. a lock that must outlive alma: alma.flash.lock).
     """
     if stderr not in ("merge", "separate"):
         raise ValueError(f"stderr must be 'merge' or 'separate', not {stderr!r}")
@@ -214,7 +216,9 @@ def run(
     logf: IO[str] | None = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        logf = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
+        # never through a link: a log named by a tool's own tree must not append into its target
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        logf = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
         logf.write(cmdline + "\n")
 
     started = time.monotonic()
@@ -227,6 +231,7 @@ def run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if stderr == "merge" else subprocess.PIPE,
             start_new_session=True,  # own process group: we can stop it and its children
+            pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
         if logf:

@@ -155,6 +155,11 @@ def pax01_bad_map() -> bytes:
     return bundle(pax(recs), header(b"img", 4) + pad(b"abcd"))
 
 
+def pax_sparse_size_not_a_number() -> bytes:
+    """GNU.sparse.size without a map (GNU tar 1.34: "Malformed extended header: invalid GNU.sparse.size")."""
+    return bundle(pax(pax_record(b"GNU.sparse.size", b"12x")), header(b"img", 4) + pad(b"abcd"))
+
+
 def sparse_map_larger_than_data() -> bytes:
     """The map says 1 MiB of data, the archive stores 4 bytes."""
     return bundle(old_gnu_sparse(b"img", [(0, 1 << 20)], 1 << 20, stored=4) + pad(b"abcd"))
@@ -217,6 +222,7 @@ KINDS: dict[str, Callable[[], bytes]] = {
     "sparse-bad-number": sparse_bad_number,
     "sparse-truncated-map": sparse_truncated_map,
     "pax-0.1-bad-map": pax01_bad_map,
+    "pax-sparse-size-not-a-number": pax_sparse_size_not_a_number,
     "sparse-map-larger-than-data": sparse_map_larger_than_data,
     "corrupt-header-midway": corrupt_header_midway,
     "metadata-flood": metadata_flood,

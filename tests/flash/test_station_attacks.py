@@ -154,6 +154,22 @@ def test_a_scope_id_is_never_an_address_and_the_next_one_is_used() -> None:
     assert only is not None and only.addresses == ()
 
 
+def test_loopback_and_link_local_addresses_never_become_a_fleet_entry() -> None:
+    from alma.fleet.join import after_flash
+
+    got = identity.parse_board_line(_line("edge-01", "127.0.0.1,::1,169.254.3.4,fe80::1,192.0.2.7", KEY))
+    assert got is not None and got.addresses == ("192.0.2.7",)
+    only = identity.parse_board_line(_line("edge-01", "127.0.0.1", KEY))
+    assert only is not None and only.addresses == ()
+    rec = FlashRecord(
+        board={"usb_instance": "1-3"}, bundle_sha256="a" * 64, bundle_path="b", machine=NANO,
+        started="x", finished="y", result="SUCCESS", final_status="SUCCESS",
+        boot=Boot(seen=True, console="/dev/ttyUSB0", board=only.to_dict()),
+    )  # fmt: skip
+    (join,) = after_flash([rec], None, "alma")
+    assert join["entry"] is None and "127.0.0.1" not in str(join.get("toml"))
+
+
 def test_identity_problems_never_change_the_exit_code_or_stop_other_boards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -441,3 +457,47 @@ def test_the_error_printer_keeps_lines_and_escapes_the_hint(capsys: pytest.Captu
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\x9b" not in err
     assert "second line" in err.splitlines()[1]
+
+
+def test_a_bundle_member_named_like_the_transcript_never_redirects_alma_s_writes(station: Station) -> None:
+    """A data-only member `alma-initrd-flash.log -> alma-image.ext4`: alma's transcript must not
+    be appended to the image being flashed (it is written outside the bundle's tree)."""
+    tree = make_bundle_tree(station.base / "tree-t")
+    (tree / "alma-initrd-flash.log").symlink_to(f"{IMAGE}.ext4")
+    image_before = sha256(tree / f"{IMAGE}.ext4")
+    deploy = station.base / "deploy" / NANO
+    deploy.mkdir(parents=True)
+    b = tar_gz(tree, deploy / f"{IMAGE}-{NANO}.rootfs-20261130120000.tegraflash.tar.gz")
+    station.manifest(b)
+    r = _flash(station, "--keep-work")
+    assert r.returncode == 0, r.stderr
+    (image,) = station.work.glob(f"run-*/boards/*/{IMAGE}.ext4")
+    assert sha256(image) == image_before  # not one byte of the transcript in the image
+    (rec,) = station.records_list()
+    transcript = station.records / str(rec["logs"]["transcript"])
+    assert "Final status: SUCCESS" in transcript.read_text() and not transcript.is_symlink()
+
+
+WRITES_THE_SHARED_IMAGE = """#!/bin/bash
+printf X | dd of={image} bs=1 seek=2048 conv=notrunc status=none
+exec ./initrd-flash.sim "$@"
+"""
+
+
+def test_a_shared_payload_a_boards_script_wrote_fails_that_flash_naming_file_and_board(station: Station) -> None:
+    """Root's script ignores 0444: a write into the one hard-linked image every board reads is a
+    failed flash naming the file and the board, never SUCCESS with an anonymous warning."""
+    tree = make_bundle_tree(station.base / "tree-w")
+    os.rename(tree / "initrd-flash", tree / "initrd-flash.sim")
+    (tree / "initrd-flash").write_text(WRITES_THE_SHARED_IMAGE.format(image=f"{IMAGE}.ext4"))
+    os.chmod(tree / "initrd-flash", 0o755)
+    deploy = station.base / "deploy" / NANO
+    deploy.mkdir(parents=True)
+    b = tar_gz(tree, deploy / f"{IMAGE}-{NANO}.rootfs-20261130120000.tegraflash.tar.gz")
+    station.manifest(b)
+    r = _flash(station)
+    (rec,) = station.records_list()
+    if os.geteuid() != 0:
+        pytest.skip("only root writes through the read-only shared copy (the attack needs root)")
+    assert r.returncode == 3, r.stderr
+    assert rec["result"] == "FAILED" and f"{IMAGE}.ext4" in str(rec["reason"]) and "1-3" in str(rec["reason"])

@@ -96,18 +96,82 @@ EXTERNAL_ROOTFS_DRIVE=1
 
 
 def test_env_is_parsed_not_executed() -> None:
-    env = parse_env(ENV + 'EVIL="$(touch /tmp/alma-pwned)"\n')
+    env = parse_env(ENV)
     assert env.machine == "p3768-0000-p3767-0000"
     assert env.chipid == "0x23" and env.rootfs_device == "nvme0n1" and env.bootdev == "nvme0n1p1"
     assert env.defaults == {"BOARDID": "3767", "FAB": "300"}
     assert env.payload_files() == ["alma-image.ext4"]
-    assert env.get("EVIL") == "$(touch /tmp/alma-pwned)"
+    # bash would run this when initrd-flash sources the file: not a value, a refusal
+    with pytest.raises(UserError, match="not one plain shell word"):
+        parse_env(ENV + 'EVIL="$(touch /tmp/alma-pwned)"\n')
     assert not Path("/tmp/alma-pwned").exists()
+
+
+AGX = ENV.replace("p3768-0000-p3767-0000", "jetson-agx-orin-devkit")
+# Lines bash and str.splitlines/shlex read differently, and lines that run commands when sourced.
+TWO_READINGS = {
+    "fs-separator": AGX + "ROOTFS_IMAGE=x\x1cMACHINE=jetson-orin-nano-devkit\n",
+    "line-separator": AGX + "ROOTFS_IMAGE=x\u2028MACHINE=jetson-orin-nano-devkit\n",
+    "carriage-return": AGX + "ROOTFS_IMAGE=x\rMACHINE=jetson-orin-nano-devkit\n",
+    "command-word": ENV + "ROOTFS_DEVICE2=mmcblk0 touch {pwned}\n",
+    "semicolon": ENV + "X=1;touch {pwned}\n",
+    "substitution": ENV + 'X="`touch {pwned}`"\n',
+    "escape": ENV + 'ROOTFS_IMAGE2="a\x1b[2Jb"\n',
+    "nul": ENV + 'X="a\x00b"\n',
+    "glob": ENV + "X=/tm*\n",
+    "tilde": ENV + "X=~root\n",
+    "set-twice": ENV + "MACHINE=jetson-orin-nano-devkit\n",
+    "export": ENV + "export X=1\n",
+}
+
+
+def _bash_reading(text: str, tmp_path: Path) -> dict[str, str]:
+    """What initrd-flash sees: bash sources the file (as the real script does) and prints the values."""
+    f = tmp_path / "env"
+    f.write_bytes(text.encode("utf-8", "surrogatepass"))
+    keys = sorted({ln.split("=", 1)[0] for ln in text.split("\n") if "=" in ln and "[" not in ln.split("=", 1)[0]})
+    script = 'declare -A DEFAULTS; source "$1"; ' + " ".join(
+        f'printf "%s\\0" "${{{k}-}}";' for k in keys if k.isidentifier()
+    )
+    out = subprocess.run(["bash", "-c", script, "bash", str(f)], capture_output=True, check=False).stdout
+    return dict(zip([k for k in keys if k.isidentifier()], out.decode("utf-8", "replace").split("\0"), strict=False))
+
+
+@pytest.mark.parametrize("kind", sorted(TWO_READINGS))
+def test_env_lines_bash_reads_otherwise_are_refused(kind: str, tmp_path: Path) -> None:
+    pwned = tmp_path / "pwned"
+    text = TWO_READINGS[kind].format(pwned=pwned)
+    bash = _bash_reading(text, tmp_path)
+    with pytest.raises(UserError) as ei:
+        parse_env(text)
+    assert len(ei.value.message) < 500 and "\x1b" not in ei.value.message and "\x00" not in ei.value.message
+    if kind == "fs-separator":
+        assert bash["MACHINE"] == "jetson-agx-orin-devkit"  # what the script ran with: the fit check must see it
+    if kind == "command-word":
+        assert pwned.exists()  # bash ran the command word: why it can never be a value
+
+
+def test_what_the_parser_accepts_is_what_bash_sources(tmp_path: Path) -> None:
+    text = ENV + "ODD='single $x'\nMIX=a\"b c\"'d'\nEMPTY=\nPATHY=/a/b:c,d+e@f%g=h\n"
+    env = parse_env(text)
+    bash = _bash_reading(text, tmp_path)
+    assert {k: env.get(k) for k in bash} == bash
+    assert env.get("MIX") == "ab cd" and env.get("ODD") == "single $x"
+
+
+def test_a_huge_value_is_refused_with_a_short_message() -> None:
+    with pytest.raises(UserError) as ei:
+        parse_env(ENV + "ROOTFS_IMAGE2=" + "A" * 60_000 + "\n")
+    assert "60000 bytes" in ei.value.message and len(ei.value.message) < 300
 
 
 @pytest.mark.parametrize(
     ("text", "says"),
-    [("MACHINE=\n", "no MACHINE"), ("echo hi\n", "not a KEY=value"), ('MACHINE="unterminated\n', "quotation")],
+    [
+        ("MACHINE=\n", "no MACHINE"),
+        ("echo hi\n", "not a KEY=value"),
+        ('MACHINE="unterminated\n', "not one plain shell word"),
+    ],
 )
 def test_bad_env_is_a_clear_error(text: str, says: str) -> None:
     with pytest.raises(UserError) as ei:
@@ -230,6 +294,28 @@ def test_setup_udev_writes_atomically_where_told(station: Station, tmp_path: Pat
     assert "udevadm control --reload && sudo udevadm trigger" in r.stdout
     printed = station.alma("setup", "udev", "--print", device=None)
     assert printed.stdout == udev_rules.render()
+
+
+@pytest.mark.parametrize(
+    "group",
+    ["plugdev\", RUN+=\"/bin/sh -c 'id > /tmp/pwned'", 'plugdev\nACTION=="add", RUN+="/bin/true"', "-x", "g" * 40],
+)
+def test_setup_udev_group_must_be_a_group_name(station: Station, tmp_path: Path, group: str) -> None:
+    rules_dir = tmp_path / "rules.d"
+    r = station.alma("setup", "udev", "--rules-dir", str(rules_dir), "--group", group, device=None)
+    assert r.returncode == 2 and "not a group name" in r.stderr, r.stderr
+    assert not rules_dir.exists() or list(rules_dir.iterdir()) == []
+    assert "RUN+=" not in r.stdout and "usermod" not in r.stdout
+
+
+def test_setup_udev_group_must_exist_and_the_hint_is_quoted(station: Station, tmp_path: Path) -> None:
+    rules_dir = tmp_path / "rules.d"
+    missing = "nogroup-" + os.urandom(4).hex()
+    r = station.alma("setup", "udev", "--rules-dir", str(rules_dir), "--group", missing, device=None)
+    assert r.returncode == 2 and "no such group" in r.stderr and f"groupadd {missing}" in r.stderr, r.stderr
+    ok = station.alma("setup", "udev", "--rules-dir", str(rules_dir), "--group", "root", device=None)
+    assert ok.returncode == 0, ok.stderr
+    assert 'usermod -aG root "$USER"' in ok.stdout
 
 
 def test_setup_udev_unwritable_dir_is_exit_2_with_sudo_hint(station: Station, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from labgrid.binding import BindingState
 from support_flash import Station, sha256
 
 from alma.errors import AlmaError
+from alma.flash.flasher import DEFAULT_TIMEOUTS
 from alma.flash.records import FlashRecord
 from alma.labgrid import AlmaFlashDriver, NetworkAlmaRecoveryBoard
 
@@ -52,12 +53,15 @@ def _clean(exc: AlmaError) -> None:
 
 
 class FakeService:
-    """A flash service that answers the request with scripted bytes, then closes."""
+    """A flash service that answers the request with scripted bytes, then closes; with ``drip``
+    it stays and sends ``drip`` every 0.2 s (b"": silent) until the client hangs up."""
 
-    def __init__(self, reply: bytes) -> None:
+    def __init__(self, reply: bytes, drip: bytes | None = None) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self.reply = reply
+        self.drip = drip
+        self.done = threading.Event()
         self.requests: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -73,8 +77,11 @@ class FakeService:
             self.requests.append(json.loads(buf.split(b"\n", 1)[0]))
             with contextlib.suppress(OSError):  # the driver hangs up once it has seen enough (endless line)
                 conn.sendall(self.reply)
+                while self.drip is not None and not self.done.wait(0.2):
+                    conn.sendall(self.drip)
 
     def close(self) -> None:
+        self.done.set()
         self.sock.close()
         self.thread.join(10)
 
@@ -125,8 +132,10 @@ def _lines(*msgs: Any) -> bytes:
 
 
 REPLIES = {
-    "escapes-in-the-record": _lines({"upload": False}, {"result": _record(result=f"FAILED{ESC}", reason=ESC,
-                                     board={"usb_instance": ESC}), "record_path": ESC}),  # fmt: skip
+    "escapes-in-the-record": _lines(
+        {"upload": False},
+        {"result": _record(result=f"FAILED{ESC}", reason=ESC, board={"usb_instance": ESC}), "record_path": ESC},
+    ),  # fmt: skip
     "escapes-in-an-error": _lines({"upload": False}, {"error": ESC, "hint": ESC}),
     "escapes-in-the-first-answer": _lines({"error": ESC, "hint": ESC}),
     "board-not-a-dict": _lines({"upload": False}, {"result": _record(board="1-3")}),
@@ -152,12 +161,48 @@ def test_hostile_service_replies_end_in_a_clear_error(name: str, bundle: Path, f
     assert svc.requests and svc.requests[0]["sha256"] == sha256(bundle)
 
 
+def _success(bundle: Path, **over: Any) -> dict[str, Any]:
+    fields = {"result": "SUCCESS", "reason": None, "bundle_sha256": sha256(bundle), "bundle_path": f"/x/{bundle.name}"}
+    return {"result": _record(**{**fields, **over}), "record_path": "/r"}
+
+
 def test_a_success_from_the_service_is_returned(bundle: Path, fake: list[FakeService]) -> None:
-    ok = {"result": _record(result="SUCCESS", reason=None), "record_path": "/r"}
-    svc = FakeService(_lines({"upload": False}, ok))
+    svc = FakeService(_lines({"upload": False}, _success(bundle)))
     fake.append(svc)
     rec = _driver(svc.port).flash(bundle)
     assert rec.result == "SUCCESS" and rec.board == {"usb_instance": "1-3"}
+
+
+OTHER_FLASH = {
+    "another-sha256": {"bundle_sha256": "f" * 64},
+    "another-board": {"board": {"usb_instance": "1-4"}},
+    "another-bundle": {"bundle_path": "/srv/evil-alma-image-x.rootfs.tegraflash.tar.gz"},
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_FLASH))
+def test_a_success_record_of_another_flash_is_an_error(name: str, bundle: Path, fake: list[FakeService]) -> None:
+    svc = FakeService(_lines({"upload": False}, _success(bundle, **OTHER_FLASH[name])))
+    fake.append(svc)
+    with pytest.raises(AlmaError) as ei:
+        _driver(svc.port).flash(bundle)
+    assert "record of another flash" in ei.value.message, ei.value.message
+    _clean(ei.value)
+
+
+@pytest.mark.parametrize("drip", [b"", b'{"event": "line", "text": "still here"}\n'], ids=["silent", "dripping"])
+def test_an_exporter_that_never_ends_the_flash_meets_one_overall_deadline(
+    drip: bytes, bundle: Path, fake: list[FakeService]
+) -> None:
+    svc = FakeService(_lines({"upload": False}), drip=drip)
+    fake.append(svc)
+    drv = _driver(svc.port)
+    drv.timeouts = dict.fromkeys(DEFAULT_TIMEOUTS, 0.2)
+    drv.boot_timeout = 0.2
+    drv.deadline_slack = 0.5
+    with pytest.raises(AlmaError) as ei:
+        drv.flash(bundle)
+    assert "no flash record" in ei.value.message and "within 2 s" in ei.value.message, ei.value.message
 
 
 def test_a_service_that_never_answers_is_a_clear_busy_error(bundle: Path) -> None:

@@ -157,6 +157,7 @@ def test_a_path_outside_the_bundle_dirs_is_neither_used_nor_probed(svc: tuple[in
         peer.send(_request(bundle, path=path, size=size))
         assert peer.read() == {"upload": True}, path
         peer.close()
+        wait_for("the upload given up is torn down", lambda: not _uploads(station))  # one flash slot per board
     assert len(station.records_list()) == before
     wait_for("no upload directory left", lambda: not _uploads(station))
 
@@ -264,3 +265,19 @@ def test_parse_request_accepts_only_its_grammar(msg: dict[str, Any]) -> None:
     assert isinstance(req["size"], int) and 0 < req["size"] <= service.MAX_BUNDLE
     assert service.SHA256.fullmatch(req["sha256"])
     assert all(0 < v <= 86400 for v in req["timeouts"].values())
+
+
+def test_a_client_that_leaves_mid_flash_is_named_in_the_record_not_ctrl_c(svc: tuple[int, Station]) -> None:
+    port, station = svc
+    bundle = station.bundle("leaves", outcomes={"*": "hang-storage"})
+    before = len(station.records_list())
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    while (msg := peer.read()) is not None and msg.get("phase") != "storage":
+        pass  # the flash waits for the board's storage now
+    peer.close()
+    wait_for("the interrupted flash's record", lambda: len(station.records_list()) > before)
+    rec = station.records_list()[before]
+    assert rec["result"] == "INTERRUPTED", rec
+    assert "the client closed its connection" in str(rec["reason"]) and "Ctrl-C" not in str(rec["reason"]), rec

@@ -155,8 +155,6 @@ def test_an_upload_larger_than_the_free_space_is_refused_before_a_byte(
     assert not _uploads(pair.work)
 
 
-
-
 def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     with socket.create_server(("127.0.0.1", 0)) as srv:
         client = socket.create_connection(srv.getsockname(), timeout=10)
@@ -186,3 +184,73 @@ def test_a_client_gone_before_the_flash_gets_no_flash(tmp_path: Path, monkeypatc
                 time.sleep(0.2)
             service.Service("1-3", ours, Interruption(), bundle_dirs=[str(deploy)]).handle(ours)
         assert flashed == ([] if gone else [bundle])
+
+
+@pytest.fixture
+def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, service.Service]]:
+    """The service's real accept loop on loopback (in a thread); nothing here reaches a board."""
+    monkeypatch.setenv("ALMA_FLASH_WORKDIR", str(tmp_path / "work"))
+    stop = Interruption()
+    sock = socket.create_server(("127.0.0.1", 0))
+    svc = service.Service("1-3", sock, stop)
+    thread = threading.Thread(target=svc.serve, daemon=True)
+    thread.start()
+    try:
+        yield int(sock.getsockname()[1]), svc
+    finally:
+        stop.cancel.set()
+        thread.join(60)
+        sock.close()
+
+
+def _still_connected(sock: socket.socket) -> bool:
+    """Neither answered (an error line) nor closed by the service: still waiting on it."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+        return False  # data or EOF: the service has dealt with it (dropped it)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+def test_idle_peers_never_delay_the_place_holders_answer(serving: tuple[int, service.Service]) -> None:
+    port, _svc = serving
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in range(2)]  # connected first
+    try:
+        holder = socket.create_connection(("127.0.0.1", port), timeout=120)
+        with holder:
+            holder.sendall(_request(1000))
+            answer = service.LineReader(holder).read()
+            assert answer == {"upload": True}
+            # answered while both idle peers are still connected: they were not served first
+            assert all(_still_connected(s) for s in idle)
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_second_request_is_answered_busy_at_once_while_one_uploads(serving: tuple[int, service.Service]) -> None:
+    port, _svc = serving
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as first:
+        first.sendall(_request(10 << 20))
+        assert service.LineReader(first).read() == {"upload": True}
+        first.sendall(b"x" * 1000)  # and then nothing: it holds the board's one flash slot
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as second:
+            second.sendall(_request(1000))
+            final = _answer(second)
+            assert "busy" in final["error"] and "nothing was flashed" in final["error"], final
+            assert _still_connected(first)  # the first was not dropped to serve the second
+
+
+def test_an_upload_over_the_budget_is_refused_before_it_starts(pair: Pair) -> None:
+    pair.thread.start()
+    pair.peer.sendall(_request(64 << 30))  # 64 GiB announced
+    reader = service.LineReader(pair.peer)
+    pair.peer.settimeout(30)
+    first = reader.read()
+    assert first is not None and "upload budget" in str(first.get("error")), first
+    assert not _uploads(pair.work)

@@ -27,6 +27,7 @@ from alma.artefacts.status import derive_status
 from alma.buildtree import DEFAULT_MACHINE, BuildTree, build_tree, recorded_env
 from alma.errors import UserError
 from alma.ground import utc_iso
+from alma.tegraflash.names import ZIP_HINT, ZIP_REFUSAL, is_zip
 
 log = logging.getLogger("alma.verify")
 
@@ -203,7 +204,11 @@ def _bundle_facts(c: _Collect) -> None:
     if c.on_cache:
         c.on_cache(str(b.real), hit)
     src = str(b.real)
-    m.set("image_buildable", True, f"{src}: a flashable bundle exists, so the image was built")
+    if is_zip(b.real.name):  # judged as alma flash judges it: built, not flashable
+        m.set("image_buildable", True, f"{src}: a bundle exists, so the image was built")
+        c.problems.append(f"{b.real.name}: {ZIP_REFUSAL} (try: {ZIP_HINT})")
+    else:
+        m.set("image_buildable", True, f"{src}: a flashable bundle exists, so the image was built")
     m.set("bundle_path", src, f"{b.link} -> {b.real.name}" if b.link != b.real else src)
     m.set("bundle_bytes", scan.size, f"{src}: file size")
     m.set("bundle_sha256", scan.sha256, f"{src}: sha256 ({'cached by path/size/mtime/inode' if hit else 'read'})")

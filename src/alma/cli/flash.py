@@ -14,8 +14,10 @@ from almaboard import text as T
 from alma.cli.output import console, emit_json, is_tty, secho
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from alma.flash.discovery import UsbBoard
-    from alma.flash.session import BoardRun, BundleChoice
+    from alma.flash.session import BoardRun, BundleChoice, FlashSession
 
 EPILOG = (
     "Exit codes: 0 every board flashed (and, when a console was watched, seen booting); "
@@ -178,14 +180,12 @@ def flash(
     require_station_deps()
     from alma.errors import UserError
     from alma.flash.flasher import FlashArgs
+    from alma.flash.identity import IdentityPlan
     from alma.flash.interrupt import Interruption
-    from alma.flash.session import EXIT_INTERRUPTED, EXIT_UNRECORDED, FlashOptions, FlashSession, overall_exit
+    from alma.flash.session import FlashOptions, FlashSession
 
     if board and all_boards:
         raise click.UsageError("--board and --all exclude each other")
-    from alma.flash.identity import IdentityPlan  # issue 14
-
-    ident = IdentityPlan.from_options(hostname, hostname_pattern, hostnames_csv, admin_key)
     opts = FlashOptions(
         bundle=bundle,
         machine=machine,
@@ -200,30 +200,15 @@ def flash(
         records_dir=records_dir,
         timeouts=_phase_timeouts(phase_timeout),
         keep_work=keep_work,
-        identity=ident,
+        identity=IdentityPlan.from_options(hostname, hostname_pattern, hostnames_csv, admin_key),
         flash_args=FlashArgs(erase_nvme, skip_bootloader, pkc_key, sbk_key),
         unpack_cap=int(unpack_cap * 1e9) if unpack_cap else None,
     )
-
-    def confirm(boards: list[UsbBoard], choice: BundleChoice) -> bool:
-        if yes:
-            return True
-        if not sys.stdin.isatty():
-            raise UserError("flashing erases the boards and stdin is not a terminal", hint="add --yes to confirm")
-        names = ", ".join(f"{b.usb_instance} ({b.module})" for b in boards)
-        click.echo(f"bundle: {choice.path}\n  sha256 {choice.expected_sha256}\nboards: {names}", err=True)
-        # Ctrl-C at the prompt aborts it (exit 130): nothing was touched yet
-        return click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True)
-
-    def confirmed(boards: list[UsbBoard], choice: BundleChoice) -> bool:
-        if not confirm(boards, choice):
-            return False
-        stop.install()  # from here on a signal only sets a flag the session acts on
-        return True
-
     display = _Display(json_mode=as_json)
     stop = Interruption()
-    session = FlashSession(opts, on_event=display.event, confirm=confirmed, cancel=stop.cancel, urgent=stop.urgent)
+    session = FlashSession(
+        opts, on_event=display.event, confirm=_confirmation(yes, stop), cancel=stop.cancel, urgent=stop.urgent
+    )
     try:
         runs = session.run()
     except UserError:
@@ -233,11 +218,39 @@ def flash(
     finally:
         stop.restore()
         display.close()
+    _report(runs, session, stop.interrupted, as_json, add_to_fleet, ssh_user)
+
+
+def _confirmation(yes: bool, stop: Any) -> Callable[[list[UsbBoard], BundleChoice], bool]:
+    """Asks before erasing (unless --yes); once confirmed, a signal only sets the session's flag."""
+    from alma.errors import UserError
+
+    def confirmed(boards: list[UsbBoard], choice: BundleChoice) -> bool:
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UserError("flashing erases the boards and stdin is not a terminal", hint="add --yes to confirm")
+            names = ", ".join(f"{b.usb_instance} ({b.module})" for b in boards)
+            click.echo(f"bundle: {choice.path}\n  sha256 {choice.expected_sha256}\nboards: {names}", err=True)
+            # Ctrl-C at the prompt aborts it (exit 130): nothing was touched yet
+            if not click.confirm(f"Erase and flash {len(boards)} board(s)?", default=False, err=True):
+                return False
+        stop.install()  # from here on a signal only sets a flag the session acts on
+        return True
+
+    return confirmed
+
+
+def _report(
+    runs: list[BoardRun], session: FlashSession, interrupted: bool, as_json: bool, fleet: Path | None, ssh_user: str
+) -> None:
+    """The summary (or JSON), the fleet entries of boards seen booting, and the exit code."""
+    from alma.flash.session import EXIT_INTERRUPTED, EXIT_UNRECORDED, overall_exit
+
     code = overall_exit(runs)
-    joins = _join_fleet(runs, add_to_fleet, ssh_user)
+    joins = _join_fleet(runs, fleet, ssh_user)
     if session.record_errors and code == 0:
         code = EXIT_UNRECORDED if any(r.unrecorded for r in runs) else session.record_errors[0].exit_code
-    if stop.interrupted:
+    if interrupted:
         code = EXIT_INTERRUPTED  # whatever else happened: the user stopped it
     if as_json:
         emit_json(
@@ -250,7 +263,7 @@ def flash(
     else:
         _summary(runs)
         _print_joins(joins)
-    if stop.interrupted:
+    if interrupted:
         click.echo("interrupted: every initrd-flash was stopped (see the flash records)", err=True)
     if code:
         sys.exit(code)

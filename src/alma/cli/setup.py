@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -40,4 +41,6 @@ def udev(print_only: bool, rules_dir: Path | None, group: str, reload: bool) -> 
         click.echo("udev rules reloaded and USB devices re-triggered")
     else:
         click.echo("activate them: sudo udevadm control --reload && sudo udevadm trigger")
-    click.echo(f"and add the technician to the group: sudo usermod -aG {group} $USER (then log in again)")
+    click.echo(
+        f"and add the technician to the group: sudo usermod -aG {shlex.quote(group)} \"$USER\" (then log in again)"
+    )

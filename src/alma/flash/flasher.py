@@ -27,7 +27,7 @@ from almaboard import text as T
 
 from alma import runner, settings
 from alma.errors import ToolError, ToolTimeout, UserError
-from alma.flash import reasons
+from alma.flash import privilege, reasons
 from alma.flash.protocol import PHASES, Tracker
 from alma.flash.records import Phase
 from alma.ground import utc_iso
@@ -52,6 +52,8 @@ PARTIAL_AFTER_S = 0.5
 # A stopped initrd-flash (timeout, Ctrl-C, SIGTERM) gets this long after SIGTERM before its
 # whole process group is killed: bounded, so every board has its record well within 5 s.
 STOP_GRACE_S = 4.0
+STOP_CAUSE = "Ctrl-C or SIGTERM"  # what sets cancel unless the caller says otherwise (the flash service)
+TRANSCRIPT = "alma-initrd-flash.log"  # alma's own copy of the script's output, next to its logs
 PRESIGNED_WARNING = "WARN: binaries already signed; ignoring signing options"
 
 
@@ -119,10 +121,21 @@ class Flasher(Protocol):
     stops every flash running in any thread; ``kill_all`` stops them without grace."""
 
     cancel: threading.Event
+    stop_cause: str  # what set ``cancel``, for the record's reason
 
-    def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome: ...
+    def flash(
+        self,
+        bundle_dir: Path,
+        usb_instance: str,
+        on_event: Callable[[FlashEvent], None],
+        *,
+        pass_fds: tuple[int, ...] = (),
+    ) -> FlashOutcome: ...
 
     def kill_all(self) -> None: ...
+
+    def check(self) -> None:
+        """Refuse (UserError) before any board is touched when the program cannot be trusted."""
 
 
 class _CancellableDeadline(runner.Deadline):
@@ -158,11 +171,29 @@ class InitrdFlasher:
         self.cancel = cancel or threading.Event()
         self._pids: set[int] = set()
         self._pids_lock = threading.Lock()
+        self.stop_cause = STOP_CAUSE
+        self._program: privilege.CheckedProgram | None = None
+        self._checked = False
+
+    def check(self) -> None:
+        """A configured initrd-flash (alma.toml, ALMA_TOOL_INITRD_FLASH) is trusted and hashed
+        now (alma.flash.privilege, invariant 4); the bundle's own is checked per board copy."""
+        if self._checked:
+            return
+        configured = settings.tool("initrd-flash")
+        if configured != "initrd-flash":
+            found = configured if "/" in configured else shutil.which(configured)
+            if found is None:
+                raise UserError(f"initrd-flash tool {configured!r} not found in PATH", hint="fix [tools] in alma.toml")
+            self._program = privilege.CheckedProgram.of(
+                Path(found), "initrd-flash tool", "point [tools] initrd-flash at a program only root can write"
+            )
+        self._checked = True
 
     def command(self, bundle_dir: Path, usb_instance: str) -> list[str]:
-        configured = settings.tool("initrd-flash")
+        self.check()
         # The bundle's own script by default: it matches the bundle's binaries.
-        exe = str(bundle_dir / "initrd-flash") if configured == "initrd-flash" else configured
+        exe = str(bundle_dir / "initrd-flash") if self._program is None else str(self._program.path)
         return [exe, "--usb-instance", usb_instance, *self.args.argv()]
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
@@ -177,7 +208,16 @@ class InitrdFlasher:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
-    def flash(self, bundle_dir: Path, usb_instance: str, on_event: Callable[[FlashEvent], None]) -> FlashOutcome:
+    def flash(
+        self,
+        bundle_dir: Path,
+        usb_instance: str,
+        on_event: Callable[[FlashEvent], None],
+        *,
+        pass_fds: tuple[int, ...] = (),
+    ) -> FlashOutcome:
+        """``pass_fds``: the board's lock and the run's, held by the flasher itself while it runs
+        (a killed alma's flasher keeps the board locked and its run dir alive: alma.flash.leftovers)."""
         phases: list[Phase] = [Phase("wait-board", utc_iso())]
         deadline = _CancellableDeadline(self.timeouts["wait-board"], "wait-board", self.cancel)
         lines: list[str] = []
@@ -199,7 +239,8 @@ class InitrdFlasher:
                 warnings.append(PRESIGNED_WARNING)
             on_event(FlashEvent(usb_instance, phases[-1].name, line, banner=banner))
 
-        transcript = bundle_dir / "alma-initrd-flash.log"
+        transcript = transcript_path(bundle_dir)
+        _create_private(transcript)  # alma's own file, new, outside the bundle's tree
         result = "FAILED"
         exit_code: int | None = None
         timed_out: str | None = None
@@ -210,9 +251,12 @@ class InitrdFlasher:
             pid_box.append(proc.pid)
             self._started(proc)
 
+        argv = self.command(bundle_dir, usb_instance)
+        if self._program is not None:
+            self._program.reverify()  # the inode and bytes that were checked, right before the exec
         try:
             res = runner.run(
-                self.command(bundle_dir, usb_instance),
+                argv,
                 cwd=bundle_dir,
                 env=self.env,
                 timeout=deadline,
@@ -223,6 +267,7 @@ class InitrdFlasher:
                 flush_partial_after=PARTIAL_AFTER_S,
                 on_start=started,
                 stop_grace=STOP_GRACE_S,
+                pass_fds=pass_fds,
             )
             exit_code = res.returncode
         except ToolTimeout:
@@ -249,7 +294,7 @@ class InitrdFlasher:
             result = "SUCCESS"
         reason = None
         if result == "INTERRUPTED":
-            reason = f"interrupted (Ctrl-C or SIGTERM) in phase {phases[-1].name}; initrd-flash was stopped"
+            reason = f"interrupted ({self.stop_cause}) in phase {phases[-1].name}; initrd-flash was stopped"
         elif result != "SUCCESS":
             reason = reasons.reason_from_log(
                 all_lines,
@@ -266,6 +311,22 @@ class InitrdFlasher:
         return FlashOutcome(
             result, reason, exit_code, status, phases, host_log, device_logs, transcript, tracker, warnings
         )
+
+
+def transcript_path(bundle_dir: Path) -> Path:
+    """alma's transcript of a board's flash: next to the board's copy, never inside it (the
+    bundle's tree is the bundle's: a member may be a link that a write would follow)."""
+    return bundle_dir.parent / f"{bundle_dir.name}.{TRANSCRIPT}"
+
+
+def _create_private(path: Path) -> None:
+    """``path`` created new through its directory's descriptor: never a link, never an old file."""
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.close(os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd))  # fmt: skip
+    finally:
+        os.close(dfd)
 
 
 def _waits_for(bundle_dir: Path, phase: str | None) -> str | None:
@@ -304,7 +365,7 @@ def keep_logs(outcome: FlashOutcome, dest: Path) -> dict[str, object]:
         target = _move(outcome.device_logs, dest / outcome.device_logs.name)
         out["device_logs"] = sorted(str(p) for p in target.rglob("*") if p.is_file())
     if outcome.transcript is not None and outcome.transcript.exists():
-        out["transcript"] = str(_move(outcome.transcript, dest / outcome.transcript.name))
+        out["transcript"] = str(_move(outcome.transcript, dest / TRANSCRIPT))
     return out
 
 

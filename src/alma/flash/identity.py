@@ -246,6 +246,8 @@ def parse_board_line(line: str) -> BoardLine | None:
             return None
         if ip.is_unspecified or ip.is_multicast:
             return None
+        if ip.is_loopback or ip.is_link_local:
+            continue  # the station's own host, or a link without its interface: never the board's address
         addrs.append(str(ip))
     return BoardLine(m["name"], tuple(addrs), m["key"])
 

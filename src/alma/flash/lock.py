@@ -7,6 +7,11 @@ and whatever their environment says: there is no lock directory to point elsewhe
 lock file that could go stale or be created with the wrong owner. flock dies with its
 process (crash, kill -9), so nothing can lock anyone out.
 
+The lock lives as long as the flasher: its descriptor is inherited by the board's
+initrd-flash (``pass_fds``; every process of its group that keeps it holds the lock), so
+a killed alma leaves a running flasher still locked, and the board free only once the
+flasher's processes are gone.
+
 What it cannot do: stop a flasher that takes no lock (NVIDIA's own flash.sh run by hand).
 Opening the node needs read access: root, or the plugdev group (``alma setup udev``).
 The holder's pid is not stored anywhere (nothing to write into a device node); the
@@ -56,6 +61,11 @@ class BoardLock:
                 hint="wait for it to finish (alma boards shows the board's state); never flash one board twice at once",
             ) from None
         self._fd = fd
+
+    @property
+    def fd(self) -> int | None:
+        """The locked descriptor, to hand to the flasher (it holds the lock while it runs)."""
+        return self._fd
 
     def release(self) -> None:
         if self._fd is not None:

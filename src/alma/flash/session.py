@@ -33,7 +33,17 @@ from alma.errors import Interrupted, UserError
 from alma.flash import bundle as bundles
 from alma.flash import discovery, identity, leftovers, privilege, records
 from alma.flash.console import INTERRUPTED_REASON, ConsoleWatcher, find_console
-from alma.flash.flasher import FlashArgs, Flasher, FlashEvent, FlashOutcome, InitrdFlasher, keep_logs
+from alma.flash.flasher import (
+    TRANSCRIPT,
+    FlashArgs,
+    Flasher,
+    FlashEvent,
+    FlashOutcome,
+    InitrdFlasher,
+    collect_logs,
+    keep_logs,
+    transcript_path,
+)
 from alma.flash.lock import BoardLock
 from alma.flash.match import check_fits
 from alma.flash.records import Boot, FlashRecord, Phase
@@ -132,37 +142,17 @@ def _abs(root: Path, p: str | os.PathLike[str]) -> Path:
     return path if path.is_absolute() else root / path
 
 
+def _trusted_manifest(path: Path) -> Path:
+    """A manifest chooses the bundle and its sha256: another user's is refused (privilege, 4)."""
+    return privilege.trusted_config(
+        path, "facts manifest", "use a manifest only you (or root) can write, or pass --sha256 HEX"
+    )
+
+
 def resolve_bundle(opts: FlashOptions) -> BundleChoice:
     """Which bundle, and the sha256 it must have (from the facts manifest, or --sha256)."""
     root = opts.root or settings.repo_root()
-    chosen: facts.Manifest | None = None
-    if opts.manifest is not None:
-        chosen = facts.load_manifest(opts.manifest)
-    else:
-        found = [facts.load_manifest(p) for p in facts.find_manifests(root)]
-        cands = found
-        if opts.machine:
-            cands = [m for m in cands if m.machine == opts.machine]
-        if opts.image:
-            cands = [m for m in cands if m.image == opts.image]
-        if opts.bundle is not None and len(cands) != 1:
-            real = Path(opts.bundle).resolve()
-            by_path = [
-                m
-                for m in cands
-                if _manifest_value(m, "bundle_path") and _abs(root, m.value("bundle_path")).resolve() == real
-            ]
-            parsed = parse_name(Path(opts.bundle).name)
-            by_name = [m for m in cands if parsed is not None and parsed.is_for(str(m.image), m.machine)]
-            cands = by_path or by_name
-        if len(cands) == 1:
-            chosen = cands[0]
-        elif len(cands) > 1 and opts.sha256 is None:
-            names = ", ".join(f"{m.image}-{m.machine}" for m in cands)
-            raise UserError(
-                f"several facts manifests fit ({names})",
-                hint="choose one: alma flash --machine MACHINE [--image IMAGE]",
-            )
+    chosen = _choose_manifest(opts, root)
     if chosen is None and opts.sha256 is None:
         where = root / facts.FACTS_DIR
         raise UserError(
@@ -180,6 +170,48 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
                 hint="build the image (alma build), then alma verify; or name the bundle: alma flash BUNDLE",
             )
         path = _abs(root, bp)
+    expected = _expected_sha256(opts, chosen)
+    _check_bundle_file(path, chosen)
+    return BundleChoice(
+        path=path,
+        expected_sha256=expected.lower(),
+        machine=(chosen.machine if chosen else opts.machine),
+        image=(chosen.image if chosen else opts.image),
+        manifest=chosen,
+    )
+
+
+def _choose_manifest(opts: FlashOptions, root: Path) -> facts.Manifest | None:
+    """--manifest, or the one facts manifest that fits --machine/--image and the bundle's path or name."""
+    if opts.manifest is not None:
+        return facts.load_manifest(_trusted_manifest(opts.manifest))
+    cands = [facts.load_manifest(_trusted_manifest(p)) for p in facts.find_manifests(root)]
+    if opts.machine:
+        cands = [m for m in cands if m.machine == opts.machine]
+    if opts.image:
+        cands = [m for m in cands if m.image == opts.image]
+    if opts.bundle is not None and len(cands) != 1:
+        real = Path(opts.bundle).resolve()
+        by_path = [
+            m
+            for m in cands
+            if _manifest_value(m, "bundle_path") and _abs(root, m.value("bundle_path")).resolve() == real
+        ]
+        parsed = parse_name(Path(opts.bundle).name)
+        by_name = [m for m in cands if parsed is not None and parsed.is_for(str(m.image), m.machine)]
+        cands = by_path or by_name
+    if len(cands) == 1:
+        return cands[0]
+    if len(cands) > 1 and opts.sha256 is None:
+        names = ", ".join(f"{m.image}-{m.machine}" for m in cands)
+        raise UserError(
+            f"several facts manifests fit ({names})",
+            hint="choose one: alma flash --machine MACHINE [--image IMAGE]",
+        )
+    return None
+
+
+def _expected_sha256(opts: FlashOptions, chosen: facts.Manifest | None) -> str:
     expected = opts.sha256
     if expected is None:
         assert chosen is not None
@@ -194,8 +226,13 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
             f"--sha256 {expected} contradicts the facts manifest {chosen.path} ({chosen.value('bundle_sha256')})",
             hint="drop --sha256, or re-run alma verify",
         )
+    return str(expected)
+
+
+def _check_bundle_file(path: Path, chosen: facts.Manifest | None) -> None:
+    """A regular file (stat never blocks, even on a FIFO) of the size the manifest recorded."""
     try:
-        st = path.stat()  # stat never blocks, even on a FIFO
+        st = path.stat()
     except OSError:
         raise UserError(
             f"bundle not found: {path}", hint="alma build, or pass the bundle's path: alma flash BUNDLE"
@@ -204,19 +241,12 @@ def resolve_bundle(opts: FlashOptions) -> BundleChoice:
         raise NotARegularFile(path, file_kind(st.st_mode))
     if chosen is not None:
         want_bytes = _manifest_value(chosen, "bundle_bytes")
-        if isinstance(want_bytes, int) and want_bytes != path.stat().st_size:
+        if isinstance(want_bytes, int) and want_bytes != st.st_size:
             raise UserError(
-                f"{path.name}: {path.stat().st_size} bytes, but the facts manifest {chosen.path} recorded "
+                f"{path.name}: {st.st_size} bytes, but the facts manifest {chosen.path} recorded "
                 f"{want_bytes}: not the verified bundle; refused",
                 hint="re-run alma verify on the build host, or copy the right bundle",
             )
-    return BundleChoice(
-        path=path,
-        expected_sha256=str(expected).lower(),
-        machine=(chosen.machine if chosen else opts.machine),
-        image=(chosen.image if chosen else opts.image),
-        manifest=chosen,
-    )
 
 
 def pick_boards(opts: FlashOptions, context: Any = None) -> list[discovery.UsbBoard]:
@@ -281,6 +311,9 @@ class FlashSession:
         self.budget = Budget(cap=opts.unpack_cap, margin=opts.space_margin)
         self.record_errors: list[UserError] = []
         self.evidence: set[Path] = set()  # board dirs whose logs could not be moved to the records
+        self.locks: dict[str, BoardLock] = {}  # each board's lock, inherited by its flasher
+        self.live_fd: int | None = None  # the run dir's .alma-live lock, inherited by every flasher
+        self.shared_before: dict[str, tuple[int, int]] = {}  # shared payloads' state before any flash
         self._events_lock = threading.Lock()
 
     @property
@@ -348,7 +381,7 @@ class FlashSession:
             choice,
             started,
             "INTERRUPTED",
-            reason="interrupted (Ctrl-C or SIGTERM) before the board was touched; nothing was flashed",
+            reason=f"interrupted ({self.flasher.stop_cause}) before the board was touched; nothing was flashed",
             phases=phases,
             **kw,
         )
@@ -362,6 +395,7 @@ class FlashSession:
         records.probe_writable(self.records_dir)  # no record could be written: refuse first
         try:
             self.opts.flash_args.check()
+            self.flasher.check()
             boards = pick_boards(self.opts, self.ctx)
             if self.opts.identity is not None:  # name every board before touching one
                 self.opts.identity.bind([b.usb_instance for b in boards])
@@ -387,7 +421,7 @@ class FlashSession:
                 fitting.append(b)
             except UserError as exc:
                 runs.append(self.refuse(exc, b, choice, started, machine=str(env_machine)))
-        locks: dict[str, BoardLock] = {}
+        locks = self.locks
         for b in list(fitting):
             lk = BoardLock(b.usb_instance, b.devnode)
             try:
@@ -418,16 +452,47 @@ class FlashSession:
         base = privilege.trusted_base(base, "work dir", "--work-dir")  # UntrustedPath: a REFUSED record per board
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            for msg in leftovers.clean_stale_runs(base):
+            for msg in leftovers.clean_stale_runs(base, on_killed=self._killed_record):
                 self._emit("warning", {"message": msg})
             run = Path(tempfile.mkdtemp(prefix="run-", dir=base))
-            leftovers.mark_run(run)
+            self.live_fd = leftovers.mark_run(run)
             return run
         except OSError as exc:
             raise UserError(
                 f"cannot create a work directory in {base}: {exc.strerror or exc}",
                 hint="choose another place: alma flash --work-dir DIR",
             ) from exc
+
+    def _killed_record(self, k: leftovers.KilledFlash) -> None:
+        """The record of a board whose alma was killed while its flasher ran (found at this start)."""
+        info = k.info
+        ended = utc_iso(k.ended) if k.ended else None
+        rec = FlashRecord(
+            board=info.get("board") if isinstance(info.get("board"), dict) else {},
+            bundle_sha256=str(info.get("sha256") or ""),
+            bundle_path=str(info.get("bundle_path") or ""),
+            machine=str(info.get("machine") or "unknown"),
+            image=str(info["image"]) if info.get("image") else None,
+            started=str(info.get("started") or ""),
+            finished=ended or utc_iso(),
+            result="INTERRUPTED",
+            reason=f"interrupted: alma killed (pid {k.alma_pid}), flasher ran until {ended or 'an unknown time'}; "
+            "the board's state is unknown: flash it again",
+            options=info.get("options") if isinstance(info.get("options"), dict) else {},
+        )
+        path = records.next_path(rec, self.records_dir)
+        host_log, device_logs = collect_logs(k.board_dir) if k.board_dir.is_dir() else (None, None)
+        transcript = transcript_path(k.board_dir)
+        outcome = FlashOutcome(
+            "INTERRUPTED", rec.reason, None, None, host_log=host_log, device_logs=device_logs,
+            transcript=transcript if transcript.is_file() else None,
+        )  # fmt: skip
+        with contextlib.suppress(OSError):
+            rec.logs = {
+                key: _rel(v, self.records_dir) for key, v in keep_logs(outcome, path.with_suffix(".logs")).items()
+            }
+        self._save(BoardRun(None, rec), path)
+        self._emit("warning", {"message": f"{rec.board.get('usb_instance', '?')}: {rec.reason}"})
 
     def _prepare_and_flash(
         self, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
@@ -443,6 +508,9 @@ class FlashSession:
                 _prune_to_logs(work, self.evidence)
             elif not self.opts.keep_work:
                 shutil.rmtree(work, ignore_errors=True)
+            if self.live_fd is not None:
+                os.close(self.live_fd)
+                self.live_fd = None
 
     def _in_work(
         self, work: Path, boards: list[discovery.UsbBoard], choice: BundleChoice, started: str
@@ -482,7 +550,7 @@ class FlashSession:
             bundles.check_copy_space(prepared, len(ok), self.budget, work)
         except UserError as exc:
             return runs + [self.refuse(exc, b, choice, started, phases=[prep_phase], **kw) for b in ok]
-        before = bundles.shared_payload_state(prepared)
+        self.shared_before = bundles.shared_payload_state(prepared)
         pool = ThreadPoolExecutor(max_workers=len(ok), thread_name_prefix="flash")
         futures: dict[Future[BoardRun], discovery.UsbBoard] = {
             pool.submit(self._flash_one, b, prepared, choice, started, prep_phase, work): b for b in ok
@@ -499,8 +567,6 @@ class FlashSession:
                 raise failure
             else:
                 runs.append(f.result())
-        if bundles.shared_payload_state(prepared) != before:
-            self._emit("warning", {"message": "a shared payload changed during the flash (hard-linked copy)"})
         return runs
 
     def _wait_all(self, futures: list[Future[BoardRun]]) -> None:
@@ -543,17 +609,7 @@ class FlashSession:
             return self._interrupted_before(board, choice, started, [prep_phase], **kw)
         self._emit("start", {"board": board})
 
-        watcher: ConsoleWatcher | None = None
-        port = self.opts.console
-        if port == "auto":
-            port = find_console(board.sys_path or None, self.ctx, only_one_ok=not self.opts.all_boards)
-            if port is None:
-                self._emit(
-                    "warning", {"message": f"{board.usb_instance}: no USB serial console found; boot not watched"}
-                )
-        if port:
-            watcher = ConsoleWatcher(port)
-            watcher.start()
+        watcher, port = self._console(board)
 
         def on_line(ev: FlashEvent) -> None:
             if watcher is not None and ev.line.startswith("Final status:"):
@@ -569,9 +625,22 @@ class FlashSession:
             if watcher is not None:
                 watcher.stop()
             return self.refuse(exc, board, choice, started, phases=[prep_phase], **kw)
+        info = {
+            "board": board.record_board(),
+            "board_dir": board_dir.name,
+            "sha256": prepared.sha256,
+            "bundle_path": str(choice.path),
+            "machine": prepared.env.machine,
+            "image": choice.image,
+            "started": started,
+            "options": self.opts.flash_args.record(),
+        }
+        leftovers.mark_flasher(work, board.usb_instance, info)  # what the next start needs if alma is killed
+        lock = self.locks.get(board.usb_instance)
+        keep = tuple(fd for fd in (lock.fd if lock is not None else None, self.live_fd) if fd is not None)
         presence = discovery.PresenceWatch(board.usb_instance, self.ctx).start()
         try:
-            outcome = self.flasher.flash(board_dir, board.usb_instance, on_line)
+            outcome = self.flasher.flash(board_dir, board.usb_instance, on_line, pass_fds=keep)
             presence.stop()
             rec.result = outcome.result
             rec.reason = _vanished(outcome, presence, board.usb_instance) or outcome.reason
@@ -580,38 +649,78 @@ class FlashSession:
             rec.phases += outcome.phases
             rec.warnings = list(outcome.warnings)
             rec.finished = utc_iso()
-            run = BoardRun(board, rec)
-            path = records.next_path(rec, self.records_dir)
-            logs_dir = path.with_suffix(".logs")
-            try:
-                rec.logs = keep_logs(outcome, logs_dir)
-                rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
-            except OSError as exc:
-                # the evidence stays in the board's work dir, which is kept (not removed)
-                self.evidence.add(board_dir)
-                rec.logs = {"error": f"logs not moved to {logs_dir}: {exc.strerror or exc}", "kept_in": str(board_dir)}
-                self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
-            if watcher is not None and outcome.result == "SUCCESS" and not self.interrupted:
-                boot_phase = Phase("boot", utc_iso())
-                self._emit(
-                    "line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")}
+            changed = self._shared_changed(prepared)
+            if changed:
+                rec.result = "FAILED"
+                rec.reason = (
+                    f"the shared payload {', '.join(changed)} changed while board {board.usb_instance} was flashed "
+                    "(one hard-linked copy serves every board and initrd-flash must only read it): this flash is "
+                    f"not trusted; flash the board again (initrd-flash: {outcome.reason or outcome.result})"
                 )
-                rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
-                boot_phase.finished = utc_iso()
-                boot_phase.result = boot_phase_result(rec.boot, self.interrupted)
-                rec.phases.append(boot_phase)
-                rec.finished = utc_iso()
-            elif port and outcome.result == "SUCCESS":
-                rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
-            self._save(run, path)
-            if run.unrecorded:
-                self.evidence.add(board_dir)
-                self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
+            run = self._after_flash(board, board_dir, rec, outcome, watcher, port)
+            leftovers.flasher_done(work, board.usb_instance)
             return run
         finally:
             presence.stop()
             if watcher is not None:
                 watcher.stop()
+
+    def _shared_changed(self, prepared: bundles.PreparedBundle) -> list[str]:
+        """The shared (hard-linked) payloads whose size or mtime moved since the flashes began."""
+        now = bundles.shared_payload_state(prepared)
+        return sorted(p for p, st in self.shared_before.items() if now.get(p) != st)
+
+    def _console(self, board: discovery.UsbBoard) -> tuple[ConsoleWatcher | None, str | None]:
+        """The board's console, watched from before the flash (None: the boot is not watched)."""
+        port = self.opts.console
+        if port == "auto":
+            port = find_console(board.sys_path or None, self.ctx, only_one_ok=not self.opts.all_boards)
+            if port is None:
+                self._emit(
+                    "warning", {"message": f"{board.usb_instance}: no USB serial console found; boot not watched"}
+                )
+        if not port:
+            return None, None
+        watcher = ConsoleWatcher(port)
+        watcher.start()
+        return watcher, port
+
+    def _after_flash(
+        self,
+        board: discovery.UsbBoard,
+        board_dir: Path,
+        rec: FlashRecord,
+        outcome: FlashOutcome,
+        watcher: ConsoleWatcher | None,
+        port: str | None,
+    ) -> BoardRun:
+        """The flash's logs next to its record, the boot watch, the record itself."""
+        run = BoardRun(board, rec)
+        path = records.next_path(rec, self.records_dir)
+        logs_dir = path.with_suffix(".logs")
+        try:
+            rec.logs = keep_logs(outcome, logs_dir)
+            rec.logs = {k: _rel(v, self.records_dir) for k, v in rec.logs.items()}
+        except OSError as exc:
+            # the evidence stays in the board's work dir, which is kept (not removed)
+            self.evidence.add(board_dir)
+            rec.logs = {"error": f"logs not moved to {logs_dir}: {exc.strerror or exc}", "kept_in": str(board_dir)}
+            self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
+        if watcher is not None and outcome.result == "SUCCESS" and not self.interrupted:
+            boot_phase = Phase("boot", utc_iso())
+            self._emit("line", {"event": FlashEvent(board.usb_instance, "boot", f"watching {port} for a login prompt")})
+            rec.boot = watcher.wait_for_boot(self.opts.boot_timeout, cancel=self.cancel)
+            boot_phase.finished = utc_iso()
+            boot_phase.result = boot_phase_result(rec.boot, self.interrupted)
+            rec.phases.append(boot_phase)
+            rec.finished = utc_iso()
+        elif port and outcome.result == "SUCCESS":
+            rec.boot = Boot(seen=False, console=port, reason="console could not be watched")
+        self._save(run, path)
+        if run.unrecorded:
+            self.evidence.add(board_dir)
+            self._emit("warning", {"message": f"{board.usb_instance}: the flash logs are kept in {board_dir}"})
+        return run
 
 
 def boot_phase_result(boot: Boot, interrupted: bool) -> str:
@@ -630,6 +739,10 @@ def _prune_to_logs(work: Path, keep: set[Path]) -> None:
         if entry.name != "boards":
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
     for board_dir in (work / "boards").iterdir() if (work / "boards").is_dir() else []:
+        if board_dir.name.endswith("." + TRANSCRIPT):
+            if board_dir.with_name(board_dir.name.removesuffix("." + TRANSCRIPT)) not in keep:
+                board_dir.unlink(missing_ok=True)
+            continue
         if board_dir not in keep:
             shutil.rmtree(board_dir, ignore_errors=True)
             continue

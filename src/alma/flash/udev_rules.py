@@ -6,11 +6,15 @@ recovery-mode product id from the PID table, plus initrd-flash's 1d6b:0104 gadge
 
 from __future__ import annotations
 
+import grp
 import os
+import re
+import shlex
 from importlib import resources
 from pathlib import Path
 
 import jinja2
+from almaboard.text import terminal
 
 from alma import runner, settings
 from alma.errors import ToolError, UserError
@@ -22,7 +26,31 @@ DEFAULT_RULES_DIR = Path("/etc/udev/rules.d")
 GROUP = "plugdev"
 
 
+# POSIX's portable user/group name characters (no leading '-'), at most 32 like shadow's useradd
+_GROUP_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}\Z")
+
+
+def check_group(group: str) -> str:
+    """``group`` is a portable group name that exists here: it is written into 13 rules that
+    udev applies as root at every plug-in, so nothing else may pass (quotes, newlines, RUN+=)."""
+    shown = shlex.quote(terminal(group[:64]))
+    if not _GROUP_NAME.match(group):
+        raise UserError(
+            f"--group {shown}: not a group name (POSIX portable: letters, digits, '.', '_', '-', not first; "
+            "at most 32)",
+            hint="alma setup udev --group plugdev",
+        )
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        raise UserError(
+            f"--group {shown}: no such group on this host", hint=f"sudo groupadd {shlex.quote(group)}"
+        ) from None
+    return group
+
+
 def render(group: str = GROUP) -> str:
+    check_group(group)
     text = resources.files("alma.flash").joinpath("data", RULES_NAME + ".j2").read_text(encoding="utf-8")
     tmpl = jinja2.Template(text, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     modules = sorted(MODULES.values(), key=lambda m: m.pid)

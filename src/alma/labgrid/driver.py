@@ -35,7 +35,7 @@ from labgrid.util.proxy import proxymanager
 
 from alma import runner, settings
 from alma.errors import ConfigError, ToolError, UserError
-from alma.flash.flasher import FlashArgs
+from alma.flash.flasher import DEFAULT_TIMEOUTS, FlashArgs
 from alma.flash.records import FlashRecord
 from alma.flash.session import FlashOptions, FlashSession, resolve_bundle
 from alma.labgrid import service
@@ -71,6 +71,8 @@ class AlmaFlashDriver(Driver):
     skip_bootloader = attr.ib(default=False, validator=attr.validators.instance_of(bool))
     connect_timeout = attr.ib(default=30.0, converter=float)
     always_upload = attr.ib(default=False, validator=attr.validators.instance_of(bool))
+    # added to the sum of the phase limits and the boot watch: one deadline for the whole flash
+    deadline_slack = attr.ib(default=120.0, converter=float)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -191,6 +193,7 @@ class AlmaFlashDriver(Driver):
         }
         if not self.always_upload:
             request["path"] = str(path.resolve())
+        request_check = {**request, "usb_path": usb_path}
         try:
             sock = socket.create_connection((host, port), timeout=self.connect_timeout)
             _keepalive(sock)  # the flash can be silent for minutes: a vanished exporter host must still show
@@ -201,7 +204,7 @@ class AlmaFlashDriver(Driver):
             ) from None
         with sock:
             try:
-                return self._talk(sock, request, path, where)
+                return self._talk(sock, request, path, where, request_check)
             except (OSError, service.ProtocolError) as exc:
                 raise FlashFailed(
                     f"lost the flash service on {where} mid-flash ({getattr(exc, 'message', None) or exc}): "
@@ -210,7 +213,9 @@ class AlmaFlashDriver(Driver):
                     hint=f"look at the flash records on {exporter}; release the place: labgrid-client release",
                 ) from None
 
-    def _talk(self, sock: socket.socket, request: dict[str, Any], path: Path, where: str) -> tuple[FlashRecord, str]:
+    def _talk(
+        self, sock: socket.socket, request: dict[str, Any], path: Path, where: str, asked: dict[str, Any]
+    ) -> tuple[FlashRecord, str]:
         service.send(sock, request)
         reader = service.LineReader(sock)
         sock.settimeout(self.connect_timeout)
@@ -230,10 +235,23 @@ class AlmaFlashDriver(Driver):
         if answer.get("upload"):
             with open(path, "rb") as fh:
                 while chunk := fh.read(service.CHUNK):
-                    sock.sendall(chunk)
-        sock.settimeout(None)  # the flash has its own phase limits on the exporter
+                    sock.sendall(chunk)  # each send bounded by the connect timeout: a peer that stops reading
+        limit = self.overall_limit()
+        end = time.monotonic() + limit
         while True:
-            msg = reader.read()
+            try:
+                msg = reader.read(deadline=end)  # reads wake every IDLE_S at most; the deadline holds
+            except TimeoutError:
+                continue  # quiet, and the deadline not reached: a long phase may be silent
+            except service.ProtocolError as exc:
+                if time.monotonic() < end:
+                    raise
+                raise FlashFailed(
+                    f"no flash record from the flash service on {where} within {limit:.0f} s (the sum of the "
+                    "phase limits, the boot watch and the slack): it stalled, or drips output without ending",
+                    None,
+                    hint="look at the flash records on the exporter; raise timeouts:/deadline_slack: if it was working",
+                ) from exc
             if msg is None:
                 raise service.ProtocolError("the connection closed before the flash record came")
             if msg.get("event") == "line":
@@ -241,10 +259,38 @@ class AlmaFlashDriver(Driver):
                 continue
             if "result" in msg:
                 rec = _peer_record(msg["result"])
+                _matches(rec, asked, where)
                 return rec, f"{terminal(str(msg.get('record_path')))} on {where.rsplit(':', 1)[0]}"
             if "error" in msg:
                 raise _peer_error(where, msg)
             raise service.ProtocolError("unexpected message from the flash service")
+
+    def overall_limit(self) -> float:
+        """Seconds the whole remote flash may take once the bundle is sent: every phase at its limit."""
+        phases = {**DEFAULT_TIMEOUTS, **{k: float(v) for k, v in self.timeouts.items()}}
+        boot = self.boot_timeout if self.boot_timeout is not None else FlashOptions.boot_timeout
+        return sum(phases.values()) + boot + self.deadline_slack
+
+
+def _matches(rec: FlashRecord, request: dict[str, Any], where: str) -> None:
+    """A SUCCESS must be the flash that was asked for: this bundle's sha256, onto this board."""
+    if rec.result != "SUCCESS":
+        return  # not accepted anyway (FlashFailed with its reason)
+    names = {request["name"]} | ({Path(request["path"]).name} if request.get("path") else set())
+    wrong = []
+    if rec.bundle_sha256 != request["sha256"]:
+        wrong.append(f"sha256 {terminal(str(rec.bundle_sha256)[:64])}, asked {request['sha256']}")
+    if rec.board.get("usb_instance") != request["usb_path"]:
+        wrong.append(f"board {terminal(str(rec.board.get('usb_instance'))[:40])}, asked {request['usb_path']}")
+    if not isinstance(rec.bundle_path, str) or Path(rec.bundle_path).name not in names:
+        wrong.append(f"bundle {terminal(str(rec.bundle_path)[:120])}, asked {request['name']}")
+    if wrong:
+        raise FlashFailed(
+            f"the flash service on {where} returned a SUCCESS record of another flash ({'; '.join(wrong)}): "
+            "not accepted",
+            rec,
+            hint="the exporter is broken or not the one this place names: look at its flash records",
+        )
 
 
 def _is_port(v: Any) -> bool:

@@ -63,6 +63,17 @@ REQUEST_S = 30.0  # the whole request line arrives within this
 # bytes (or naming a huge size and sending little) cannot hold the service for the place holder.
 UPLOAD_GRACE_S = 30.0
 UPLOAD_MIN_RATE = 1 << 20  # bytes/s: 8 Mbit/s; slower links share the bundle's directory instead
+# Uploads may take at most this much of the exporter's disk (a real bundle is ~1.6 GB): a peer
+# naming 64 GiB is refused at once, not after hours of trickling into the disk.
+UPLOAD_BUDGET = 16 << 30
+STOP_JOIN_S = 30.0  # on stop, how long the flash in progress gets to write its INTERRUPTED record
+# A request finding the board's one flash slot taken waits this long (a finished client's upload
+# being torn down), then is answered "busy": well inside the driver's 30 s connect timeout.
+SLOT_WAIT_S = 10.0
+MAX_PEERS = 16  # connections served at once (each reading its request); more are closed at once
+# Why a flash was stopped when its client went away (the record's reason says which).
+CLOSED = "the client closed its connection (it gave up or was stopped)"
+VANISHED = "the client vanished: its connection broke"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -175,8 +186,13 @@ class Service:
         stop: Interruption,
         console: str | None = None,
         bundle_dirs: list[str] | tuple[str, ...] = (),
+        upload_budget: int = UPLOAD_BUDGET,
     ) -> None:
         self.board = board
+        self.upload_budget = upload_budget
+        # one flash (with its upload) at a time; every other request is answered "busy" at once
+        self.slot = threading.Lock()
+        self.peers = threading.BoundedSemaphore(MAX_PEERS)
         self.sock = sock
         self.stop = stop
         self.console = console
@@ -263,17 +279,38 @@ class Service:
 
     def handle(self, conn: socket.socket) -> None:
         reader = LineReader(conn)
-        upload: Path | None = None
         try:
             msg = reader.read(deadline=time.monotonic() + REQUEST_S)
             conn.settimeout(IDLE_S)
             if msg is None:
                 return
             req = parse_request(msg)
+            if not self.slot.acquire(timeout=SLOT_WAIT_S):
+                raise UserError(
+                    f"busy: another flash (or its upload) of board {self.board} is under way; nothing was flashed",
+                    hint="wait for it to end (labgrid-client -v resources shows 'flashing'), then retry",
+                )
+            try:
+                self._serve_request(conn, reader, req)
+            finally:
+                self.slot.release()
+        except (AlmaError, OSError) as exc:
+            with contextlib.suppress(OSError, ProtocolError):
+                send(conn, {"error": getattr(exc, "message", None) or str(exc), "hint": getattr(exc, "hint", None)})
+
+    def _serve_request(self, conn: socket.socket, reader: LineReader, req: dict[str, Any]) -> None:
+        upload: Path | None = None
+        try:
             shared = self.shared_bundle(req)
             if shared is not None:
                 bundle = shared  # the same file (same host or shared storage): hashed by the session anyway
                 send(conn, {"upload": False})
+            elif req["size"] > self.upload_budget:
+                raise UserError(
+                    f"a {req['size']} byte bundle is over the exporter's upload budget of {self.upload_budget} "
+                    "bytes; nothing was uploaded or flashed",
+                    hint="share the bundle's directory with the exporter (--bundle-dir), or raise --upload-budget",
+                )
             else:
                 send(conn, {"upload": True})
                 upload = bundle = self._receive(conn, reader, req)
@@ -282,9 +319,6 @@ class Service:
                 # must not get a flash nobody watches: nothing touches the board.
                 raise ProtocolError("the client left before the flash began; nothing was flashed")
             self._flash(conn, req, bundle)
-        except (AlmaError, OSError) as exc:
-            with contextlib.suppress(OSError, ProtocolError):
-                send(conn, {"error": getattr(exc, "message", None) or str(exc), "hint": getattr(exc, "hint", None)})
         finally:
             if upload is not None:
                 shutil.rmtree(upload.parent, ignore_errors=True)
@@ -303,8 +337,7 @@ class Service:
                 try:
                     send(conn, {"event": "line", "phase": ev.phase, "text": ev.line[:4096]})
                 except OSError:
-                    peer_lost.set()  # the client went away: stop the flash, keep its record
-                    cancel.set()
+                    lost(VANISHED)  # the client went away: stop the flash, keep its record
 
         def watch_peer() -> None:
             # The client sends nothing more; EOF (or a reset) means it is gone.
@@ -313,11 +346,16 @@ class Service:
                     conn.settimeout(0.2)
                     try:
                         if conn.recv(1) == b"":
-                            peer_lost.set()
-                            cancel.set()
+                            lost(CLOSED)
                             return
                     except TimeoutError:
                         continue
+
+        def lost(cause: str) -> None:
+            if not peer_lost.is_set():
+                session.flasher.stop_cause = cause  # the record names why, not "Ctrl-C or SIGTERM"
+                peer_lost.set()
+            cancel.set()
 
         def watch_stop() -> None:
             while not done.wait(0.1):
@@ -337,13 +375,14 @@ class Service:
         if req["boot_timeout"] is not None:
             opts.boot_timeout = req["boot_timeout"]
         done = threading.Event()
+        session = FlashSession(opts, on_event=on_event, cancel=cancel, urgent=urgent)
         threads = [threading.Thread(target=f, daemon=True) for f in (watch_peer, watch_stop)]
         for t in threads:
             t.start()
         _tell_exporter("flash-start")
         error: UserError | None = None
         try:
-            FlashSession(opts, on_event=on_event, cancel=cancel, urgent=urgent).run()
+            session.run()
         except UserError as exc:
             error = exc
         finally:
@@ -368,15 +407,32 @@ class Service:
         send(conn, reply)
 
     def serve(self) -> None:
+        """Every connection in its own thread: a peer that sends nothing (or trickles) costs its
+        own REQUEST_S, never the place holder's answer; one flash at a time (``slot``)."""
         self.sock.settimeout(0.2)
+        threads: list[threading.Thread] = []
         while not self.stop.interrupted:
             try:
                 conn, _ = self.sock.accept()
             except TimeoutError:
                 continue
+            if not self.peers.acquire(blocking=False):
+                conn.close()  # a flood of connections: the ones already here are served
+                continue
+            threads = [t for t in threads if t.is_alive()]
+            t = threading.Thread(target=self._serve_one, args=(conn,), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(STOP_JOIN_S)
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        try:
             with conn:
                 conn.settimeout(IDLE_S)  # a client that stalls mid-request is dropped
                 self.handle(conn)
+        finally:
+            self.peers.release()
 
 
 def _peer_gone(conn: socket.socket) -> bool:
@@ -413,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", default="0.0.0.0", help="address to listen on (port: a free one, printed)")
     p.add_argument("--console", default=None, help="the board's serial console (a port, or auto)")
     p.add_argument("--no-stdin-watch", action="store_true", help="do not stop when stdin closes")
+    p.add_argument("--upload-budget", type=float, default=UPLOAD_BUDGET / 1e9, metavar="GB",
+                   help="largest bundle a peer may upload (default %(default).0f)")  # fmt: skip
     p.add_argument("--bundle-dir", action="append", default=[], metavar="DIR",
                    help="a directory whose bundles a peer may name by path (shared storage); repeatable; "
                         "without one every bundle is uploaded")  # fmt: skip
@@ -424,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_stdin_watch:
             threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
         print(f"listening {sock.getsockname()[1]}", flush=True)
-        Service(args.board, sock, stop, console=args.console, bundle_dirs=args.bundle_dir).serve()
+        Service(
+            args.board, sock, stop, console=args.console, bundle_dirs=args.bundle_dir,
+            upload_budget=int(args.upload_budget * 1e9),
+        ).serve()  # fmt: skip
     return 0
 
 

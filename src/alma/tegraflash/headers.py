@@ -362,6 +362,8 @@ def _member(
         negative = whole.startswith("-")
         ti.mtime = 0 if negative else _decimal(whole.encode("utf-8", "surrogateescape"), "pax mtime", here)
     offset_data = data_area
+    for key in _SPARSE_NUMBERS.intersection(pax):  # every one present, map or not (as GNU tar)
+        _decimal(pax[key].encode("utf-8", "surrogateescape"), key, here)
     if "GNU.sparse.major" in pax or "GNU.sparse.map" in pax:
         if kind not in (b"0", b"\0", b"7"):
             raise _bad(f"pax sparse records on a member of type {kind!r}", here)
@@ -381,6 +383,12 @@ def _member(
     ti.offset_data = offset_data
     ti.pax_headers = {}
     return ti, data_area + _padded(stored)
+
+
+# GNU tar refuses any of these that is not a number ("Malformed extended header: invalid GNU.sparse.size").
+_SPARSE_NUMBERS = frozenset(
+    {"GNU.sparse.size", "GNU.sparse.realsize", "GNU.sparse.major", "GNU.sparse.minor", "GNU.sparse.numblocks"}
+)
 
 
 def _pax_sparse(

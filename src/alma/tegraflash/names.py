@@ -39,6 +39,11 @@ def is_zip(name: str) -> bool:
     return name.endswith(ZIP_EXT) or name.endswith(".zip")
 
 
+# What verify and flash both say of a zip bundle: alma flash unpacks tar.gz bundles only.
+ZIP_REFUSAL = 'a zip bundle (TEGRAFLASH_PACKAGE_FORMAT = "zip"): alma flash unpacks tar.gz bundles, not zips'
+ZIP_HINT = 'build with TEGRAFLASH_PACKAGE_FORMAT = "tar" (the default), or unzip it and run its initrd-flash'
+
+
 def link_name(image: str, machine: str, fmt: str = "tar.gz") -> str:
     return f"{image}-{machine}.rootfs.tegraflash.{fmt}"
 

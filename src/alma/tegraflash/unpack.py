@@ -242,10 +242,7 @@ def unpack(
     bundle, dest = Path(bundle), Path(dest)
     budget = budget or Budget()
     if names.is_zip(bundle.name):
-        raise UserError(
-            f'{bundle.name}: a zip bundle (TEGRAFLASH_PACKAGE_FORMAT = "zip"); alma flash unpacks tar.gz bundles',
-            hint='build with TEGRAFLASH_PACKAGE_FORMAT = "tar" (the default), or unzip it and run its initrd-flash',
-        )
+        raise UserError(f"{bundle.name}: {names.ZIP_REFUSAL}", hint=names.ZIP_HINT)
     try:
         raw = os.fdopen(open_regular(bundle), "rb", buffering=0)  # a FIFO/device never blocks; closed below
     except OSError as exc:
