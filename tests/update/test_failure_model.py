@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support_swu import build_swu
 from support_update import AGENT, MACHINE, SimBoard, kill_tree, load_state, require_swupdate, rootfs_image
-
-from alma.update.swu import build_swu
 
 RUN = "run1"
 
@@ -127,3 +126,4 @@ def test_ssh_lost_mid_push_leaves_nothing_installable(board: SimBoard) -> None:
     assert not (board.root / "data/alma-ota/incoming.swu").exists()
     rc, out = agent(board, "install", "--run", RUN)
     assert rc == 2 and "nothing received" in str(out["error"])
+

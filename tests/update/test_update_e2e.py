@@ -15,13 +15,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from support_swu import build_swu
 from support_update import MACHINE, Lab, load_state, rootfs_image
 
 from alma.update import records as R
-from alma.update.swu import build_swu, read_swu
+from alma.update.swu import read_swu
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "3"]
+# the health window bounds every health call (a loaded host needs seconds per call); a healthy
+# board ends it at its first OK report, a sick one waits it out
+FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "15"]
 
 
 def make_swu(

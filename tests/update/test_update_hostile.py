@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support_swu import build_swu
 from support_update import MACHINE, rootfs_image
 
 from alma.errors import ConfigError
@@ -22,7 +23,7 @@ from alma.fleet.inventory import Fleet, Node
 from alma.fleet.ssh import RemoteResult
 from alma.update import engine as E
 from alma.update import records as R
-from alma.update.swu import build_swu, read_swu
+from alma.update.swu import read_swu
 
 GOOD_STATUS = {"machine": MACHINE, "version": "1.0.0", "current_slot": "a", "slots": {}, "boot_id": "x",
                "lock": None, "pending": None, "guard": "active"}  # fmt: skip

@@ -6,10 +6,10 @@ import hashlib
 from pathlib import Path
 
 from artefacts.alma_deployfix import alma, build_deploy, project  # noqa: F401 - fixtures
+from support_swu import build_swu
 from support_update import rootfs_image
 
 from alma.artefacts.manifest import load_manifest, manifest_path
-from alma.update.swu import build_swu
 
 MACHINE = "jetson-agx-orin-devkit"
 

@@ -42,18 +42,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from almaboard import swu as board_swu
 from almaboard.errors import BoardError, UserError, run_main
 from almaboard.files import boot_id, read_json, write_json
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
 SLOT_NAMES = ("a", "b")
-PARTLABEL = {"a": "APP", "b": "APP_b"}
-CAPSULE_STAGING = "var/lib/alma-ota/capsule/TEGRA_BL.Cap"
+CAPSULE_STAGING = board_swu.CAPSULE_STAGING
 ESP_CAPSULE = "boot/efi/EFI/UpdateCapsule/TEGRA_BL.Cap"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}$")
 _SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:\s*(\w+)", re.MULTILINE)
 TOOL_TIMEOUT_S = 600
 MAX_SWU = 16 << 30
@@ -67,10 +66,7 @@ class StepFailed(BoardError):
     exit_code = 4
 
 
-def vtuple(v: str) -> tuple[int, ...]:
-    if not _VERSION.fullmatch(v):
-        raise UserError(f"bad version {v!r}")
-    return tuple(int(x) for x in v.split("."))
+vtuple = board_swu.version_tuple
 
 
 class Board:
@@ -250,78 +246,12 @@ def _readback(device: Path, size: int) -> str:
     return h.hexdigest()
 
 
-MAX_DESCRIPTION = 256 * 1024
-MAX_MEMBERS = 64
-_SW_KEYS = {"version", "description", "hardware-compatibility", "alma"}
-_IMAGE_KEYS = {
-    "raw": {"filename", "type", "sha256", "device"},
-    "rawfile": {"filename", "type", "sha256", "path", "version"},
-}
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("a key appears twice")
-    return out
-
-
-def _description(swu: Path) -> dict[str, Any]:
-    """The ``software`` section of the received file's sw-description (bounded: at most
-    MAX_DESCRIPTION bytes, a JSON object without duplicate keys)."""
-    with swu.open("rb") as f:
-        head = f.read(110)
-        try:
-            size, namesize = int(head[54:62], 16), int(head[94:102], 16)
-        except ValueError:
-            raise UserError("the received file is not a .swu (bad cpio header)") from None
-        name = f.read(namesize)
-        if head[:6] != b"070701" or name != b"sw-description\0" or size > MAX_DESCRIPTION:
-            raise UserError("the received file does not start with a bounded sw-description")
-        f.seek(110 + namesize + (-(110 + namesize) % 4))
-        try:
-            doc = json.loads(f.read(size), object_pairs_hook=_no_duplicates)
-        except (ValueError, RecursionError) as exc:
-            raise UserError(f"sw-description is not valid JSON: {str(exc)[:100]}") from None
-    sw = doc.get("software") if isinstance(doc, dict) else None
-    if not isinstance(sw, dict):
-        raise UserError("sw-description has no software section")
-    return sw
-
-
-def _slot_images(sw: dict[str, Any], machine: str, target: str) -> list[dict[str, Any]]:
-    """The images SWUpdate will install for ``-e alma,slot-<target>``, each proven to write
-    only the target slot's own partition or the capsule staging file; anything else the
-    description asks SWUpdate to do (scripts, files, bootenv, other selections) is refused.
-    Checked BEFORE SWUpdate runs: the running slot is never written, whoever signed it."""
-    section = sw.get(machine)
-    extra = set(sw) - _SW_KEYS - {machine}
-    alma = sw.get("alma")
-    if isinstance(alma, dict):
-        extra |= {f"alma.{k}" for k in set(alma) - {"machine", "built", "lowest-bootloader"}}
-    if extra or not isinstance(section, dict) or set(section) != {"alma"} or not isinstance(section["alma"], dict):
-        what = ", ".join(sorted(extra))[:120]
-        raise UserError(f"this .swu asks SWUpdate for more than slot images ({what}): refused")
-    sets = section["alma"]
-    chosen = sets.get(f"slot-{target}")
-    if set(sets) != {"slot-a", "slot-b"} or not isinstance(chosen, dict) or set(chosen) != {"images"}:
-        raise UserError(f"this .swu has no plain slot-{target} image set for {machine}: refused")
-    images = chosen["images"]
-    if not isinstance(images, list) or not images:
-        raise UserError(f"slot-{target} has no images: refused")
-    for im in images:
-        kind = im.get("type") if isinstance(im, dict) else None
-        if kind not in _IMAGE_KEYS or not set(im) <= _IMAGE_KEYS[kind]:
-            raise UserError(f"slot-{target}: an image with handler or attributes ALMA-OS never writes: refused")
-        want = f"dev/disk/by-partlabel/{PARTLABEL[target]}" if kind == "raw" else CAPSULE_STAGING
-        where = im.get("device" if kind == "raw" else "path")
-        if where not in (want, "/" + want):
-            raise UserError(f"slot-{target}: {str(where)[:80]!r} is not slot {target}'s {want}: refused")
-        if not isinstance(im.get("filename"), str) or not _HEX64.fullmatch(str(im.get("sha256"))):
-            raise UserError(f"slot-{target}: an image without filename or sha256: refused")
-    if [im["type"] for im in images].count("raw") != 1 or [im["type"] for im in images].count("rawfile") > 1:
-        raise UserError(f"slot-{target} must hold one rootfs image and at most one capsule: refused")
-    return images
+def _read_swu(swu: Path) -> board_swu.Swu:
+    """The received file through the one reader and allowlist the desktop uses (almaboard.swu)."""
+    try:
+        return board_swu.read(swu, label="the received .swu")
+    except board_swu.SwuRefused as exc:
+        raise UserError(exc.message, hint=exc.hint) from None
 
 
 def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -344,8 +274,10 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         "-i",
         str(swu),
     ]
-    sw = _description(swu)
-    images = _slot_images(sw, machine, target)  # before SWUpdate: refuse what writes outside the slot
+    got = _read_swu(swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
+    if got.machine != machine:
+        raise UserError(f"this .swu is for {got.machine}, this board is {machine}: refused")
+    sw, images = got.software, got.images[target]
     running = cmd_status(b, a).get("version")
     if running:
         argv += ["-N", running]  # SWUpdate refuses a version <= the running one by itself
@@ -365,7 +297,7 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     for im in images:
         if im["type"] == "raw":
             dev = b.root / str(im["device"]).lstrip("/")
-            size = _member_size(swu, im["filename"])
+            size = got.members[im["filename"]].size
             if _readback(dev, size) != im["sha256"]:
                 raise StepFailed(f"slot {target} does not read back as the signed image: not switching")
         elif im["type"] == "rawfile":
@@ -374,29 +306,6 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     write_json(b.state / "pending.json", {"run": run, "slot": target, "from": cur, "version": sw.get("version")})
     swu.unlink()
     return out
-
-
-def _member_size(swu: Path, name: str) -> int:
-    with swu.open("rb") as f:
-        pos = 0
-        for _ in range(MAX_MEMBERS + 2):
-            f.seek(pos)
-            head = f.read(110)
-            if len(head) < 110 or head[:6] != b"070701":
-                break
-            try:
-                size, namesize = int(head[54:62], 16), int(head[94:102], 16)
-            except ValueError:
-                break
-            got = f.read(min(namesize, 256))[:-1].decode(errors="replace")
-            data = pos + 110 + namesize
-            data += -data % 4
-            if got == name:
-                return size
-            if got == "TRAILER!!!":
-                raise StepFailed(f"{name} is not in the update")
-            pos = data + size + (-(data + size) % 4)
-    raise StepFailed(f"{name} is not in the update")
 
 
 def _arm_capsule(b: Board, im: dict[str, Any], sw: dict[str, Any]) -> dict[str, Any]:
