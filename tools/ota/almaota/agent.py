@@ -359,11 +359,18 @@ def cmd_rollback(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         return {"rolled_back_to": old, "reboot_needed": True}  # the host reboots it, then calls us again
     # Already on the old slot (the bootloader fell back, or never switched): forget the try.
     if pend is not None and pend.get("slot") != cur:
-        with contextlib.suppress(OSError):
-            b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(cur)))
+        _back_on_old_slot(b, cur)
     (b.state / "pending.json").unlink(missing_ok=True)
     b.release(run)
     return {"rolled_back_to": cur, "reboot_needed": False}
+
+
+def _back_on_old_slot(b: Board, cur: str) -> None:
+    """Running the old slot again after a try: make it the active slot and mark it good. The
+    switch back (``set-active-boot-slot`` while the new slot ran) cleared its "successful"
+    flag, and an unmarked slot spends a retry per boot until the bootloader gives up on it."""
+    b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(cur)))
+    b.nvbootctrl("rootfs", "mark-boot-successful")
 
 
 def cmd_release(b: Board, a: argparse.Namespace) -> dict[str, Any]:
