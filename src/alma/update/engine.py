@@ -378,32 +378,37 @@ class BoardUpdate:
         while time.monotonic() < end and not self.ctx.cancel.expired():
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
-    def _fell_back(self, st: dict[str, Any]) -> None:
+    def _fell_back(self, st: dict[str, Any], when: str = "") -> None:
         cur = st.get("current_slot")
         self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        what = f"fell back {when}" if when else "did not boot"
         raise _Stop(
             R.ROLLED_BACK,
-            f"the new slot {self.rec.to_slot} did not boot: the bootloader fell back to "
-            f"slot {cur} (capsule status {_dict(st.get('slots')).get('capsule_status')})",
+            f"the new slot {self.rec.to_slot} {what}: the bootloader fell back to "
+            f"slot {cur} (capsule status {_dict(st.get('slots')).get('capsule_status')}); "
+            f"running {st.get('version')} on slot {cur}",
         )
 
-    def _health(self) -> Any:
+    def _health(self, deadline: float | None = None) -> Any:
+        """One health report, bounded by the health window (``--health-timeout``)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.ctx.opts.health_timeout
         res = self.ctx.remote(
             self.node,
             self.node.health_command,
             self.ctx.fleet.ssh,
-            timeout=self.ctx.opts.step_timeout,
+            timeout=self._left(deadline),
             cancel=self.ctx.cancel,
             max_output=self.ctx.fleet.max_output,
         )
         self._log(res)
         return node_from_remote(res, self.node, now=utc_now(), stale_after=self.ctx.fleet.stale_after)
 
-    def _verdict(self, st: dict[str, Any]) -> str | None:
+    def _verdict(self, st: dict[str, Any], deadline: float) -> str | None:
         """None when healthy, else why not."""
         if st.get("guard") != "active":
             return f"the guard is not running ({st.get('guard')})"
-        h = self._health()
+        h = self._health(deadline)
         summary = board_text(h.summary)
         self.rec.health = {"status": h.status.name, "summary": summary}
         if h.status is Severity.OK:
@@ -420,14 +425,25 @@ class BoardUpdate:
         return f"health {h.status.name}: {summary}"
 
     def _judge(self, st: dict[str, Any]) -> None:
+        """Health on the new slot until OK or the deadline. Every judgement is of the slot and
+        the boot it was taken on: a board that fell back (or rebooted) meanwhile is not judged
+        by what its other slot or an earlier boot said."""
         deadline = time.monotonic() + self.ctx.opts.health_timeout
         p = self.phase("health")
+        boot = st.get("boot_id")
         why = "no verdict"
         while True:
             try:
-                why = self._verdict(st) or ""
+                why = self._verdict(st, deadline) or ""
+                if not why:  # confirm the verdict was of this slot and this boot
+                    st = self._status(timeout=self._left(deadline))
+                    if st.get("current_slot") == self.rec.to_slot and st.get("boot_id") != boot:
+                        why, boot = "the board rebooted during the health check: judging again", st.get("boot_id")
             except _StepError as exc:
                 why = exc.reason
+            if st.get("current_slot") != self.rec.to_slot:
+                self.done(p, "failed", f"the board fell back to slot {st.get('current_slot')} during the health check")
+                return self._fell_back(st, "during the health check")
             if not why:
                 self.done(p, "ok", self.rec.health.get("summary") if self.rec.health else None)
                 break
@@ -437,11 +453,15 @@ class BoardUpdate:
                 return self._rollback(why)
             self._sleep(self.ctx.opts.poll_s)
             try:
-                st = self._status()
+                st = self._status(timeout=self._left(deadline))
             except _StepError as exc:
                 why = exc.reason
         out = self.step("commit", lambda: self.call(f"commit --run {self.ctx.run}"))
         raise _Stop(R.COMMITTED, f"running {self.ctx.info.version} on slot {out.get('committed')}, healthy, committed")
+
+    def _left(self, deadline: float) -> float:
+        """What is left of the health window for one call (at least a second, at most a step)."""
+        return max(1.0, min(self.ctx.opts.step_timeout, deadline - time.monotonic()))
 
     def _check_cancel_in(self, p: R.Phase) -> None:
         if self.ctx.cancel.expired():
