@@ -55,8 +55,11 @@ def rootfs_image(path: Path, version: str, *, health: str = "ok", boots: bool = 
     return path
 
 
-def make_cert(d: Path, cn: str = "ALMA-OS OTA test") -> tuple[bytes, bytes]:
-    """A self-signed signing certificate + key (PEM), as `alma` users make with openssl."""
+def make_cert(
+    d: Path, cn: str = "ALMA-OS OTA test", *, days: float = 365, since_days: float = 1
+) -> tuple[bytes, bytes]:
+    """A self-signed signing certificate + key (PEM), as `alma` users make with openssl, valid
+    from ``since_days`` ago for ``days`` (negative ``days - since_days``: already expired)."""
     import datetime
 
     from cryptography import x509
@@ -73,8 +76,8 @@ def make_cert(d: Path, cn: str = "ALMA-OS OTA test") -> tuple[bytes, bytes]:
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
+        .not_valid_before(now - datetime.timedelta(days=since_days))
+        .not_valid_after(now - datetime.timedelta(days=since_days) + datetime.timedelta(days=days))
         .sign(key, hashes.SHA256())
     )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
