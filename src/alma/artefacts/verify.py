@@ -291,8 +291,16 @@ def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> 
         problems.append(f"several update artefacts: {', '.join(p.name for p in links)}")
         return
     path = links[0]
+    from alma.imagebuild.ota import configured_cert
+    from alma.settings import config, repo_root
+
     try:
-        info = read_swu(path)
+        root = repo_root()
+        cert = configured_cert(root, config(root))
+    except UserError:
+        cert = None
+    try:
+        info = read_swu(path, cert=cert if cert is not None and cert.is_file() else None)
     except SwuError as exc:
         problems.append(exc.message)
         return
@@ -300,9 +308,16 @@ def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> 
     m.set("swu_path", str(path), str(path))
     m.set("swu_sha256", info.sha256, f"{path}: sha256")
     m.set("swu_version", info.version, src)
-    m.set("swu_signed", info.signed, f"{path}: sw-description.sig present")
-    m.set("swu_signers", [s["subject"] for s in info.signers], f"{path}: certificates in sw-description.sig")
-    m.set("swu_signer_sha256", [s["sha256"] for s in info.signers], f"{path}: certificates in sw-description.sig")
+    # "signed" only for a signature verified against the fleet certificate ([ota] signing_cert):
+    # certificates merely carried in sw-description.sig prove nothing (a certs-only bag, or an
+    # attacker's signature with the fleet certificate added, carry them too)
+    how = (f"{path}: CMS signature over sw-description verified against {cert}" if info.verified is not None
+           else f"{path}: not checked: no [ota] signing_cert in alma.toml to verify against")  # fmt: skip
+    m.set("swu_signed", info.verified, how)
+    m.set("swu_signers", [s["subject"] for s in info.signers], how)
+    m.set("swu_signer_sha256", [s["sha256"] for s in info.signers], how)
+    if info.signed and info.verified is False:
+        problems.append(f"{path.name}: sw-description.sig is not a signature by the fleet certificate {cert}")
     m.set("swu_payloads", {p.filename: p.sha256 for p in info.payloads}, src)
     m.set("swu_capsule_version", info.capsule.version if info.capsule else None, src)
     if info.machine != machine:

@@ -15,6 +15,7 @@ machine's section, ``-e alma,slot-b`` the inactive slot's set (docs/ota.md).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,8 @@ class SwuInfo:
     hw_revision: str
     payloads: list[Payload]
     signed: bool
-    signers: list[dict[str, str]] = field(default_factory=list)  # subject, sha256 fingerprint
+    signers: list[dict[str, str]] = field(default_factory=list)  # the VERIFIED signer: subject, sha256
+    verified: bool | None = None  # None: no fleet certificate to check against here
     lowest_bootloader: str | None = None
     built: str | None = None
     hashes_checked: bool = False
@@ -88,19 +90,45 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _signers(sig: bytes) -> list[dict[str, str]]:
+def verify_signature(description: bytes, signature: bytes, cert: Path) -> dict[str, str] | None:
+    """The signer when ``signature`` is a CMS signature over ``description`` by ``cert`` (or a
+    certificate it issued), as SWUpdate judges it (``swupdate -k``: the certificate is the trust
+    store, certificates carried in the bag are not trusted by being there); else None.
+
+    ``openssl cms -verify`` through the one runner: a certs-only bag has no signer and fails,
+    an attacker's signature with the fleet certificate added does not chain to it and fails."""
+    import tempfile
+
+    from cryptography import x509
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.serialization import pkcs7
 
-    try:
-        certs = pkcs7.load_der_pkcs7_certificates(sig)
-    except ValueError as exc:
-        raise SwuError(f"sw-description.sig is not a CMS signature: {exc}") from None
-    return [{"subject": c.subject.rfc4514_string(), "sha256": c.fingerprint(hashes.SHA256()).hex()} for c in certs]
+    from alma import runner
+    from alma.errors import ToolError, ToolNotFound
+    from alma.settings import tool
+
+    with tempfile.TemporaryDirectory(prefix="alma-cms-") as d:
+        sig, desc, signer = Path(d) / "sig.der", Path(d) / "sw-description", Path(d) / "signer.pem"
+        sig.write_bytes(signature)
+        desc.write_bytes(description)
+        argv = [tool("openssl"), "cms", "-verify", "-binary", "-inform", "DER", "-in", str(sig),
+                "-content", str(desc), "-CAfile", str(cert), "-purpose", "any", "-signer", str(signer),
+                "-out", os.devnull]  # fmt: skip
+        try:
+            r = runner.run(argv, check=False, timeout=60, what="openssl cms -verify", max_output=1 << 16)
+        except (ToolError, ToolNotFound) as exc:
+            raise SwuError(f"cannot check the signature: {exc.message}", hint="install openssl") from None
+        if r.returncode != 0 or not signer.is_file():
+            return None
+        certs = x509.load_pem_x509_certificates(signer.read_bytes())
+    if len(certs) != 1:
+        return None  # one signer, as meta-swupdate's class signs
+    c = certs[0]
+    return {"subject": c.subject.rfc4514_string(), "sha256": c.fingerprint(hashes.SHA256()).hex()}
 
 
-def read_swu(path: Path, *, hashes: bool = True) -> SwuInfo:
-    """What the ``.swu`` claims (and, with ``hashes``, whether its payloads and cpio checksums match)."""
+def read_swu(path: Path, *, hashes: bool = True, cert: Path | None = None) -> SwuInfo:
+    """What the ``.swu`` claims (and, with ``hashes``, whether its payloads and cpio checksums
+    match; with ``cert``, the fleet certificate, whether its signature is that signer's)."""
     try:
         swu = board_swu.read(path)
         digest = board_swu.check_payloads(swu) if hashes else sha256_file(path)
@@ -108,6 +136,9 @@ def read_swu(path: Path, *, hashes: bool = True) -> SwuInfo:
         raise SwuError(exc.message, hint=exc.hint) from None
     except OSError as exc:
         raise SwuError(f"cannot read {path}: {exc.strerror}", hint="check the path") from None
+    signer = None
+    if cert is not None and swu.signature is not None:
+        signer = verify_signature(swu.description, swu.signature, cert)
     return SwuInfo(
         path=str(path),
         sha256=digest,
@@ -117,7 +148,8 @@ def read_swu(path: Path, *, hashes: bool = True) -> SwuInfo:
         hw_revision=swu.hw_revision,
         payloads=swu.payloads,
         signed=swu.signature is not None,
-        signers=_signers(swu.signature) if swu.signature is not None else [],
+        signers=[signer] if signer else [],
+        verified=None if cert is None else signer is not None,
         lowest_bootloader=swu.lowest_bootloader,
         built=swu.built,
         hashes_checked=hashes,
