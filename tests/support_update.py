@@ -13,6 +13,7 @@ documented commands and ``dump-slots-info`` output, ``oe4t-set-uefi-OSIndication
 - an armed capsule (ESP/EFI/UpdateCapsule + OsIndications) is applied on the next boot:
   the bootloader switches to the chain paired with the active rootfs slot; a power loss
   during it leaves the old chain, and the rootfs follows its paired (old) slot;
+- after every boot the agent's ``settle`` runs, as the image's alma-ota-settle.service does;
 - a rootfs image says how it behaves: its first line is ``{"alma-sim": {...}}`` with
   ``version``, ``health`` (ok | critical | warning) and ``boots`` (false: it hangs, the
   watchdog resets, the retry count goes down).
@@ -351,6 +352,9 @@ class SimBoard:
             self.set(reboot_requested=False, power_cut=False)
             return
         if self.boot():
+            self.settle()
+            if self.sshd is None:  # a board driven without ssh (tests of the agent alone)
+                return
             for attempt in range(3):  # a loaded CI host can be slow to bring sshd up
                 try:
                     self.sshd.proc = launch_sshd(self.sshd.dir, self.sshd.port)
@@ -358,6 +362,14 @@ class SimBoard:
                 except RuntimeError:
                     if attempt == 2:
                         raise
+
+    def settle(self) -> None:
+        """What the image's alma-ota-settle.service does at every boot: the agent finishes
+        what no desktop will (a fallback, a rollback, an expired lease)."""
+        import subprocess
+
+        env = {**os.environ, "ALMA_OTA_ROOT": str(self.root), "PATH": f"{self.root / 'bin'}:{os.environ['PATH']}"}
+        subprocess.run([sys.executable, str(AGENT), "settle"], env=env, capture_output=True, timeout=600, check=False)
 
     def reboot(self) -> None:
         self.power_off()

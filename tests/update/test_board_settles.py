@@ -4,11 +4,17 @@ the engine in-process so a test can act at a phase's start)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from support_swu import build_swu
-from support_update import MACHINE, Lab, load_state, rootfs_image, save_state
+from support_update import AGENT, MACHINE, Lab, SimBoard, load_state, require_swupdate, rootfs_image, save_state
 
 from alma.fleet.inventory import load_fleet
 from alma.update import engine as E
@@ -60,3 +66,84 @@ def test_a_fallback_during_the_health_window_is_rolled_back_with_the_truth(
     assert st["current"] == 0 and st["successful"][0] is True
     assert not (board.root / "data/alma-ota/lock.json").exists()
     assert not (board.root / "data/alma-ota/pending.json").exists()
+
+
+# ---- the board's own state machine, driven through the real agent (no desktop) ------------------
+
+RUN = "run1"
+
+
+def agent(b: SimBoard, *args: str, stdin: bytes | None = None) -> tuple[int, dict[str, Any]]:
+    env = {**os.environ, "ALMA_OTA_ROOT": str(b.root), "PATH": f"{b.root / 'bin'}:{os.environ['PATH']}"}
+    r = subprocess.run([sys.executable, str(AGENT), *args], input=stdin or b"", capture_output=True, env=env,
+                       timeout=600)  # fmt: skip
+    return r.returncode, json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+
+def _age(b: SimBoard, name: str, **fields: str) -> None:
+    """Time passing on the board, without waiting for it: the named state file's stamps moved."""
+    p = b.root / "data/alma-ota" / name
+    p.write_text(json.dumps({**json.loads(p.read_text()), **fields}))
+
+
+LONG_AGO = "2000-01-01T00:00:00Z"
+
+
+def test_a_dead_runs_lock_is_a_lease_that_lapses_and_a_live_one_is_busy_naming_its_holder(
+    tmp_path: Path, signer: tuple[bytes, bytes]
+) -> None:
+    require_swupdate()
+    board = SimBoard(tmp_path / "boards", "l1", signer[0])
+    assert agent(board, "begin", "--run", "run-a", "--host", "desk-a")[0] == 0
+    rc, out = agent(board, "begin", "--run", "run-b", "--host", "desk-b")
+    assert rc == 3 and "run-a from desk-a" in out["error"] and "lease until" in out["error"], out
+    _age(board, "lock.json", expires=LONG_AGO)  # run-a died an hour ago, before installing
+    rc, out = agent(board, "begin", "--run", "run-b", "--host", "desk-b")
+    assert rc == 0 and out["lock"]["run"] == "run-b", out
+    _age(board, "lock.json", expires=LONG_AGO)
+    assert agent(board, "settle")[1]["settled"] == "released an expired lease"  # by itself, at boot or by timer
+    assert not (board.root / "data/alma-ota/lock.json").exists()
+
+
+def test_a_cut_push_goes_on_at_the_offset_the_board_has(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
+    require_swupdate()
+    board = SimBoard(tmp_path / "boards", "p1", signer[0])
+    data = _swu(tmp_path, signer).read_bytes()
+    sha, size = hashlib.sha256(data).hexdigest(), str(len(data))
+    assert agent(board, "begin", "--run", RUN)[0] == 0
+    rc, out = agent(board, "receive", "--run", RUN, "--sha256", sha, "--size", size, stdin=data[:40_000])
+    assert rc == 4 and "cut short: 40000" in out["error"]
+    got = agent(board, "status")[1]["received"]
+    assert got == {"run": RUN, "bytes": 40_000, "complete": False}
+    rc, out = agent(board, "receive", "--run", RUN, "--sha256", sha, "--size", size, "--offset", "40000",
+                    stdin=data[40_000:])  # fmt: skip
+    assert rc == 0 and out["resumed_at"] == 40_000, out
+    rc, out = agent(board, "install", "--run", RUN)
+    assert rc == 0 and out["slot"] == "b", out
+
+
+def test_an_unjudged_new_slot_is_rolled_back_by_the_board_itself(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
+    """The desktop went away after the reboot: no verdict comes. Past its verifying deadline,
+    with no live lease, the board rolls back by itself and marks the old slot good."""
+    require_swupdate()
+    board = SimBoard(tmp_path / "boards", "v1", signer[0])
+    data = _swu(tmp_path, signer).read_bytes()
+    assert agent(board, "begin", "--run", RUN)[0] == 0
+    assert agent(board, "receive", "--run", RUN, "--sha256", hashlib.sha256(data).hexdigest(), "--size",
+                 str(len(data)), stdin=data)[0] == 0  # fmt: skip
+    assert agent(board, "install", "--run", RUN)[0] == 0
+    assert agent(board, "settle")[1]["settled"] == "installed; the reboot into it is next"
+    board.power_on()  # boots the new slot; its settle starts the verifying clock
+    assert load_state(board.root)["rootfs"]["current"] == 1
+    assert agent(board, "settle")[1]["settled"] == "verifying"
+    _age(board, "pending.json", verifying_since=LONG_AGO)
+    _age(board, "lock.json", expires=LONG_AGO)
+    rc, out = agent(board, "settle")
+    assert rc == 0 and out["rebooting"] is True, out
+    board.poll()  # the reboot it asked for; settle runs again at boot
+    st = load_state(board.root)["rootfs"]
+    assert st["current"] == 0 and st["successful"][0] is True and st["slots"][1]["status"] == "unbootable"
+    assert json.loads((board.root / "data/alma-ota/last.json").read_text())["result"] == "ROLLED_BACK"
+    assert not (board.root / "data/alma-ota/lock.json").exists()
+    for _ in range(5):
+        assert board.boot() and load_state(board.root)["rootfs"]["current"] == 0

@@ -44,7 +44,7 @@ from typing import Any
 
 from almaboard import swu as board_swu
 from almaboard.errors import BoardError, UserError, run_main
-from almaboard.files import boot_id, read_json, write_json
+from almaboard.files import boot_id, iso, parse_iso, read_json, write_json
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
@@ -55,6 +55,8 @@ _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:\s*(\w+)", re.MULTILINE)
 TOOL_TIMEOUT_S = 600
+LEASE_S = 3600.0  # a run's lock lapses this long after its last step (ota.json: lease_s)
+VERIFY_S = 1800.0  # an uncommitted new slot may run this long unjudged (ota.json: verify_s)
 MAX_SWU = 16 << 30
 
 
@@ -142,12 +144,24 @@ class Board:
         got = read_json(self.lock_path)
         return got if isinstance(got, dict) else None
 
+    @property
+    def lease_s(self) -> float:
+        v = self.cfg.get("lease_s", LEASE_S)
+        return float(v) if isinstance(v, (int, float)) and v > 0 else LEASE_S
+
+    def lease(self, run: str, host: str, since: str | None = None) -> dict[str, Any]:
+        """A lock record: held until ``expires`` unless its run renews it (every step does)."""
+        now = time.time()
+        return {"run": run, "host": host, "since": since or iso(now), "expires": iso(now + self.lease_s)}
+
     def require(self, run: str) -> dict[str, Any]:
         held = self.lock()
         if held is None:
             raise UserError(f"no update run holds this board (expected {run})")
         if held.get("run") != run:
-            raise Busy(f"board busy: update run {held.get('run')} since {held.get('since')}")
+            raise Busy(_busy(held))
+        held = self.lease(run, str(held.get("host", "")), str(held.get("since") or "") or None)
+        write_json(self.lock_path, held)  # renewed: the run is alive
         return held
 
     def release(self, run: str) -> None:
@@ -155,9 +169,36 @@ class Board:
         if held is not None and held.get("run") == run:
             self.lock_path.unlink()
 
+    def boot_id(self) -> str:
+        return boot_id(self.root / "proc/sys/kernel/random/boot_id")
+
+    def forget(self, result: str, why: str, pend: dict[str, Any] | None) -> None:
+        """End the update on the board: pending and lock gone, the outcome kept in last.json."""
+        write_json(
+            self.state / "last.json", {"run": (pend or {}).get("run"), "result": result, "why": why, "at": iso()}
+        )
+        (self.state / "pending.json").unlink(missing_ok=True)
+        _forget_incoming(self)
+        self.lock_path.unlink(missing_ok=True)
+
     def pending(self) -> dict[str, Any] | None:
         got = read_json(self.state / "pending.json")
         return got if isinstance(got, dict) else None
+
+
+def _expired(held: dict[str, Any]) -> bool:
+    """A lease past its expiry (or a lock without a readable one, from an older agent)."""
+    try:
+        return parse_iso(str(held.get("expires"))) <= time.time()
+    except ValueError:
+        return True
+
+
+def _busy(held: dict[str, Any]) -> str:
+    return (
+        f"board busy: update run {held.get('run')} from {held.get('host') or '?'} since {held.get('since')} "
+        f"holds it (lease until {held.get('expires')})"
+    )
 
 
 def _run_id(text: str) -> str:
@@ -179,28 +220,42 @@ def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
         "version": rel.get("VERSION_ID"),
         "current_slot": cur,
         "slots": b.slots(),
-        "boot_id": boot_id(b.root / "proc/sys/kernel/random/boot_id"),
+        "boot_id": b.boot_id(),
         "lock": b.lock(),
         "pending": b.pending(),
+        "received": _received(b),
+        "last": read_json(b.state / "last.json"),
         "guard": guard.stdout.strip() or "unknown",
     }
 
 
+def _received(b: Board) -> dict[str, Any] | None:
+    """How much of a push is on the board (the desktop resumes a cut push from there)."""
+    held = b.lock()
+    for name, done in (("incoming.swu", True), ("incoming.swu.part", False)):
+        with contextlib.suppress(OSError):
+            size = (b.state / name).stat().st_size
+            return {"run": held.get("run") if held else None, "bytes": size, "complete": done}
+    return None
+
+
 def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
-    rec = {"run": run, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": a.host}
+    rec = b.lease(run, a.host)
     try:
         fd = os.open(b.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         held = b.lock()
         if held is not None and held.get("run") == run:
-            return {"lock": held, "resumed": True}
+            return {"lock": b.require(run), "resumed": True}
         if held is None:  # a torn lock file from a power loss while writing it: ours to take
             b.lock_path.unlink(missing_ok=True)
             return cmd_begin(b, a)
-        raise Busy(
-            f"board busy: update run {held.get('run')} from {held.get('host')} since {held.get('since')}"
-        ) from None
+        if _expired(held) and b.pending() is None:  # its run died before installing: the lease frees it
+            _forget_incoming(b)
+            b.lock_path.unlink(missing_ok=True)
+            return cmd_begin(b, a)
+        raise Busy(_busy(held)) from None
     with os.fdopen(fd, "w") as fh:
         json.dump(rec, fh)
         fh.flush()
@@ -208,14 +263,27 @@ def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     return {"lock": rec, "resumed": False}
 
 
+def _forget_incoming(b: Board) -> None:
+    for name in ("incoming.swu.part", "incoming.swu"):
+        (b.state / name).unlink(missing_ok=True)
+
+
 def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     b.require(_run_id(a.run))
-    if not _HEX64.fullmatch(a.sha256) or not 0 < a.size <= MAX_SWU:
-        raise UserError("receive needs --sha256 (64 hex) and --size (bytes)")
+    if not _HEX64.fullmatch(a.sha256) or not 0 < a.size <= MAX_SWU or not 0 <= a.offset < a.size:
+        raise UserError("receive needs --sha256 (64 hex), --size (bytes) and an --offset below the size")
     part = b.state / "incoming.swu.part"
     h = hashlib.sha256()
     n = 0
-    with part.open("wb") as out:
+    if a.offset:  # resume a cut push: the bytes already here count toward the hash
+        have = part.stat().st_size if part.is_file() else 0
+        if have != a.offset:
+            raise StepFailed(f"cannot resume at {a.offset}: the board holds {have} bytes of this push")
+        with part.open("rb") as f:
+            while c := f.read(1 << 20):
+                h.update(c)
+        n = a.offset
+    with part.open("ab" if a.offset else "wb") as out:
         while n < a.size:
             chunk = sys.stdin.buffer.read(min(1 << 20, a.size - n))
             if not chunk:
@@ -228,9 +296,10 @@ def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     if n != a.size:
         raise StepFailed(f"push cut short: {n} of {a.size} bytes arrived")
     if h.hexdigest() != a.sha256:
+        part.unlink(missing_ok=True)
         raise StepFailed("the pushed file does not match its sha256")
     part.replace(b.state / "incoming.swu")
-    return {"received": n, "sha256": a.sha256}
+    return {"received": n, "sha256": a.sha256, "resumed_at": a.offset}
 
 
 def _readback(device: Path, size: int) -> str:
@@ -303,7 +372,10 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         elif im["type"] == "rawfile":
             out["capsule"] = _arm_capsule(b, im, sw)
     b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(target)))
-    write_json(b.state / "pending.json", {"run": run, "slot": target, "from": cur, "version": sw.get("version")})
+    write_json(
+        b.state / "pending.json",
+        {"run": run, "slot": target, "from": cur, "version": sw.get("version"), "boot": b.boot_id()},
+    )
     swu.unlink()
     return out
 
@@ -348,6 +420,10 @@ def cmd_commit(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_rollback(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
+    last = read_json(b.state / "last.json")
+    if b.lock() is None and isinstance(last, dict) and last.get("run") == run and last.get("result") == "ROLLED_BACK":
+        # the board settled it by itself at boot (cmd_settle): the rollback is done
+        return {"rolled_back_to": b.current_slot(), "reboot_needed": False, "settled": last.get("why")}
     b.require(run)
     pend = b.pending()
     cur = b.current_slot()
@@ -360,8 +436,7 @@ def cmd_rollback(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     # Already on the old slot (the bootloader fell back, or never switched): forget the try.
     if pend is not None and pend.get("slot") != cur:
         _back_on_old_slot(b, cur)
-    (b.state / "pending.json").unlink(missing_ok=True)
-    b.release(run)
+    b.forget("ROLLED_BACK", f"rolled back; running slot {cur}", pend or {"run": run})
     return {"rolled_back_to": cur, "reboot_needed": False}
 
 
@@ -371,6 +446,68 @@ def _back_on_old_slot(b: Board, cur: str) -> None:
     flag, and an unmarked slot spends a retry per boot until the bootloader gives up on it."""
     b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(cur)))
     b.nvbootctrl("rootfs", "mark-boot-successful")
+
+
+def cmd_settle(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    """What the board does by itself (at every boot, and from its timer): finish an update no
+    desktop will finish. Fell back (or rolled back and rebooted): the old slot is marked good,
+    pending and lock cleared. Running the new slot uncommitted past ``verify_s`` with no live
+    lease: roll back by itself. A lease expired with nothing installed: released."""
+    pend, held, cur = b.pending(), b.lock(), b.current_slot()
+    if pend is None:
+        if held is not None and _expired(held):
+            _forget_incoming(b)
+            b.lock_path.unlink(missing_ok=True)
+            return {"settled": "released an expired lease", "run": held.get("run")}
+        return {"settled": "nothing to do"}
+    if pend.get("slot") not in SLOT_NAMES:
+        b.forget("FAILED", "pending.json named no slot", pend)
+        return {"settled": "dropped an unreadable pending update"}
+    if pend.get("boot") == b.boot_id():
+        return {"settled": "installed; the reboot into it is next"}
+    if cur != pend.get("slot"):
+        _back_on_old_slot(b, cur)
+        why = (
+            "rolled back"
+            if pend.get("rolling_back")
+            else f"slot {pend.get('slot')} did not stay: the bootloader fell back"
+        )
+        b.forget("ROLLED_BACK", f"{why}; running slot {cur}", pend)
+        return {"settled": "back on the old slot", "slot": cur}
+    now = time.time()
+    if "verifying_since" not in pend:
+        pend = {**pend, "verifying_since": iso(now), "verifying_boot": b.boot_id()}
+        write_json(b.state / "pending.json", pend)
+    verify_s = b.cfg.get("verify_s", VERIFY_S)
+    verify_s = float(verify_s) if isinstance(verify_s, (int, float)) and verify_s > 0 else VERIFY_S
+    late = parse_iso(str(pend["verifying_since"])) + verify_s <= now
+    if late and (held is None or _expired(held)):  # nobody judged it in time: not good
+        b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
+        b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
+        write_json(b.state / "pending.json", {**pend, "rolling_back": True})
+        b.tool(str(b.cfg.get("reboot", "reboot")))
+        return {"settled": "no verdict in time: rolling back", "rebooting": True}
+    return {"settled": "verifying", "since": pend["verifying_since"]}
+
+
+def cmd_abort(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    """The operator's way out (``alma update --abort``): whoever holds the board lets go; an
+    installed, uncommitted update is undone (the new slot running: switched back and rebooted)."""
+    held, pend, cur = b.lock(), b.pending(), b.current_slot()
+    out: dict[str, Any] = {"released": held.get("run") if held else None, "rebooting": False}
+    if pend is not None and pend.get("slot") == cur and pend.get("from") in SLOT_NAMES:
+        b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
+        b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
+        write_json(b.state / "pending.json", {**pend, "rolling_back": True})
+        _forget_incoming(b)
+        b.lock_path.unlink(missing_ok=True)
+        b.tool(str(b.cfg.get("reboot", "reboot")))  # at boot, settle marks the old slot good
+        out["rebooting"] = True
+        return out
+    if pend is not None:
+        _back_on_old_slot(b, cur)
+    b.forget("ABORTED", "aborted by the operator", pend or ({"run": held.get("run")} if held else None))
+    return out
 
 
 def cmd_release(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -393,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=Path(os.environ.get("ALMA_OTA_ROOT") or "/"))
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status")
+    sub.add_parser("settle", help="finish what no desktop will (run at boot and by a timer)")
+    sub.add_parser("abort", help="release the board and undo an uncommitted update")
     for name in ("begin", "receive", "install", "reboot", "commit", "rollback", "release"):
         sp = sub.add_parser(name)
         sp.add_argument("--run", required=True)
@@ -401,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "receive":
             sp.add_argument("--sha256", required=True)
             sp.add_argument("--size", type=int, required=True)
+            sp.add_argument("--offset", type=int, default=0, help="resume a cut push at this byte")
     args = p.parse_args(argv)
     handlers = {
         "status": cmd_status,
@@ -411,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": cmd_commit,
         "rollback": cmd_rollback,
         "release": cmd_release,
+        "settle": cmd_settle,
+        "abort": cmd_abort,
     }
 
     def body() -> int:
