@@ -247,7 +247,7 @@ def verify(
                 )
 
     # --- OTA update artefact (feature ota): what the .swu claims, docs/ota.md ---
-    _swu_facts(m, deploy, machine, problems)
+    _swu_facts(m, deploy, machine, problems, root)
     # --- supply chain: SPDX SBOM and cve-check (issue 22; alma.artefacts.sbom) ---
     from alma.artefacts.sbom import read_supply_chain
 
@@ -280,7 +280,7 @@ def verify(
     return m
 
 
-def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> None:
+def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str], root: Path) -> None:
     """Facts from ``*-<machine>.swu`` (the link name, not the stamped files), when there is one."""
     from alma.update.swu import SwuError, read_swu
 
@@ -292,10 +292,9 @@ def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> 
         return
     path = links[0]
     from alma.imagebuild.ota import configured_cert
-    from alma.settings import config, repo_root
+    from alma.settings import config
 
     try:
-        root = repo_root()
         cert = configured_cert(root, config(root))
     except UserError:
         cert = None
