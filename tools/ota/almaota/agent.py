@@ -558,11 +558,15 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         try:
             board = Board(args.root)
-            try:
-                out = handlers[args.cmd](board, args)
-            finally:
-                if board._tmp is not None:
-                    shutil.rmtree(board._tmp, ignore_errors=True)
+            # One step at a time on a board: settle (boot, timer) and a desktop's steps would
+            # otherwise interleave (a commit's cleared pending.json rewritten by a settle).
+            with open(board.state / ".agent.lock", "a") as serial:
+                fcntl.flock(serial, fcntl.LOCK_EX)
+                try:
+                    out = handlers[args.cmd](board, args)
+                finally:
+                    if board._tmp is not None:
+                        shutil.rmtree(board._tmp, ignore_errors=True)
         except BoardError as exc:
             print(json.dumps({"error": str(exc), "code": exc.exit_code}))
             raise
