@@ -315,3 +315,26 @@ def test_records_dir_full_after_install_is_a_clear_error_and_the_board_is_left_a
     assert exc.value.exit_code == 2 and "No space left on device" in exc.value.message
     assert str(tmp_path / "records") in exc.value.message and "settles" in (exc.value.hint or "")
     assert [c.split()[1] for c, _ in calls if c.startswith("alma-ota")][-1] == "install"  # nothing after
+
+
+def test_a_cut_push_is_resumed_at_the_offset_the_board_reports(tmp_path: Path, swu: Path) -> None:
+    """The board holds 40000 bytes of this run's push: only the rest is sent, from that offset."""
+    import os
+
+    seen: dict[str, Any] = {}
+
+    def remote(node: Node, command: str, _cfg: Any, **kw: Any) -> RemoteResult:
+        sub = command.split()[1] if command.startswith("alma-ota") else "health"
+        if sub == "status":
+            return said(json.dumps({**GOOD_STATUS, "lock": {"run": "run-x", "host": "me"},
+                                    "received": {"run": "run-x", "bytes": 40_000, "complete": False}}))  # fmt: skip
+        if sub == "receive":
+            seen["command"] = command
+            seen["position"] = os.lseek(kw["run"].keywords["stdin"], 0, os.SEEK_CUR)
+            return said('{"error": "stop here"}', rc=4)
+        return said(json.dumps(_healthy()) if sub == "health" else '{"lock": {}, "resumed": true}')
+
+    ctx = _ctx(tmp_path, swu, remote, health_timeout=7)
+    ctx.run = "run-x"
+    E.run_update(ctx, [Node("b1", "b1", "board")])
+    assert "--offset 40000" in seen["command"] and seen["position"] == 40_000, seen

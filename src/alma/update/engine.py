@@ -326,7 +326,7 @@ class BoardUpdate:
         self.rec.boot_id = st.get("boot_id")
         self.rec.baseline_warnings = self._baseline()
         self.step("lock", lambda: self.call(f"begin --run {run} --host {socket.gethostname()[:60] or 'desktop'}"))
-        self.step("push", self._push)
+        self.step("push", lambda: self._push(_dict(st.get("received"))))
         out = self.step("install", lambda: self.call(f"install --run {run}", timeout=self.ctx.opts.push_timeout))
         if out.get("slot") not in SLOTS or out.get("slot") == self.rec.from_slot:
             raise _Stop(R.FAILED, f"install: the board answered target slot {str(out.get('slot'))[:40]} "
@@ -372,10 +372,10 @@ class BoardUpdate:
         r = self._health()
         return sorted(board_text(c.name, 64) for c in r.checks if c.status is Severity.WARNING)
 
-    def _push(self) -> str:
-        """Send the .swu; a push cut before (ssh lost, power) goes on at the offset the board has."""
+    def _push(self, got: dict[str, Any]) -> str:
+        """Send the .swu; a push cut before (ssh lost, power) goes on at the offset the board has
+        (``got``: what the check's status said had arrived; the lock has been ours since)."""
         size = self.ctx.swu.stat().st_size
-        got = _dict(self._status().get("received"))
         n = got.get("bytes")
         have = n if got.get("run") == self.run_name and isinstance(n, int) else 0
         if got.get("complete") and have == size:
