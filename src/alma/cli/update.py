@@ -225,14 +225,19 @@ def _abort(fl: Any, names: tuple[str, ...], agent: str, as_json: bool) -> None:
                     doc = None
                 break
         # the answer counts even when the connection then drops: the board reboots into its old slot
-        ok = isinstance(doc, dict) and "error" not in doc and (res.returncode == 0 or res.error is not None)
+        ok = res.error is None and res.returncode == 0 and isinstance(doc, dict) and "error" not in doc
         why = (doc or {}).get("error") if isinstance(doc, dict) else None
+        rebooting = False
+        if ok and doc.get("reboot_needed"):
+            # the reboot cuts this session: its dropping is the expected answer (as in alma update)
+            again = run_remote(n, f"{agent} abort --reboot", fl.ssh, timeout=60)
+            rebooting = again.error is not None or again.returncode == 0
         rows.append(
             {
                 "node": n.name,
                 "ok": ok,
                 "released": E.board_text(doc.get("released")) if ok and doc.get("released") else None,
-                "rebooting": bool(ok and doc.get("rebooting")),
+                "rebooting": rebooting,
                 "why": None if ok else E.board_text(why or res.why()),
             }
         )

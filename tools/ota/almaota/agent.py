@@ -485,24 +485,26 @@ def cmd_settle(b: Board, _: argparse.Namespace) -> dict[str, Any]:
         b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
         b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
         write_json(b.state / "pending.json", {**pend, "rolling_back": True})
-        b.tool(str(b.cfg.get("reboot", "reboot")))
         return {"settled": "no verdict in time: rolling back", "rebooting": True}
     return {"settled": "verifying", "since": pend["verifying_since"]}
 
 
-def cmd_abort(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+def cmd_abort(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     """The operator's way out (``alma update --abort``): whoever holds the board lets go; an
-    installed, uncommitted update is undone (the new slot running: switched back and rebooted)."""
+    installed, uncommitted update is undone (the new slot running: switched back, and
+    ``abort --reboot``, a second call whose session the reboot may cut, reboots it)."""
     held, pend, cur = b.lock(), b.pending(), b.current_slot()
-    out: dict[str, Any] = {"released": held.get("run") if held else None, "rebooting": False}
+    if a.reboot:
+        back = pend is not None and pend.get("rolling_back") and pend.get("slot") == cur
+        return {"rebooting": bool(back)}
+    out: dict[str, Any] = {"released": held.get("run") if held else None, "reboot_needed": False}
     if pend is not None and pend.get("slot") == cur and pend.get("from") in SLOT_NAMES:
         b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
         b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
         write_json(b.state / "pending.json", {**pend, "rolling_back": True})
         _forget_incoming(b)
         b.lock_path.unlink(missing_ok=True)
-        b.tool(str(b.cfg.get("reboot", "reboot")))  # at boot, settle marks the old slot good
-        out["rebooting"] = True
+        out["reboot_needed"] = True  # abort --reboot; at boot settle marks the old slot good
         return out
     if pend is not None:
         _back_on_old_slot(b, cur)
@@ -531,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status")
     sub.add_parser("settle", help="finish what no desktop will (run at boot and by a timer)")
-    sub.add_parser("abort", help="release the board and undo an uncommitted update")
+    sp_abort = sub.add_parser("abort", help="release the board and undo an uncommitted update")
+    sp_abort.add_argument("--reboot", action="store_true", help="then reboot into the old slot")
     for name in ("begin", "receive", "install", "reboot", "commit", "rollback", "release"):
         sp = sub.add_parser(name)
         sp.add_argument("--run", required=True)
@@ -574,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
             err = StepFailed(f"{exc.filename or ''}: {os.strerror(exc.errno or errno.EIO)}")
             print(json.dumps({"error": str(err), "code": err.exit_code}))
             raise err from None
-        print(json.dumps(out, sort_keys=True))
+        print(json.dumps(out, sort_keys=True), flush=True)
+        if args.cmd in ("abort", "settle") and out.get("rebooting"):
+            board.tool(str(board.cfg.get("reboot", "reboot")))  # after the answer: a reboot ends the session
         return 0
 
     return run_main(PROG, body)
