@@ -6,6 +6,7 @@ fails health on the new slot: it is rolled back, the others are committed, exit 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from support_swu import build_swu
-from support_update import MACHINE, Lab, load_state, rootfs_image
+from support_update import MACHINE, Lab, SimBoard, load_state, rootfs_image
 
 from alma.update import records as R
 from alma.update.swu import read_swu
@@ -187,6 +188,23 @@ def test_sigint_mid_update_then_resume_commits(
     assert load_state(lab.boards["s1"].root)["rootfs"]["successful"][1] is True
 
 
+def _back_up(board: SimBoard, deadline_s: float = 300) -> None:
+    """Wait until the simulated board has booted again and its sshd accepts connections."""
+    import socket
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        st = load_state(board.root)
+        sshd = board.sshd
+        if not st.get("power_cut") and not st.get("reboot_requested") and sshd.proc.poll() is None:
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.settimeout(5)
+                s.connect(("127.0.0.1", sshd.port))
+                return
+        time.sleep(0.1)
+    raise AssertionError("the board did not come back")
+
+
 def test_power_loss_during_the_rootfs_write_then_the_same_command_finishes(
     tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
 ) -> None:
@@ -198,6 +216,7 @@ def test_power_loss_during_the_rootfs_write_then_the_same_command_finishes(
     [b] = json.loads(r.stdout)["boards"]
     assert b["result"] in ("FAILED", "LOST") and b["phases"][-1]["name"] == "install", b
     assert load_state(lab.boards["w1"].root)["rootfs"]["current"] == 0  # the old slot, unchanged
+    _back_up(lab.boards["w1"])  # the operator runs it again once the board is back
     r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
