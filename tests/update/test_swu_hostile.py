@@ -70,11 +70,20 @@ HOSTILE: dict[str, Callable[[dict[str, Any]], None]] = {
     "a selection hidden in the metadata": lambda sw: sw["alma"].update({"slot-b": {"images": list(_images(sw))}}),
     # the rootfs bytes armed as the UEFI capsule as well
     "one file as rootfs and as capsule": lambda sw: [
-        _images(sw, s).append({"filename": "rootfs.ext4", "type": "rawfile", "sha256": _images(sw, s)[0]["sha256"],
-                               "path": "var/lib/alma-ota/capsule/TEGRA_BL.Cap", "version": "99.0.0"})
-        for s in ("a", "b")],  # fmt: skip
-    "an image name outside the grammar": lambda sw: [_images(sw, s)[0].update(filename="rootfs.ext4;reboot")
-                                                     for s in ("a", "b")],  # fmt: skip
+        _images(sw, s).append(
+            {
+                "filename": "rootfs.ext4",
+                "type": "rawfile",
+                "sha256": _images(sw, s)[0]["sha256"],
+                "path": "var/lib/alma-ota/capsule/TEGRA_BL.Cap",
+                "version": "99.0.0",
+            }
+        )
+        for s in ("a", "b")
+    ],  # fmt: skip
+    "an image name outside the grammar": lambda sw: [
+        _images(sw, s)[0].update(filename="rootfs.ext4;reboot") for s in ("a", "b")
+    ],  # fmt: skip
 }
 
 
@@ -239,7 +248,10 @@ def test_board_reader_refuses_hostile_cpio_framing(tmp_path: Path, case: str) ->
 
 
 def test_an_unlisted_member_is_refused_by_desktop_verify_and_board(  # type: ignore[no-untyped-def]
-    project: Path, alma, signer: tuple[bytes, bytes], tmp_path: Path  # noqa: F811
+    project: Path,  # noqa: F811
+    alma,  # noqa: F811
+    signer: tuple[bytes, bytes],
+    tmp_path: Path,
 ) -> None:
     """SWUpdate skips a member no image names; nothing may ride along in an ALMA-OS .swu unread."""
     require_swupdate()

@@ -223,7 +223,7 @@ def test_a_node_name_that_could_reach_a_path_never_leaves_the_fleet_file(tmp_pat
     from alma.fleet.inventory import parse_fleet
 
     with pytest.raises(ConfigError):
-        parse_fleet(f"[[node]]\nname = {json.dumps(name)}\nssh = \"x\"\nrole = \"board\"\n", tmp_path / "f.toml")
+        parse_fleet(f'[[node]]\nname = {json.dumps(name)}\nssh = "x"\nrole = "board"\n', tmp_path / "f.toml")
 
 
 def test_a_final_record_is_printed_without_its_escapes(tmp_path: Path, swu: Path) -> None:
@@ -248,6 +248,7 @@ def test_a_final_record_is_printed_without_its_escapes(tmp_path: Path, swu: Path
 
 
 # ---- the desktop's own limits --------------------------------------------------------------------
+
 
 def _healthy() -> dict[str, Any]:
     return {"schema": "alma.health/1", "status": "OK", "time": R.now(),
