@@ -13,6 +13,7 @@ documented commands and ``dump-slots-info`` output, ``oe4t-set-uefi-OSIndication
 - an armed capsule (ESP/EFI/UpdateCapsule + OsIndications) is applied on the next boot:
   the bootloader switches to the chain paired with the active rootfs slot; a power loss
   during it leaves the old chain, and the rootfs follows its paired (old) slot;
+- after every boot the agent's ``settle`` runs, as the image's alma-ota-settle.service does;
 - a rootfs image says how it behaves: its first line is ``{"alma-sim": {...}}`` with
   ``version``, ``health`` (ok | critical | warning) and ``boots`` (false: it hangs, the
   watchdog resets, the retry count goes down).
@@ -55,8 +56,11 @@ def rootfs_image(path: Path, version: str, *, health: str = "ok", boots: bool = 
     return path
 
 
-def make_cert(d: Path, cn: str = "ALMA-OS OTA test") -> tuple[bytes, bytes]:
-    """A self-signed signing certificate + key (PEM), as `alma` users make with openssl."""
+def make_cert(
+    d: Path, cn: str = "ALMA-OS OTA test", *, days: float = 365, since_days: float = 1
+) -> tuple[bytes, bytes]:
+    """A self-signed signing certificate + key (PEM), as `alma` users make with openssl, valid
+    from ``since_days`` ago for ``days`` (negative ``days - since_days``: already expired)."""
     import datetime
 
     from cryptography import x509
@@ -73,8 +77,8 @@ def make_cert(d: Path, cn: str = "ALMA-OS OTA test") -> tuple[bytes, bytes]:
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
+        .not_valid_before(now - datetime.timedelta(days=since_days))
+        .not_valid_after(now - datetime.timedelta(days=since_days) + datetime.timedelta(days=days))
         .sign(key, hashes.SHA256())
     )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
@@ -348,6 +352,9 @@ class SimBoard:
             self.set(reboot_requested=False, power_cut=False)
             return
         if self.boot():
+            self.settle()
+            if self.sshd is None:  # a board driven without ssh (tests of the agent alone)
+                return
             for attempt in range(3):  # a loaded CI host can be slow to bring sshd up
                 try:
                     self.sshd.proc = launch_sshd(self.sshd.dir, self.sshd.port)
@@ -355,6 +362,14 @@ class SimBoard:
                 except RuntimeError:
                     if attempt == 2:
                         raise
+
+    def settle(self) -> None:
+        """What the image's alma-ota-settle.service does at every boot: the agent finishes
+        what no desktop will (a fallback, a rollback, an expired lease)."""
+        import subprocess
+
+        env = {**os.environ, "ALMA_OTA_ROOT": str(self.root), "PATH": f"{self.root / 'bin'}:{os.environ['PATH']}"}
+        subprocess.run([sys.executable, str(AGENT), "settle"], env=env, capture_output=True, timeout=600, check=False)
 
     def reboot(self) -> None:
         self.power_off()

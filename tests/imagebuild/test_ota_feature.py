@@ -59,6 +59,24 @@ def test_the_cert_reaches_bitbake_and_a_private_key_never_does(project, alma, ce
     assert code == 2 and "contains a private key" in err and "PRIVATE" not in out
 
 
+def test_an_expired_certificate_is_refused_and_one_close_to_expiry_warns_with_its_date(  # type: ignore[no-untyped-def]
+    project, alma, tmp_path: Path
+):
+    """Once the baked-in certificate expires SWUpdate refuses every .swu, the rotating one too."""
+    old, _ = make_cert(tmp_path / "old", days=30, since_days=40)  # expired ten days ago
+    (tmp_path / "old.pem").write_bytes(old)
+    code, out, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(tmp_path / "old.pem"))
+    assert code == 2 and "expired on " in err and "refuse every .swu" in err, out + err
+    soon, _ = make_cert(tmp_path / "soon", days=11, since_days=1)  # ten days left
+    (tmp_path / "soon.pem").write_bytes(soon)
+    code, out, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(tmp_path / "soon.pem"))
+    from cryptography import x509
+
+    end = x509.load_pem_x509_certificate(soon).not_valid_after_utc
+    assert code == 0, err
+    assert f"expires on {end:%Y-%m-%d}" in out and "warning:" in out and "under 90" in out, out
+
+
 def test_ota_key_without_the_feature_is_a_usage_error(project, alma, cert: Path):  # type: ignore[no-untyped-def]
     code, _, err = alma("build", "--dry-run", "--ota-key", str(cert))
     assert code == 2 and "--ota-key needs the ota feature" in err

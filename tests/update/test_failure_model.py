@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support_swu import build_swu
 from support_update import AGENT, MACHINE, SimBoard, kill_tree, load_state, require_swupdate, rootfs_image
-
-from alma.update.swu import build_swu
 
 RUN = "run1"
 
@@ -127,3 +126,23 @@ def test_ssh_lost_mid_push_leaves_nothing_installable(board: SimBoard) -> None:
     assert not (board.root / "data/alma-ota/incoming.swu").exists()
     rc, out = agent(board, "install", "--run", RUN)
     assert rc == 2 and "nothing received" in str(out["error"])
+
+
+def test_after_a_health_rollback_five_power_cycles_still_boot_the_old_slot(tmp_path: Path, signer: tuple[bytes, bytes],
+                                                                           board: SimBoard) -> None:  # fmt: skip
+    """The switch back (set-active-boot-slot while the new slot runs) clears the old slot's
+    "successful" flag; unless it is marked good again its retry count runs out."""
+    push(board, swu(tmp_path, signer))
+    assert agent(board, "install", "--run", RUN)[0] == 0
+    assert board.boot() and load_state(board.root)["rootfs"]["current"] == 1
+    rc, out = agent(board, "rollback", "--run", RUN)  # health failed on the new slot
+    assert rc == 0 and out["reboot_needed"] is True, out
+    assert board.boot() and load_state(board.root)["rootfs"]["current"] == 0
+    rc, out = agent(board, "rollback", "--run", RUN)  # back on the old slot: finish
+    assert rc == 0 and out["reboot_needed"] is False, out
+    seen = []
+    for _ in range(5):
+        assert board.boot()
+        seen.append(load_state(board.root)["rootfs"]["current"])
+    assert seen == [0] * 5
+    assert load_state(board.root)["rootfs"]["successful"][0] is True

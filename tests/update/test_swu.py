@@ -1,4 +1,5 @@
-"""The .swu our code writes, read back with bounds, installed (or refused) by the REAL SWUpdate."""
+"""A .swu made as meta-swupdate makes it (cpio -H crc), read back with bounds, installed (or refused)
+by the REAL SWUpdate."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support_swu import build_swu
 from support_update import MACHINE, make_cert, require_swupdate, rootfs_image
 
-from alma.update.swu import SwuError, build_swu, read_swu
+from alma.update.swu import SwuError, read_swu
 
 
 def _swu(tmp: Path, signer: tuple[bytes, bytes], machine: str = MACHINE) -> tuple[Path, Path]:
@@ -33,12 +35,15 @@ def _install(tmp: Path, swu: Path, cert: bytes, machine: str = MACHINE) -> tuple
     return r.returncode, r.stdout + r.stderr, slot
 
 
-def test_real_swupdate_installs_our_signed_swu_into_the_inactive_slot(tmp_path: Path,
+def test_real_swupdate_installs_a_meta_swupdate_made_swu_into_the_inactive_slot(tmp_path: Path,
                                                                       signer: tuple[bytes, bytes]) -> None:  # fmt: skip
     swu, img = _swu(tmp_path, signer)
     info = read_swu(swu)
     assert info.signed and info.machine == MACHINE and info.version == "2.0.0" and info.hashes_checked
-    assert info.signers[0]["subject"] == "CN=ALMA-OS OTA test"
+    assert swu.read_bytes()[:6] == b"070702" and info.format == "crc"  # what meta-swupdate's cpio -H crc writes
+    assert info.signers == [] and info.verified is None  # no fleet certificate given: nothing claimed
+    (tmp_path / "fleet.pem").write_bytes(signer[0])
+    assert read_swu(swu, cert=tmp_path / "fleet.pem").signers[0]["subject"] == "CN=ALMA-OS OTA test"
     _, log, slot = _install(tmp_path, swu, signer[0])
     assert "SWUPDATE successful" in log, log
     assert slot.read_bytes()[: img.stat().st_size] == img.read_bytes()
@@ -81,5 +86,13 @@ def test_reader_refuses_a_truncated_swu(tmp_path: Path, signer: tuple[bytes, byt
 def test_reader_refuses_an_unsigned_or_foreign_first_member(tmp_path: Path) -> None:
     p = tmp_path / "x.swu"
     p.write_bytes(b"not a cpio archive" * 20)
-    with pytest.raises(SwuError, match="not a cpio newc archive"):
+    with pytest.raises(SwuError, match="not a cpio archive"):
         read_swu(p)
+
+
+def test_a_newc_swu_reads_the_same(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
+    img = rootfs_image(tmp_path / "rootfs.ext4", "2.0.0")
+    out = build_swu(tmp_path / "n.swu", machine=MACHINE, version="2.0.0", rootfs=img, cert_pem=signer[0],
+                    key_pem=signer[1], root="", fmt="newc")  # fmt: skip
+    info = read_swu(out)
+    assert info.format == "newc" and info.hashes_checked and info.payloads[0].size == img.stat().st_size

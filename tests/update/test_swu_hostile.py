@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from almaboard.swu import DESCRIPTION, SIGNATURE, Payload
+from artefacts.alma_deployfix import alma, build_deploy, project  # noqa: F401 - fixtures
+from support_swu import description, pack, sign_detached
 from support_update import AGENT, MACHINE, SimBoard, load_state, require_swupdate, rootfs_image
 
 from alma.update import swu as S
@@ -25,22 +28,18 @@ from alma.update import swu as S
 RUN = "run1"
 
 
-def forge(tmp: Path, signer: tuple[bytes, bytes], mutate: Callable[[dict[str, Any]], None], name: str = "f") -> Path:
-    """A .swu signed with the fleet's key whose description ``mutate`` changed before signing."""
+def forge(tmp: Path, signer: tuple[bytes, bytes], mutate: Callable[[dict[str, Any]], None], name: str = "f",
+          extra: list[tuple[str, bytes]] | None = None) -> Path:  # fmt: skip
+    """A .swu signed with the fleet's key whose description ``mutate`` changed before signing,
+    packed by meta-swupdate's cpio command (tests/support_swu.py)."""
     img = rootfs_image(tmp / f"{name}.ext4", "2.0.0")
-    p = S.Payload("rootfs.ext4", "rootfs", S.sha256_file(img), img.stat().st_size)
-    doc = json.loads(S.description(machine=MACHINE, version="2.0.0", payloads=[p], root=""))
+    p = Payload("rootfs.ext4", "rootfs", hashlib.sha256(img.read_bytes()).hexdigest(), img.stat().st_size)
+    doc = json.loads(description(machine=MACHINE, version="2.0.0", payloads=[p], root=""))
     mutate(doc["software"])
     desc = (json.dumps(doc, indent=2) + "\n").encode()
-    sig = S.sign_detached(desc, *signer)
-    out = tmp / f"{name}.swu"
-    with out.open("wb") as f:
-        S._write_member(f, S.DESCRIPTION, len(desc), 1, iter([desc]))
-        S._write_member(f, S.SIGNATURE, len(sig), 2, iter([sig]))
-        S._write_member(f, "rootfs.ext4", img.stat().st_size, 3, iter([img.read_bytes()]))
-        S._write_member(f, S.TRAILER, 0, 0, iter(()))
-        f.write(b"\0" * (-f.tell() % 512))
-    return out
+    sig = sign_detached(desc, *signer)
+    members: list[tuple[str, bytes | Path]] = [(DESCRIPTION, desc), (SIGNATURE, sig), ("rootfs.ext4", img)]
+    return pack(tmp / f"{name}.swu", members + list(extra or []))
 
 
 def _images(sw: dict[str, Any], slot: str = "b") -> list[dict[str, Any]]:
@@ -69,6 +68,22 @@ HOSTILE: dict[str, Callable[[dict[str, Any]], None]] = {
     "a top-level image list": lambda sw: sw.update(images=list(_images(sw))),
     "a bootenv change": lambda sw: sw[MACHINE].update(bootenv=[{"name": "x", "value": "y"}]),
     "a selection hidden in the metadata": lambda sw: sw["alma"].update({"slot-b": {"images": list(_images(sw))}}),
+    # the rootfs bytes armed as the UEFI capsule as well
+    "one file as rootfs and as capsule": lambda sw: [
+        _images(sw, s).append(
+            {
+                "filename": "rootfs.ext4",
+                "type": "rawfile",
+                "sha256": _images(sw, s)[0]["sha256"],
+                "path": "var/lib/alma-ota/capsule/TEGRA_BL.Cap",
+                "version": "99.0.0",
+            }
+        )
+        for s in ("a", "b")
+    ],  # fmt: skip
+    "an image name outside the grammar": lambda sw: [
+        _images(sw, s)[0].update(filename="rootfs.ext4;reboot") for s in ("a", "b")
+    ],  # fmt: skip
 }
 
 
@@ -92,8 +107,7 @@ def _agent(b: SimBoard, *args: str, stdin: bytes | None = None) -> tuple[int, di
     return r.returncode, json.loads(r.stdout.decode().strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["slot-b writes the running slot A", "a shell script in the set",
-                                  "dot-dot out of the partition dir"])  # fmt: skip
+@pytest.mark.parametrize("case", list(HOSTILE))
 def test_agent_refuses_before_swupdate_a_signed_swu_that_writes_outside_the_target_slot(
     tmp_path: Path, signer: tuple[bytes, bytes], case: str
 ) -> None:
@@ -107,6 +121,10 @@ def test_agent_refuses_before_swupdate_a_signed_swu_that_writes_outside_the_targ
     assert rc == 0, out
     rc, out = _agent(board, "install", "--run", RUN)
     assert rc == 2 and "refused" in str(out["error"]), out
+    _untouched(board, running)
+
+
+def _untouched(board: SimBoard, running: bytes) -> None:
     assert (board.root / "dev/disk/by-partlabel/APP").read_bytes() == running  # the running slot untouched
     assert not list((board.root / "data/alma-ota").glob("swupdate-*.log"))  # SWUpdate never ran
     st = load_state(board.root)["rootfs"]
@@ -138,7 +156,7 @@ def _member(name: bytes, data: bytes, *, namesize: int | None = None, size: int 
     raw = name + b"\0"
     fields = [1, 0o100644, 0, 0, 1, 0, len(data) if size is None else size, 0, 0, 0, 0,
               len(raw) if namesize is None else namesize, 0]  # fmt: skip
-    head = S.MAGIC + b"".join(b"%08X" % f for f in fields) + raw
+    head = b"070701" + b"".join(b"%08X" % f for f in fields) + raw
     head += b"\0" * (-len(head) % 4)
     return head + data + b"\0" * (-len(data) % 4)
 
@@ -184,14 +202,8 @@ def test_the_layers_sw_description_template_passes_the_reader_and_the_agent(
     for name, data in files.items():
         text = text.replace(f"$swupdate_get_sha256({name})", hashlib.sha256(data).hexdigest())
     desc = text.encode()
-    sig = S.sign_detached(desc, *signer)
-    out = tmp_path / "layer.swu"
-    with out.open("wb") as f:
-        S._write_member(f, S.DESCRIPTION, len(desc), 1, iter([desc]))
-        S._write_member(f, S.SIGNATURE, len(sig), 2, iter([sig]))
-        for ino, (name, data) in enumerate(files.items(), start=3):
-            S._write_member(f, name, len(data), ino, iter([data]))
-        S._write_member(f, S.TRAILER, 0, 0, iter(()))
+    sig = sign_detached(desc, *signer)
+    out = pack(tmp_path / "layer.swu", [(DESCRIPTION, desc), (SIGNATURE, sig), *files.items()])
     info = S.read_swu(out)
     assert info.capsule is not None and info.capsule.version == "36.5.0"
     sys.path.insert(0, str(AGENT.parent))
@@ -199,6 +211,90 @@ def test_the_layers_sw_description_template_passes_the_reader_and_the_agent(
         from almaota import agent as A
     finally:
         sys.path.remove(str(AGENT.parent))
-    sw = A._description(out)
+    got = A._read_swu(out)
     for target in ("a", "b"):
-        assert [im["type"] for im in A._slot_images(sw, MACHINE, target)] == ["raw", "rawfile"]
+        assert [im["type"] for im in got.images[target]] == ["raw", "rawfile"]
+
+
+# ---- the same tables through `alma verify` and the board's reader ------------------------------
+
+
+def _agent_module() -> Any:
+    sys.path.insert(0, str(AGENT.parent))
+    try:
+        from almaota import agent as A
+    finally:
+        sys.path.remove(str(AGENT.parent))
+    return A
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_verify_refuses_the_hostile_descriptions(project: Path, alma, signer: tuple[bytes, bytes],  # type: ignore[no-untyped-def]  # noqa: F811
+                                                 tmp_path: Path, case: str) -> None:  # fmt: skip
+    d = build_deploy(project, MACHINE)
+    forge(tmp_path, signer, HOSTILE[case]).replace(d.dir / f"alma-image-swu-{MACHINE}.swu")
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code != 0 and "sw-description refused" in r.err + r.out
+
+
+@pytest.mark.parametrize("case", list(CPIO))
+def test_board_reader_refuses_hostile_cpio_framing(tmp_path: Path, case: str) -> None:
+    data, why = CPIO[case]
+    p = tmp_path / "h.swu"
+    p.write_bytes(data)
+    A = _agent_module()
+    with pytest.raises(A.UserError, match=why):
+        A._read_swu(p)
+
+
+def test_an_unlisted_member_is_refused_by_desktop_verify_and_board(  # type: ignore[no-untyped-def]
+    project: Path,  # noqa: F811
+    alma,  # noqa: F811
+    signer: tuple[bytes, bytes],
+    tmp_path: Path,
+) -> None:
+    """SWUpdate skips a member no image names; nothing may ride along in an ALMA-OS .swu unread."""
+    require_swupdate()
+    swu = forge(tmp_path, signer, lambda sw: None, extra=[("payload.sh", b"#!/bin/sh\nreboot\n")])
+    with pytest.raises(S.SwuError, match="does not list: payload.sh"):
+        S.read_swu(swu)
+    d = build_deploy(project, MACHINE)
+    (d.dir / f"alma-image-swu-{MACHINE}.swu").write_bytes(swu.read_bytes())
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code != 0 and "does not list: payload.sh" in r.err + r.out
+    board = SimBoard(tmp_path / "boards", "u1", signer[0])
+    running = (board.root / "dev/disk/by-partlabel/APP").read_bytes()
+    data = swu.read_bytes()
+    assert _agent(board, "begin", "--run", RUN)[0] == 0
+    assert _agent(board, "receive", "--run", RUN, "--sha256", hashlib.sha256(data).hexdigest(),
+                  "--size", str(len(data)), stdin=data)[0] == 0  # fmt: skip
+    rc, out = _agent(board, "install", "--run", RUN)
+    assert rc == 2 and "does not list: payload.sh" in out["error"], out
+    _untouched(board, running)
+
+
+def test_a_crc_member_whose_checksum_is_wrong_is_refused_as_by_swupdate(
+    tmp_path: Path, signer: tuple[bytes, bytes]
+) -> None:
+    """cpio -H crc: each header's check field is the sum of the member's bytes; a payload whose
+    sum differs (a flipped check digit here: the payload itself still matches its sha256) is
+    refused by the desktop, as the real SWUpdate refuses it."""
+    swu = forge(tmp_path, signer, lambda sw: None)
+    assert S.read_swu(swu).format == "crc"
+    data = bytearray(swu.read_bytes())
+    at = data.index(b"rootfs.ext4\0") - 8  # the rootfs member's check field ends at its name
+    data[at + 7] = ord("0") if data[at + 7] != ord("0") else ord("1")
+    swu.write_bytes(bytes(data))
+    with pytest.raises(S.SwuError, match="crc checksum"):
+        S.read_swu(swu)
+    require_swupdate()
+    board = tmp_path / "board"
+    (board / "dev/disk/by-partlabel").mkdir(parents=True)
+    (board / "dev/disk/by-partlabel/APP_b").write_bytes(b"\0" * 200_000)
+    (tmp_path / "cert.pem").write_bytes(signer[0])
+    (tmp_path / "swtmp").mkdir()
+    r = subprocess.run(["swupdate", "-k", str(tmp_path / "cert.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b",
+                        "-i", str(swu)], cwd=board, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TMPDIR": str(tmp_path / "swtmp")})  # fmt: skip
+    log = r.stdout + r.stderr
+    assert "SWUPDATE successful" not in log and "Checksum WRONG" in log, log

@@ -6,6 +6,8 @@ fails health on the new slot: it is rolled back, the others are committed, exit 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -15,13 +17,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from support_update import MACHINE, Lab, load_state, rootfs_image
+from support_swu import build_swu
+from support_update import MACHINE, Lab, SimBoard, load_state, rootfs_image
 
 from alma.update import records as R
-from alma.update.swu import build_swu, read_swu
+from alma.update.swu import read_swu
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "3"]
+# the health window bounds every health call (a loaded host needs seconds per call); a healthy
+# board ends it at its first OK report, a sick one waits it out
+FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "15"]
 
 
 def make_swu(
@@ -181,3 +186,91 @@ def test_sigint_mid_update_then_resume_commits(
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
     assert load_state(lab.boards["s1"].root)["rootfs"]["successful"][1] is True
+
+
+def _back_up(board: SimBoard, deadline_s: float = 300) -> None:
+    """Wait until the simulated board has booted again and its sshd accepts connections."""
+    import socket
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        st = load_state(board.root)
+        sshd = board.sshd
+        if not st.get("power_cut") and not st.get("reboot_requested") and sshd.proc.poll() is None:
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.settimeout(5)
+                s.connect(("127.0.0.1", sshd.port))
+                return
+        time.sleep(0.1)
+    raise AssertionError("the board did not come back")
+
+
+def test_power_loss_during_the_rootfs_write_then_the_same_command_finishes(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    """FAILED (or LOST) is not final: the same command tries the board again and commits."""
+    lab = lab_factory(["w1"])
+    lab.boards["w1"].set(fault="power-loss-install")  # the power goes while SWUpdate writes slot b
+    swu = make_swu(tmp_path, signer)
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    [b] = json.loads(r.stdout)["boards"]
+    assert b["result"] in ("FAILED", "LOST") and b["phases"][-1]["name"] == "install", b
+    assert load_state(lab.boards["w1"].root)["rootfs"]["current"] == 0  # the old slot, unchanged
+    _back_up(lab.boards["w1"])  # the operator runs it again once the board is back
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
+    assert not (lab.boards["w1"].root / "data/alma-ota/lock.json").exists()
+
+
+def test_a_second_desktop_of_the_same_name_is_refused_busy_naming_the_holder(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    """Desktop 1 (this host, this user) holds the board mid-update; desktop 2 with the same
+    hostname and user runs the same .swu: refused busy, naming desktop 1's run; never 'resumed'."""
+    from alma.update import engine as E
+
+    lab = lab_factory(["m1"])
+    board = lab.boards["m1"]
+    swu = make_swu(tmp_path, signer)
+    first = E.run_id(read_swu(swu))
+    env = {**os.environ, "ALMA_OTA_ROOT": str(board.root), "PATH": f"{board.root / 'bin'}:{os.environ['PATH']}"}
+    subprocess.run([sys.executable, str(REPO / "tools/ota/alma-ota"), "begin", "--run", first, "--host", "desk"],
+                   env=env, check=True, capture_output=True, timeout=600)  # fmt: skip
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 1, r.stdout + r.stderr
+    [b] = json.loads(r.stdout)["boards"]
+    assert b["result"] == "FAILED" and f"board busy: update run {first} from desk" in b["reason"], b
+    assert [p["name"] for p in b["phases"]] == ["check"]  # nothing pushed into the holder's file
+    # the holder died: the operator lets the board go, and the same command then updates it
+    a = alma(tmp_path, "update", "--abort", "m1", "--fleet", str(lab.fleet), "--json")
+    assert a.returncode == 0 and json.loads(a.stdout)["aborted"][0]["released"] == first, a.stdout + a.stderr
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", *FAST)
+    assert r.returncode == 0 and json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED", r.stdout + r.stderr
+
+
+def test_abort_undoes_an_installed_uncommitted_update(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["x1"])
+    board = lab.boards["x1"]
+    swu = make_swu(tmp_path, signer)
+    data = swu.read_bytes()
+    env = {**os.environ, "ALMA_OTA_ROOT": str(board.root), "PATH": f"{board.root / 'bin'}:{os.environ['PATH']}"}
+    ota = [sys.executable, str(REPO / "tools/ota/alma-ota")]
+    for args, stdin in ((["begin", "--run", "dead"], b""), (["receive", "--run", "dead", "--sha256",
+                        hashlib.sha256(data).hexdigest(), "--size", str(len(data))], data),
+                        (["install", "--run", "dead"], b"")):  # fmt: skip
+        subprocess.run([*ota, *args], env=env, input=stdin, check=True, capture_output=True, timeout=600)
+    board.reboot()  # into the new slot; nobody will judge it
+    assert load_state(board.root)["rootfs"]["current"] == 1
+    a = alma(tmp_path, "update", "--abort", "x1", "--fleet", str(lab.fleet), "--json")
+    assert a.returncode == 0, a.stdout + a.stderr
+    row = json.loads(a.stdout)["aborted"][0]
+    assert row["released"] == "dead" and row["rebooting"] is True
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (board.root / "data/alma-ota/pending.json").exists():
+        time.sleep(0.1)  # the supervisor reboots it; settle at boot finishes the rollback
+    st = load_state(board.root)["rootfs"]
+    assert st["current"] == 0 and st["successful"][0] is True and st["slots"][1]["status"] == "unbootable"
+    assert not (board.root / "data/alma-ota/lock.json").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support_swu import build_swu
 from support_update import MACHINE, rootfs_image
 
 from alma.errors import ConfigError
@@ -22,7 +23,7 @@ from alma.fleet.inventory import Fleet, Node
 from alma.fleet.ssh import RemoteResult
 from alma.update import engine as E
 from alma.update import records as R
-from alma.update.swu import build_swu, read_swu
+from alma.update.swu import read_swu
 
 GOOD_STATUS = {"machine": MACHINE, "version": "1.0.0", "current_slot": "a", "slots": {}, "boot_id": "x",
                "lock": None, "pending": None, "guard": "active"}  # fmt: skip
@@ -37,7 +38,8 @@ def swu(tmp_path: Path, signer: tuple[bytes, bytes]) -> Path:
     return out
 
 
-def run(tmp: Path, swu: Path, answer: Callable[[str], RemoteResult], nodes: tuple[str, ...] = ("b1",)) -> E.RunReport:
+def run(tmp: Path, swu: Path, answer: Callable[[str], RemoteResult], nodes: tuple[str, ...] = ("b1",),
+        run_name: str | None = None) -> E.RunReport:  # fmt: skip
     fleet = Fleet(tmp / "fleet.toml", tuple(Node(n, n, "board") for n in nodes))
     info = read_swu(swu)
     opts = E.Options(canary=0, batch=len(nodes), boot_timeout=2, health_timeout=0, poll_s=0.05)
@@ -45,8 +47,8 @@ def run(tmp: Path, swu: Path, answer: Callable[[str], RemoteResult], nodes: tupl
     def remote(node: Node, command: str, _cfg: Any, **_: Any) -> RemoteResult:
         return answer(command)
 
-    ctx = E.Context(fleet=fleet, swu=swu, info=info, opts=opts, root=tmp / "records", run=E.run_id(info),
-                    remote=remote)  # fmt: skip
+    ctx = E.Context(fleet=fleet, swu=swu, info=info, opts=opts, root=tmp / "records",
+                    run=run_name or E.run_id(info), remote=remote)  # fmt: skip
     return E.run_update(ctx, list(fleet.nodes))
 
 
@@ -106,7 +108,7 @@ def test_hostile_board_answers_fail_that_board_with_a_safe_reason(tmp_path: Path
         r.lines = [ln.replace("RUN", run_name) for ln in r.lines]
         return r
 
-    report = run(tmp_path, swu, a)
+    report = run(tmp_path, swu, a, run_name=run_name)
     [rec] = report.records
     assert rec.result == R.FAILED and why in (rec.reason or ""), rec.reason
     assert len(rec.reason or "") <= 1000
@@ -221,7 +223,7 @@ def test_a_node_name_that_could_reach_a_path_never_leaves_the_fleet_file(tmp_pat
     from alma.fleet.inventory import parse_fleet
 
     with pytest.raises(ConfigError):
-        parse_fleet(f"[[node]]\nname = {json.dumps(name)}\nssh = \"x\"\nrole = \"board\"\n", tmp_path / "f.toml")
+        parse_fleet(f'[[node]]\nname = {json.dumps(name)}\nssh = "x"\nrole = "board"\n', tmp_path / "f.toml")
 
 
 def test_a_final_record_is_printed_without_its_escapes(tmp_path: Path, swu: Path) -> None:
@@ -234,7 +236,7 @@ def test_a_final_record_is_printed_without_its_escapes(tmp_path: Path, swu: Path
     state = tmp_path / "state"
     info = read_swu(swu)
     rec = R.UpdateRecord(node="b1", run="r", swu_sha256=info.sha256, swu_version=info.version, machine=MACHINE,
-                         started=R.now(), result=R.FAILED, reason="refused " + ESC + "done")  # fmt: skip
+                         started=R.now(), result=R.ROLLED_BACK, reason="refused " + ESC + "done")  # fmt: skip
     R.save(state / "alma" / "update", rec)
     fleet = tmp_path / "fleet.toml"
     fleet.write_text('[[node]]\nname = "b1"\nssh = "nobody@192.0.2.1"\nrole = "board"\n')
@@ -243,3 +245,97 @@ def test_a_final_record_is_printed_without_its_escapes(tmp_path: Path, swu: Path
                        env={**os.environ, "XDG_STATE_HOME": str(state), "HOME": str(tmp_path)})  # fmt: skip
     assert r.returncode == 1 and "refused" in r.stdout, r.stdout + r.stderr
     assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
+
+
+# ---- the desktop's own limits --------------------------------------------------------------------
+
+
+def _healthy() -> dict[str, Any]:
+    return {"schema": "alma.health/1", "status": "OK", "time": R.now(),
+            "checks": [{"name": "thermal", "status": "OK", "summary": "50 C"}]}  # fmt: skip
+
+
+def _healthy_board(calls: list[tuple[str, float]]) -> Callable[..., RemoteResult]:
+    """A board that updates and comes back healthy, answering each command as alma-ota does."""
+    state = {"slot": "a", "boot": "boot-1"}
+
+    def remote(node: Node, command: str, _cfg: Any, *, timeout: float, **_: Any) -> RemoteResult:
+        calls.append((command, timeout))
+        if "health" in command:
+            return said(json.dumps(_healthy()))
+        sub = command.split()[1]
+        if sub == "status":
+            pend = {"run": "x", "slot": "b", "from": "a"} if state["slot"] == "b" else None
+            return said(json.dumps({**GOOD_STATUS, "current_slot": state["slot"], "boot_id": state["boot"],
+                                    "pending": pend}))  # fmt: skip
+        if sub == "install":
+            return said(json.dumps({"slot": "b", "from": "a"}))
+        if sub == "reboot":
+            state.update(slot="b", boot="boot-2")
+            return said('{"rebooting": true}')
+        if sub == "commit":
+            return said(json.dumps({"committed": "b"}))
+        return said("{}")
+
+    return remote
+
+
+def _ctx(tmp: Path, swu: Path, remote: Callable[..., RemoteResult], **opts: Any) -> E.Context:
+    fleet = Fleet(tmp / "fleet.toml", (Node("b1", "b1", "board"),))
+    o = E.Options(canary=0, batch=1, boot_timeout=30, poll_s=0.01, **opts)
+    info = read_swu(swu)
+    return E.Context(fleet=fleet, swu=swu, info=info, opts=o, root=tmp / "records", run=E.run_id(info), remote=remote)
+
+
+def test_every_health_call_is_bounded_by_the_health_timeout(tmp_path: Path, swu: Path) -> None:
+    calls: list[tuple[str, float]] = []
+    report = E.run_update(_ctx(tmp_path, swu, _healthy_board(calls), health_timeout=7), [Node("b1", "b1", "board")])
+    assert report.records[0].result == R.COMMITTED, report.records[0]
+    health = [t for c, t in calls if "health" in c]
+    assert health and all(t <= 7 for t in health), health  # never the fixed 120 s step timeout
+
+
+def test_records_dir_full_after_install_is_a_clear_error_and_the_board_is_left_alone(
+    tmp_path: Path, swu: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The desktop cannot write its record once the board installed: exit 2 naming the dir,
+    no traceback, and no further command to the board (it settles by itself: docs/ota.md)."""
+    import errno
+
+    calls: list[tuple[str, float]] = []
+    real_save = R.save
+
+    def save(root: Path, rec: R.UpdateRecord) -> Path:
+        if any(p.name == "install" and p.result == "ok" for p in rec.phases):
+            raise OSError(errno.ENOSPC, "No space left on device", str(root))
+        return real_save(root, rec)
+
+    monkeypatch.setattr(R, "save", save)
+    with pytest.raises(E.RecordsUnwritable) as exc:
+        E.run_update(_ctx(tmp_path, swu, _healthy_board(calls), health_timeout=7), [Node("b1", "b1", "board")])
+    assert exc.value.exit_code == 2 and "No space left on device" in exc.value.message
+    assert str(tmp_path / "records") in exc.value.message and "settles" in (exc.value.hint or "")
+    assert [c.split()[1] for c, _ in calls if c.startswith("alma-ota")][-1] == "install"  # nothing after
+
+
+def test_a_cut_push_is_resumed_at_the_offset_the_board_reports(tmp_path: Path, swu: Path) -> None:
+    """The board holds 40000 bytes of this run's push: only the rest is sent, from that offset."""
+    import os
+
+    seen: dict[str, Any] = {}
+
+    def remote(node: Node, command: str, _cfg: Any, **kw: Any) -> RemoteResult:
+        sub = command.split()[1] if command.startswith("alma-ota") else "health"
+        if sub == "status":
+            return said(json.dumps({**GOOD_STATUS, "lock": {"run": "run-x", "host": "me"},
+                                    "received": {"run": "run-x", "bytes": 40_000, "complete": False}}))  # fmt: skip
+        if sub == "receive":
+            seen["command"] = command
+            seen["position"] = os.lseek(kw["run"].keywords["stdin"], 0, os.SEEK_CUR)
+            return said('{"error": "stop here"}', rc=4)
+        return said(json.dumps(_healthy()) if sub == "health" else '{"lock": {}, "resumed": true}')
+
+    ctx = _ctx(tmp_path, swu, remote, health_timeout=7)
+    ctx.run = "run-x"
+    E.run_update(ctx, [Node("b1", "b1", "board")])
+    assert "--offset 40000" in seen["command"] and seen["position"] == 40_000, seen

@@ -15,13 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support_swu import build_swu
 from support_update import MACHINE, Lab, load_state, rootfs_image
 
 from alma.errors import Interrupted
 from alma.fleet.inventory import load_fleet
 from alma.update import engine as E
 from alma.update import records as R
-from alma.update.swu import build_swu, read_swu
+from alma.update.swu import read_swu
 
 pytestmark = pytest.mark.slow  # 13 updates + resumes: ~16 min on a loaded 2-core host, ~1 min each
 
@@ -32,7 +33,7 @@ SICK = [("health", 1), ("rollback", 1), ("reboot", 2), ("wait", 2), ("rollback",
 
 def _ctx(lab: Lab, swu: Path, root: Path) -> E.Context:
     info = read_swu(swu)
-    opts = E.Options(canary=0, batch=1, boot_timeout=60, health_timeout=1.5, poll_s=0.1)
+    opts = E.Options(canary=0, batch=1, boot_timeout=60, health_timeout=10, poll_s=0.1)
     return E.Context(fleet=load_fleet(lab.fleet), swu=swu, info=info, opts=opts, root=root, run=E.run_id(info))
 
 

@@ -127,6 +127,7 @@ class _Collect:
     kernel_pkg: tuple[str, str] | None = None  # (legitimized release, package) from the image manifest
     stamp: str | None = None  # the bundle's IMAGE_NAME DATETIME: the supply-chain files must carry it
     on_supply_chain: Callable[[Any], None] | None = None  # gets the SupplyChain read (alma verify --vex)
+    root: Path | None = None  # the project: its [ota] signing_cert verifies the .swu
 
     @property
     def link(self) -> str:
@@ -155,6 +156,7 @@ def verify(
     m = Manifest(machine=machine, image=image, generated=utc_iso())
     ctx = _Collect(m, deploy, image, machine, tree, cache or Cache(), rehash, progress, on_cache)
     ctx.on_supply_chain = on_supply_chain
+    ctx.root = root
     for collect in COLLECTORS:
         collect(ctx)
     ctx.cache.save()
@@ -344,7 +346,8 @@ def _build_time_fallback(c: _Collect) -> None:
 
 
 def _update_facts(c: _Collect) -> None:
-    _swu_facts(c.m, c.deploy, c.machine, c.problems)
+    assert c.root is not None
+    _swu_facts(c.m, c.deploy, c.machine, c.problems, c.root)
 
 
 # One collector per source, in order (the kernel check reads what the image manifest found;
@@ -360,7 +363,7 @@ COLLECTORS: tuple[Callable[[_Collect], None], ...] = (
 )
 
 
-def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> None:
+def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str], root: Path) -> None:
     """Facts from ``*-<machine>.swu`` (the link name, not the stamped files), when there is one."""
     from alma.update.swu import SwuError, read_swu
 
@@ -371,8 +374,15 @@ def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> 
         problems.append(f"several update artefacts: {', '.join(p.name for p in links)}")
         return
     path = links[0]
+    from alma.imagebuild.ota import configured_cert
+    from alma.settings import config
+
     try:
-        info = read_swu(path)
+        cert = configured_cert(root, config(root))
+    except UserError:
+        cert = None
+    try:
+        info = read_swu(path, cert=cert if cert is not None and cert.is_file() else None)
     except SwuError as exc:
         problems.append(exc.message)
         return
@@ -380,9 +390,16 @@ def _swu_facts(m: Manifest, deploy: Path, machine: str, problems: list[str]) -> 
     m.set("swu_path", str(path), str(path))
     m.set("swu_sha256", info.sha256, f"{path}: sha256")
     m.set("swu_version", info.version, src)
-    m.set("swu_signed", info.signed, f"{path}: sw-description.sig present")
-    m.set("swu_signers", [s["subject"] for s in info.signers], f"{path}: certificates in sw-description.sig")
-    m.set("swu_signer_sha256", [s["sha256"] for s in info.signers], f"{path}: certificates in sw-description.sig")
+    # "signed" only for a signature verified against the fleet certificate ([ota] signing_cert):
+    # certificates merely carried in sw-description.sig prove nothing (a certs-only bag, or an
+    # attacker's signature with the fleet certificate added, carry them too)
+    how = (f"{path}: CMS signature over sw-description verified against {cert}" if info.verified is not None
+           else f"{path}: not checked: no [ota] signing_cert in alma.toml to verify against")  # fmt: skip
+    m.set("swu_signed", info.verified, how)
+    m.set("swu_signers", [s["subject"] for s in info.signers], how)
+    m.set("swu_signer_sha256", [s["sha256"] for s in info.signers], how)
+    if info.signed and info.verified is False:
+        problems.append(f"{path.name}: sw-description.sig is not a signature by the fleet certificate {cert}")
     m.set("swu_payloads", {p.filename: p.sha256 for p in info.payloads}, src)
     m.set("swu_capsule_version", info.capsule.version if info.capsule else None, src)
     if info.machine != machine:

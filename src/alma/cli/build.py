@@ -216,6 +216,9 @@ def build(
         return
 
     engine.require_preflight(plan, probes)
+    for note in plan.notes:  # e.g. an OTA certificate close to its expiry
+        if note.startswith("warning:"):
+            click.echo(note, err=True)
     from alma.imagebuild.display import PlainDisplay, RichDisplay
 
     display: engine.Display = (

@@ -17,16 +17,35 @@ from alma.errors import UserError
     epilog="Exit codes: 0 every board committed (or already ran this version); 1 at least one board was "
     "rolled back, refused, failed before the switch or skipped (each one runs a good slot: see its "
     "record); 4 at least one board did not come back (LOST: state unknown, power-cycle it and run the "
-    "same command again); 2 bad .swu, fleet file, node or option; 70 internal error (traceback in "
-    "the crash log); 130 interrupted (run the same command again to resume)."
+    "same command again); 2 bad .swu, fleet file, node or option, or the records dir cannot be written "
+    "(the boards settle by themselves); 70 internal error (traceback in "
+    "the crash log); 130 interrupted (run the same command again to resume). FAILED and LOST boards are "
+    "tried again by the same command (a cut push goes on where the board has it). "
+    "--abort BOARD: 0 the board let go (an uncommitted new slot is switched back and rebooted), "
+    "4 the board did not answer, 2 bad fleet file or node."
 )
-@click.argument("swu", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("swu", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--abort",
+    "abort_nodes",
+    multiple=True,
+    metavar="BOARD",
+    help="Release BOARD whatever run holds it and undo its uncommitted update (repeatable; no SWU). "
+    "For a board a dead run left locked before its lease (1 h) lapses.",
+)
 @click.option(
     "--fleet",
     "fleet_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Fleet file (default: $ALMA_FLEET or ~/.config/alma/fleet.toml).",
+)
+@click.option(
+    "--cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The fleet's OTA certificate: the SWU must be signed by it (default: [ota] signing_cert in alma.toml; "
+    "without either the signature is checked on the boards only).",
 )
 @click.option("--node", "node_names", multiple=True, help="Update only this node (repeatable). Default: every board.")
 @click.option(
@@ -83,7 +102,9 @@ from alma.errors import UserError
 @click.option("--dry-run", is_flag=True, help="Ask each board its slots and print the plan; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the plan) as JSON.")
 def update(
-    swu: Path,
+    swu: Path | None,
+    abort_nodes: tuple[str, ...],
+    cert: Path | None,
     fleet_path: Path | None,
     node_names: tuple[str, ...],
     canary: int,
@@ -111,9 +132,22 @@ def update(
     from alma.update import records as R
     from alma.update.swu import read_swu
 
-    info = read_swu(swu)
+    if abort_nodes:
+        if swu is not None:
+            raise UserError("--abort takes no SWU", hint="alma update --abort BOARD --fleet FILE")
+        _abort(load_fleet(fleet_path), abort_nodes, agent, as_json)
+        return
+    if swu is None:
+        raise UserError("no SWU given", hint="alma update FILE.swu --fleet FILE (or --abort BOARD)")
+    cert = cert or _configured_cert()
+    info = read_swu(swu, cert=cert)
     if not info.signed:
         raise UserError(f"{swu} is not signed (no sw-description.sig)", hint="sign it with the fleet's OTA key")
+    if info.verified is False:
+        raise UserError(
+            f"{swu} is not signed by the fleet certificate {cert} (certificates carried in its signature do not count)",
+            hint="sign it with the fleet's OTA key, or pass the right --cert",
+        )
     fl = load_fleet(fleet_path)
     nodes = [fl.node(n) for n in node_names] if node_names else [n for n in fl.nodes if n.role == "board"]
     if not nodes:
@@ -135,10 +169,9 @@ def update(
         if as_json:
             click.echo(json.dumps({"swu": info.to_dict(), "plan": rows}, indent=2, sort_keys=True))
         else:
-            click.echo(
-                f"{swu.name}: {info.machine} {info.version}, signed by "
-                f"{', '.join(s['subject'] for s in info.signers) or '?'}"
-            )
+            who = (f"signed by {', '.join(s['subject'] for s in info.signers)} (verified)" if info.verified
+                   else "signature not checked on this desktop (no --cert): the boards check it")  # fmt: skip
+            click.echo(f"{swu.name}: {info.machine} {info.version}, {who}")
             for r in rows:
                 click.echo(
                     f"wave {r['wave']}  {r['node']:<16} {r.get('action'):<7} "
@@ -172,3 +205,62 @@ def update(
         if is_tty():
             click.echo(f"exit {report.exit_code}")
     sys.exit(report.exit_code)
+
+
+def _abort(fl: Any, names: tuple[str, ...], agent: str, as_json: bool) -> None:
+    from alma.fleet.ssh import require_ssh, run_remote
+    from alma.update import engine as E
+
+    nodes = [fl.node(n) for n in names]
+    require_ssh()
+    rows = []
+    for n in nodes:
+        res = run_remote(n, f"{agent} abort", fl.ssh, timeout=120)
+        doc: Any = None
+        for ln in reversed(res.lines):
+            if ln.startswith("{"):
+                try:
+                    doc = json.loads(ln)
+                except ValueError:
+                    doc = None
+                break
+        # the answer counts even when the connection then drops: the board reboots into its old slot
+        ok = res.error is None and res.returncode == 0 and isinstance(doc, dict) and "error" not in doc
+        why = (doc or {}).get("error") if isinstance(doc, dict) else None
+        rebooting = False
+        if ok and doc.get("reboot_needed"):
+            # the reboot cuts this session: its dropping is the expected answer (as in alma update)
+            again = run_remote(n, f"{agent} abort --reboot", fl.ssh, timeout=60)
+            rebooting = again.error is not None or again.returncode == 0
+        rows.append(
+            {
+                "node": n.name,
+                "ok": ok,
+                "released": E.board_text(doc.get("released")) if ok and doc.get("released") else None,
+                "rebooting": rebooting,
+                "why": None if ok else E.board_text(why or res.why()),
+            }
+        )
+    if as_json:
+        click.echo(json.dumps({"aborted": rows}, indent=2, sort_keys=True))
+    else:
+        for r in rows:
+            if r["ok"]:
+                held = f"released run {r['released']}" if r["released"] else "nothing held it"
+                click.echo(f"{r['node']:<16} {held}{'; rebooting into its old slot' if r['rebooting'] else ''}")
+            else:
+                click.echo(f"{r['node']:<16} not aborted: {r['why']}")
+    sys.exit(0 if all(r["ok"] for r in rows) else 4)
+
+
+def _configured_cert() -> Path | None:
+    """``[ota] signing_cert`` of the checkout this runs in, if any (and if the file exists)."""
+    from alma.imagebuild.ota import configured_cert
+    from alma.settings import config, repo_root
+
+    try:
+        root = repo_root()
+        p = configured_cert(root, config(root))
+    except UserError:
+        return None
+    return p if p is not None and p.is_file() else None

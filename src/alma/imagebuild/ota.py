@@ -20,7 +20,8 @@ then poll that Eclipse hawkBit server (the fleet-scale path) instead of waiting 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,11 @@ class MissingOtaCert(ConfigError):
     """A release with the ota feature and no signing certificate: one of the plan's problems
     (listed with every other preflight problem, like a missing admin key), not an early stop."""
 
+
 FEATURE = "ota"
+# Warn when the baked-in certificate expires within this many days: once it has expired,
+# SWUpdate refuses every .swu, including the one that would ship its successor (docs/ota.md).
+CERT_WARN_DAYS = 90
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]{1,253}(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 _TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CFG_NAME = "alma-swupdate.cfg"
@@ -43,6 +48,7 @@ class OtaSettings:
     hawkbit_url: str | None = None
     tenant: str = "DEFAULT"
     poll_s: int = 300
+    notes: list[str] = field(default_factory=list)
 
     def conf_lines(self, cfg_path: Path | None) -> list[str]:
         lines = ["# feature ota: the .swu signing certificate baked into the image (docs/ota.md)"]
@@ -61,6 +67,16 @@ def _table(config: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"alma.toml: [ota] unknown key(s): {', '.join(unknown)}")
     return t
+
+
+def configured_cert(root: Path, config: dict[str, Any]) -> Path | None:
+    """``[ota] signing_cert`` of alma.toml (relative to the checkout), the fleet's certificate:
+    baked into images by ``alma build``, checked against by ``alma verify`` and ``alma update``."""
+    v = _table(config).get("signing_cert")
+    if not isinstance(v, str):
+        return None
+    p = Path(v).expanduser()
+    return p if p.is_absolute() else root / p
 
 
 def check_cert(path: Path) -> Path:
@@ -87,6 +103,35 @@ def check_cert(path: Path) -> Path:
     return path.resolve()
 
 
+def cert_lifetime(path: Path, now: datetime | None = None) -> str | None:
+    """ConfigError for a certificate that has expired or is not valid yet (boards would refuse
+    every .swu); a warning naming the date when it expires within CERT_WARN_DAYS; else None."""
+    from cryptography import x509
+
+    from alma.ground import utc_now
+
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    now = now or utc_now()
+    end, start = cert.not_valid_after_utc, cert.not_valid_before_utc
+    rotate = "make a new signing certificate and ship it with an update signed by the current one (docs/ota.md)"
+    if end <= now:
+        raise ConfigError(
+            f"the OTA signing certificate {path} expired on {end:%Y-%m-%d}: boards with it would refuse every .swu",
+            hint=rotate,
+        )
+    if start > now:
+        raise ConfigError(
+            f"the OTA signing certificate {path} is not valid before {start:%Y-%m-%d %H:%M} UTC",
+            hint="check this host's clock, or the certificate's dates (openssl x509 -noout -dates)",
+        )
+    if end - now < timedelta(days=CERT_WARN_DAYS):
+        return (
+            f"warning: the OTA signing certificate {path} expires on {end:%Y-%m-%d} (in {(end - now).days} days, "
+            f"under {CERT_WARN_DAYS}): {rotate}"
+        )
+    return None
+
+
 def resolve(*, features: tuple[str, ...], release: bool, cli_cert: Path | None, root: Path,
             config: dict[str, Any]) -> OtaSettings | None:  # fmt: skip
     """None without the feature; else the settings (ConfigError, exit 2, with the fix)."""
@@ -95,10 +140,7 @@ def resolve(*, features: tuple[str, ...], release: bool, cli_cert: Path | None, 
             raise ConfigError("--ota-key needs the ota feature", hint="alma build --feature ota --ota-key CERT.pem")
         return None
     t = _table(config)
-    cert: Path | None = cli_cert
-    if cert is None and isinstance(t.get("signing_cert"), str):
-        p = Path(t["signing_cert"]).expanduser()
-        cert = p if p.is_absolute() else root / p
+    cert: Path | None = cli_cert or configured_cert(root, config)
     if cert is None and release:
         raise MissingOtaCert(
             "a release image with the ota feature needs the OTA signing certificate: without it the "
@@ -114,8 +156,9 @@ def resolve(*, features: tuple[str, ...], release: bool, cli_cert: Path | None, 
     poll = t.get("hawkbit_poll_s", 300)
     if isinstance(poll, bool) or not isinstance(poll, int) or not 10 <= poll <= 86400:
         raise ConfigError("alma.toml: [ota] hawkbit_poll_s must be seconds between 10 and 86400")
-    return OtaSettings(cert=check_cert(cert) if cert is not None else None, hawkbit_url=url, tenant=tenant,
-                       poll_s=poll)  # fmt: skip
+    checked = check_cert(cert) if cert is not None else None
+    note = cert_lifetime(checked) if checked is not None else None
+    return OtaSettings(cert=checked, hawkbit_url=url, tenant=tenant, poll_s=poll, notes=[note] if note else [])
 
 
 def suricatta_config(s: OtaSettings) -> str:

@@ -193,7 +193,7 @@ def _with_admin_access(
 
 def _with_ota(
     req: BuildRequest, project: Project, kas: KasConfig, machine_dir: Path
-) -> tuple[str, tuple[str, str] | None]:
+) -> tuple[str, tuple[str, str] | None, list[str]]:
     """(conf lines, problem): a release without the OTA certificate is one of the plan's
     problems (like the admin key); any other wrong OTA setting stops at once (ConfigError)."""
     from alma.ground import write_atomic
@@ -204,15 +204,15 @@ def _with_ota(
         settings = ota.resolve(features=req.features, release=access.is_release(kas.data.get("local_conf_header")),
                                cli_cert=req.ota_cert, root=project.root, config=config(project.root))  # fmt: skip
     except ota.MissingOtaCert as exc:
-        return "", (exc.message, exc.hint or "see docs/ota.md")
+        return "", (exc.message, exc.hint or "see docs/ota.md"), []
     if settings is None:
-        return "", None
+        return "", None, []
     cfg = None
     if settings.hawkbit_url:
         cfg = machine_dir / ota.CFG_NAME
         machine_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(cfg, ota.suricatta_config(settings))
-    return "\n".join(settings.conf_lines(cfg)) + "\n", None
+    return "\n".join(settings.conf_lines(cfg)) + "\n", None, settings.notes
 
 
 def choose_jobs(
@@ -344,7 +344,8 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     # admin keys for the image, decided offline (a release without one is a problem)
     conf_text, access_note, access_problem = _with_admin_access(req, project, kas, conf_text)
     notes.append(access_note)
-    ota_text, ota_problem = _with_ota(req, project, kas, machine_dir)  # a cert for a release
+    ota_text, ota_problem, ota_notes = _with_ota(req, project, kas, machine_dir)  # a cert for a release
+    notes += ota_notes
     conf_text += ota_text
     rel = [str(f.relative_to(project.root)) for f in files]
     from alma.imagebuild.preflight import _find_kas  # the path kas will really run from

@@ -23,7 +23,10 @@ Invariants (tested in tests/update):
 from __future__ import annotations
 
 import functools
+import getpass
 import json
+import os
+import secrets
 import socket
 import threading
 import time
@@ -104,6 +107,7 @@ class Context:
     remote: Callable[..., RemoteResult] = run_remote
     on_event: Callable[[str, str], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    records_error: str | None = None  # set when a record could not be written: the run stops
 
     def event(self, node: str, text: str) -> None:
         if self.on_event is not None:
@@ -112,8 +116,17 @@ class Context:
 
 
 def run_id(info: SwuInfo) -> str:
-    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "desktop"
-    return f"{info.sha256[:12]}-{host}"
+    """Unique per desktop, user and run (two desktops with one hostname, or two users on one,
+    must never share a board's lock); a resumed board keeps the id its record holds."""
+
+    def safe(text: str, n: int) -> str:
+        return "".join(c if c.isalnum() or c in "-." else "-" for c in text)[:n].strip("-.") or "x"
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{info.sha256[:12]}-{safe(socket.gethostname(), 20)}-{safe(user, 12)}-{secrets.token_hex(4)}"
 
 
 def plan_waves(nodes: list[Node], canary: int, batch: int) -> list[list[Node]]:
@@ -134,6 +147,15 @@ class _Stop(Exception):
         self.reason = reason
 
 
+class RecordsUnwritable(UserError):
+    """The desktop cannot write its records (a full or read-only disk): the run stops before
+    it sends a board anything more; each board settles what it was given by itself. Exit 2."""
+
+
+class _RecordsFull(Exception):
+    pass
+
+
 class _StepError(Exception):
     def __init__(self, reason: str, res: RemoteResult | None = None, code: int | None = None) -> None:
         reason = board_text(reason, 2 * MAX_TEXT)  # ssh's and the board's words: made safe here, once
@@ -150,6 +172,7 @@ class _StepError(Exception):
 class BoardUpdate:
     def __init__(self, ctx: Context, node: Node, rec: R.UpdateRecord) -> None:
         self.ctx, self.node, self.rec = ctx, node, rec
+        self.run_name = rec.run  # a resumed board keeps the run id that holds its lock
         self.log_path: Path | None = R.campaign_dir(ctx.root, ctx.info.sha256) / f"{node.name}.log"
         rec.log = self.log_path.name
 
@@ -219,7 +242,12 @@ class BoardUpdate:
 
     def save(self) -> None:
         with self.ctx.lock:
-            R.save(self.ctx.root, self.rec)
+            try:
+                R.save(self.ctx.root, self.rec)
+            except OSError as exc:
+                why = f"cannot write the update record in {self.ctx.root}: {exc.strerror or exc}"
+                self.ctx.records_error = self.ctx.records_error or why
+                raise _RecordsFull(why) from None
 
     def step(self, name: str, fn: Callable[[], Any]) -> Any:
         p = self.phase(name)
@@ -238,13 +266,17 @@ class BoardUpdate:
 
     def run(self) -> R.UpdateRecord:
         try:
-            self._flow()
-        except _Stop as exc:
-            self.rec.result, self.rec.reason = exc.result, exc.reason
-        except _StepError as exc:
-            self.rec.result, self.rec.reason = R.FAILED, exc.reason
-        self.rec.finished = R.now()
-        self.save()
+            try:
+                self._flow()
+            except _Stop as exc:
+                self.rec.result, self.rec.reason = exc.result, exc.reason
+            except _StepError as exc:
+                self.rec.result, self.rec.reason = R.FAILED, exc.reason
+            self.rec.finished = R.now()
+            self.save()
+        except _RecordsFull as exc:  # nothing more is sent to this board: it settles by itself
+            self.rec.result, self.rec.reason = R.INTERRUPTED, str(exc)
+            return self.rec
         self.ctx.event(self.node.name, self.rec.result)
         return self.rec
 
@@ -261,7 +293,7 @@ class BoardUpdate:
         return st
 
     def _flow(self) -> None:
-        info, run = self.ctx.info, self.ctx.run
+        info, run = self.ctx.info, self.run_name
         try:
             st = self.step("check", self._status)
         except _StepError as exc:
@@ -271,11 +303,16 @@ class BoardUpdate:
                 raise _Stop(R.FAILED, f"not updated: {exc.reason}") from None
         pend = st.get("pending") or {}
         lock = st.get("lock") or {}
+        last = _dict(st.get("last"))
+        if not pend and not lock and last.get("run") == run and last.get("result") in ("ROLLED_BACK", "ABORTED"):
+            # the board settled this run by itself (a fallback, a rollback, an abort)
+            what = R.ROLLED_BACK if last.get("result") == "ROLLED_BACK" else R.FAILED
+            raise _Stop(what, f"the board settled it: {last.get('result')} ({last.get('why')})")
         if lock and lock.get("run") != run:
             raise _Stop(
                 R.FAILED,
                 f"board busy: update run {lock.get('run')} from {lock.get('host') or '?'} "
-                f"since {lock.get('since')} holds it; nothing done",
+                f"since {lock.get('since')} holds it (lease until {lock.get('expires')}); nothing done",
             )
         if pend.get("run") == run:
             return self._resume(st, pend)
@@ -289,7 +326,7 @@ class BoardUpdate:
         self.rec.boot_id = st.get("boot_id")
         self.rec.baseline_warnings = self._baseline()
         self.step("lock", lambda: self.call(f"begin --run {run} --host {socket.gethostname()[:60] or 'desktop'}"))
-        self.step("push", self._push)
+        self.step("push", lambda: self._push(_dict(st.get("received"))))
         out = self.step("install", lambda: self.call(f"install --run {run}", timeout=self.ctx.opts.push_timeout))
         if out.get("slot") not in SLOTS or out.get("slot") == self.rec.from_slot:
             raise _Stop(R.FAILED, f"install: the board answered target slot {str(out.get('slot'))[:40]} "
@@ -335,15 +372,23 @@ class BoardUpdate:
         r = self._health()
         return sorted(board_text(c.name, 64) for c in r.checks if c.status is Severity.WARNING)
 
-    def _push(self) -> str:
+    def _push(self, got: dict[str, Any]) -> str:
+        """Send the .swu; a push cut before (ssh lost, power) goes on at the offset the board has
+        (``got``: what the check's status said had arrived; the lock has been ours since)."""
         size = self.ctx.swu.stat().st_size
+        n = got.get("bytes")
+        have = n if got.get("run") == self.run_name and isinstance(n, int) else 0
+        if got.get("complete") and have == size:
+            return f"{size} bytes already on the board"
+        offset = have if 0 < have < size and not got.get("complete") else 0
         with self.ctx.swu.open("rb") as f:
+            f.seek(offset)  # ssh reads the file from here (the descriptor's position is shared)
             self.call(
-                f"receive --run {self.ctx.run} --sha256 {self.ctx.info.sha256} --size {size}",
+                f"receive --run {self.run_name} --sha256 {self.ctx.info.sha256} --size {size} --offset {offset}",
                 timeout=self.ctx.opts.push_timeout,
                 stdin=f.fileno(),
             )
-        return f"{size} bytes"
+        return f"{size - offset} bytes" + (f" (resumed at {offset})" if offset else "")
 
     def _reboot_and_judge(self) -> None:
         self._reboot_step()
@@ -378,32 +423,37 @@ class BoardUpdate:
         while time.monotonic() < end and not self.ctx.cancel.expired():
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
-    def _fell_back(self, st: dict[str, Any]) -> None:
+    def _fell_back(self, st: dict[str, Any], when: str = "") -> None:
         cur = st.get("current_slot")
-        self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        self.step("rollback", lambda: self.call(f"rollback --run {self.run_name}"))
+        what = f"fell back {when}" if when else "did not boot"
         raise _Stop(
             R.ROLLED_BACK,
-            f"the new slot {self.rec.to_slot} did not boot: the bootloader fell back to "
-            f"slot {cur} (capsule status {_dict(st.get('slots')).get('capsule_status')})",
+            f"the new slot {self.rec.to_slot} {what}: the bootloader fell back to "
+            f"slot {cur} (capsule status {_dict(st.get('slots')).get('capsule_status')}); "
+            f"running {st.get('version')} on slot {cur}",
         )
 
-    def _health(self) -> Any:
+    def _health(self, deadline: float | None = None) -> Any:
+        """One health report, bounded by the health window (``--health-timeout``)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.ctx.opts.health_timeout
         res = self.ctx.remote(
             self.node,
             self.node.health_command,
             self.ctx.fleet.ssh,
-            timeout=self.ctx.opts.step_timeout,
+            timeout=self._left(deadline),
             cancel=self.ctx.cancel,
             max_output=self.ctx.fleet.max_output,
         )
         self._log(res)
         return node_from_remote(res, self.node, now=utc_now(), stale_after=self.ctx.fleet.stale_after)
 
-    def _verdict(self, st: dict[str, Any]) -> str | None:
+    def _verdict(self, st: dict[str, Any], deadline: float) -> str | None:
         """None when healthy, else why not."""
         if st.get("guard") != "active":
             return f"the guard is not running ({st.get('guard')})"
-        h = self._health()
+        h = self._health(deadline)
         summary = board_text(h.summary)
         self.rec.health = {"status": h.status.name, "summary": summary}
         if h.status is Severity.OK:
@@ -420,28 +470,47 @@ class BoardUpdate:
         return f"health {h.status.name}: {summary}"
 
     def _judge(self, st: dict[str, Any]) -> None:
+        """Health on the new slot until OK or the deadline. Every judgement is of the slot and
+        the boot it was taken on: a board that fell back (or rebooted) meanwhile is not judged
+        by what its other slot or an earlier boot said."""
         deadline = time.monotonic() + self.ctx.opts.health_timeout
         p = self.phase("health")
+        boot = st.get("boot_id")
         why = "no verdict"
+        answered = ""  # the last verdict the board's health report itself gave
         while True:
             try:
-                why = self._verdict(st) or ""
+                why = self._verdict(st, deadline) or ""
+                if not why.startswith("health UNKNOWN"):
+                    answered = why
+                if not why:  # confirm the verdict was of this slot and this boot
+                    st = self._status(timeout=self._left(deadline))
+                    if st.get("current_slot") == self.rec.to_slot and st.get("boot_id") != boot:
+                        why, boot = "the board rebooted during the health check: judging again", st.get("boot_id")
             except _StepError as exc:
                 why = exc.reason
+            if st.get("current_slot") != self.rec.to_slot:
+                self.done(p, "failed", f"the board fell back to slot {st.get('current_slot')} during the health check")
+                return self._fell_back(st, "during the health check")
             if not why:
                 self.done(p, "ok", self.rec.health.get("summary") if self.rec.health else None)
                 break
             if time.monotonic() >= deadline or self.ctx.cancel.expired():
                 self._check_cancel_in(p)
+                why = answered or why  # a call the closing window cut short does not replace an answer
                 self.done(p, "failed", why)
                 return self._rollback(why)
             self._sleep(self.ctx.opts.poll_s)
             try:
-                st = self._status()
+                st = self._status(timeout=self._left(deadline))
             except _StepError as exc:
                 why = exc.reason
-        out = self.step("commit", lambda: self.call(f"commit --run {self.ctx.run}"))
+        out = self.step("commit", lambda: self.call(f"commit --run {self.run_name}"))
         raise _Stop(R.COMMITTED, f"running {self.ctx.info.version} on slot {out.get('committed')}, healthy, committed")
+
+    def _left(self, deadline: float) -> float:
+        """What is left of the health window for one call (at least a second, at most a step)."""
+        return max(1.0, min(self.ctx.opts.step_timeout, deadline - time.monotonic()))
 
     def _check_cancel_in(self, p: R.Phase) -> None:
         if self.ctx.cancel.expired():
@@ -449,7 +518,7 @@ class BoardUpdate:
             raise _Stop(R.INTERRUPTED, "interrupted before the health verdict: nothing committed; run again to resume")
 
     def _rollback(self, why: str) -> None:
-        out = self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        out = self.step("rollback", lambda: self.call(f"rollback --run {self.run_name}"))
         if not out.get("reboot_needed"):
             raise _Stop(R.ROLLED_BACK, f"{why}; rolled back to slot {out.get('rolled_back_to')}")
         self._reboot_step()
@@ -461,7 +530,7 @@ class BoardUpdate:
         try:
             st = self._status()
             self.rec.boot_id = st.get("boot_id")
-            self.call(f"reboot --run {self.ctx.run}", timeout=30)
+            self.call(f"reboot --run {self.run_name}", timeout=30)
         except _StepError as exc:
             if not exc.unreachable:  # the connection dropping is what a reboot does
                 self.done(p, "failed", exc.reason)
@@ -469,7 +538,7 @@ class BoardUpdate:
         self.done(p)
 
     def _finish_rollback(self, st: dict[str, Any], why: str) -> None:
-        out = self.step("rollback", lambda: self.call(f"rollback --run {self.ctx.run}"))
+        out = self.step("rollback", lambda: self.call(f"rollback --run {self.run_name}"))
         raise _Stop(
             R.ROLLED_BACK, f"{why}; rolled back: running slot {out.get('rolled_back_to')} ({st.get('version')}) again"
         )
@@ -504,6 +573,8 @@ def run_update(ctx: Context, nodes: list[Node]) -> RunReport:
     failures = 0
     with ThreadPoolExecutor(max_workers=max(1, max((len(w) for w in waves), default=1))) as pool:
         for wave in waves:
+            if ctx.records_error:
+                break
             stop = failures > ctx.opts.max_failures or ctx.cancel.expired()
             futures = {}
             for n in wave:
@@ -532,6 +603,12 @@ def run_update(ctx: Context, nodes: list[Node]) -> RunReport:
             for name, fut in futures.items():
                 out[name] = fut.result()
                 failures += _failed(out[name])
+    if ctx.records_error:
+        raise RecordsUnwritable(
+            f"{ctx.records_error}: alma update stopped before sending any board anything more",
+            hint="free space there (or pass --records DIR), then run the same command again; meanwhile each "
+            "board settles by itself (a board left on a new slot rolls back after its verify deadline, docs/ota.md)",
+        )
     report = RunReport(ctx.run, [[n.name for n in w] for w in waves], [out[n.name] for n in nodes])
     if ctx.cancel.expired():
         raise Interrupted(
@@ -542,7 +619,9 @@ def run_update(ctx: Context, nodes: list[Node]) -> RunReport:
 
 def _start_record(ctx: Context, node: Node, wave: int) -> R.UpdateRecord:
     old = R.load_existing(ctx.root, ctx.info.sha256, node.name)
-    if old is not None and (old.final and old.result != R.SKIPPED):
+    # FAILED (refused or stopped before the switch: the board runs its old slot) and LOST are
+    # tried again by the same command; the board's own state says where to go on.
+    if old is not None and old.final and old.result not in (R.SKIPPED, R.FAILED):
         return old
     if old is not None and old.result != R.SKIPPED:
         old.result, old.reason, old.finished, old.wave = R.IN_PROGRESS, None, None, wave

@@ -30,7 +30,7 @@ SCHEMA = "alma.update-record/1"
 COMMITTED = "COMMITTED"  # running the new version, marked successful
 CURRENT = "CURRENT"  # was already running this version
 ROLLED_BACK = "ROLLED_BACK"  # the new slot failed; the board runs its old slot again
-FAILED = "FAILED"  # refused or failed before the switch: the board never left its old slot
+FAILED = "FAILED"  # refused or failed before the switch: the board runs its old slot; the same command tries again
 SKIPPED = "SKIPPED"  # not attempted: the run stopped after too many failures
 # Not final: the next run resumes.
 LOST = "LOST"  # the board did not come back within the deadline: state unknown

@@ -38,24 +38,26 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from almaboard import fields as F
+from almaboard import swu as board_swu
 from almaboard.errors import BoardError, UserError, run_main
-from almaboard.files import boot_id, iso, read_json, write_atomic, write_json
+from almaboard.files import boot_id, iso, parse_iso, read_json, write_atomic, write_json
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
 SLOT_NAMES = ("a", "b")
-PARTLABEL = {"a": "APP", "b": "APP_b"}
-CAPSULE_STAGING = "var/lib/alma-ota/capsule/TEGRA_BL.Cap"
+CAPSULE_STAGING = board_swu.CAPSULE_STAGING
 ESP_CAPSULE = "boot/efi/EFI/UpdateCapsule/TEGRA_BL.Cap"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}$")
 _SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:\s*(\w+)", re.MULTILINE)
 TOOL_TIMEOUT_S = 600
+LEASE_S = 3600.0  # a run's lock lapses this long after its last step (ota.json: lease_s)
+VERIFY_S = 1800.0  # an uncommitted new slot may run this long unjudged (ota.json: verify_s)
 MAX_SWU = 16 << 30
 
 
@@ -67,10 +69,7 @@ class StepFailed(BoardError):
     exit_code = 4
 
 
-def vtuple(v: str) -> tuple[int, ...]:
-    if not _VERSION.fullmatch(v):
-        raise UserError(f"bad version {v!r}")
-    return tuple(int(x) for x in v.split("."))
+vtuple = board_swu.version_tuple
 
 
 _PATH = F.string(r"/?[^\x00]+", max_len=4096, what="a path")
@@ -166,12 +165,24 @@ class Board:
         got = read_json(self.lock_path)
         return got if isinstance(got, dict) else None
 
+    @property
+    def lease_s(self) -> float:
+        v = self.cfg.get("lease_s", LEASE_S)
+        return float(v) if isinstance(v, (int, float)) and v > 0 else LEASE_S
+
+    def lease(self, run: str, host: str, since: str | None = None) -> dict[str, Any]:
+        """A lock record: held until ``expires`` unless its run renews it (every step does)."""
+        now = time.time()
+        return {"run": run, "host": host, "since": since or iso(now), "expires": iso(now + self.lease_s)}
+
     def require(self, run: str) -> dict[str, Any]:
         held = self.lock()
         if held is None:
             raise UserError(f"no update run holds this board (expected {run})")
         if held.get("run") != run:
-            raise Busy(f"board busy: update run {held.get('run')} since {held.get('since')}")
+            raise Busy(_busy(held))
+        held = self.lease(run, str(held.get("host", "")), str(held.get("since") or "") or None)
+        write_json(self.lock_path, held)  # renewed: the run is alive
         return held
 
     def release(self, run: str) -> bool:
@@ -182,9 +193,36 @@ class Board:
             return True
         return False
 
+    def boot_id(self) -> str:
+        return boot_id(self.root / "proc/sys/kernel/random/boot_id")
+
+    def forget(self, result: str, why: str, pend: dict[str, Any] | None) -> None:
+        """End the update on the board: pending and lock gone, the outcome kept in last.json."""
+        write_json(
+            self.state / "last.json", {"run": (pend or {}).get("run"), "result": result, "why": why, "at": iso()}
+        )
+        (self.state / "pending.json").unlink(missing_ok=True)
+        _forget_incoming(self)
+        self.lock_path.unlink(missing_ok=True)
+
     def pending(self) -> dict[str, Any] | None:
         got = read_json(self.state / "pending.json")
         return got if isinstance(got, dict) else None
+
+
+def _expired(held: dict[str, Any]) -> bool:
+    """A lease past its expiry (or a lock without a readable one, from an older agent)."""
+    try:
+        return parse_iso(str(held.get("expires"))) <= time.time()
+    except ValueError:
+        return True
+
+
+def _busy(held: dict[str, Any]) -> str:
+    return (
+        f"board busy: update run {held.get('run')} from {held.get('host') or '?'} since {held.get('since')} "
+        f"holds it (lease until {held.get('expires')})"
+    )
 
 
 def _run_id(text: str) -> str:
@@ -206,16 +244,28 @@ def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
         "version": rel.get("VERSION_ID"),
         "current_slot": cur,
         "slots": b.slots(),
-        "boot_id": boot_id(b.root / "proc/sys/kernel/random/boot_id"),
+        "boot_id": b.boot_id(),
         "lock": b.lock(),
         "pending": b.pending(),
+        "received": _received(b),
+        "last": read_json(b.state / "last.json"),
         "guard": guard.stdout.strip() or "unknown",
     }
 
 
+def _received(b: Board) -> dict[str, Any] | None:
+    """How much of a push is on the board (the desktop resumes a cut push from there)."""
+    held = b.lock()
+    for name, done in (("incoming.swu", True), ("incoming.swu.part", False)):
+        with contextlib.suppress(OSError):
+            size = (b.state / name).stat().st_size
+            return {"run": held.get("run") if held else None, "bytes": size, "complete": done}
+    return None
+
+
 def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
-    rec = {"run": run, "since": iso(), "host": a.host}
+    rec = b.lease(run, a.host)
     try:
         # Complete or absent, never empty: written and synced aside, then linked into place
         # (which fails like O_EXCL when a lock exists). A full disk leaves no lock at all.
@@ -223,26 +273,41 @@ def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     except FileExistsError:
         held = b.lock()
         if held is not None and held.get("run") == run:
-            return {"lock": held, "resumed": True}
+            return {"lock": b.require(run), "resumed": True}
         if held is None:  # a torn lock file from a power loss while writing it: ours to take
             b.lock_path.unlink(missing_ok=True)
             return cmd_begin(b, a)
-        raise Busy(
-            f"board busy: update run {held.get('run')} from {held.get('host')} since {held.get('since')}"
-        ) from None
+        if _expired(held) and b.pending() is None:  # its run died before installing: the lease frees it
+            _forget_incoming(b)
+            b.lock_path.unlink(missing_ok=True)
+            return cmd_begin(b, a)
+        raise Busy(_busy(held)) from None
     except OSError as exc:
         raise StepFailed(f"cannot write {b.lock_path}: {os.strerror(exc.errno or errno.EIO)}") from None
     return {"lock": rec, "resumed": False}
 
 
+def _forget_incoming(b: Board) -> None:
+    for name in ("incoming.swu.part", "incoming.swu"):
+        (b.state / name).unlink(missing_ok=True)
+
+
 def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     b.require(_run_id(a.run))
-    if not _HEX64.fullmatch(a.sha256) or not 0 < a.size <= MAX_SWU:
-        raise UserError("receive needs --sha256 (64 hex) and --size (bytes)")
+    if not _HEX64.fullmatch(a.sha256) or not 0 < a.size <= MAX_SWU or not 0 <= a.offset < a.size:
+        raise UserError("receive needs --sha256 (64 hex), --size (bytes) and an --offset below the size")
     part = b.state / "incoming.swu.part"
     h = hashlib.sha256()
     n = 0
-    with part.open("wb") as out:
+    if a.offset:  # resume a cut push: the bytes already here count toward the hash
+        have = part.stat().st_size if part.is_file() else 0
+        if have != a.offset:
+            raise StepFailed(f"cannot resume at {a.offset}: the board holds {have} bytes of this push")
+        with part.open("rb") as f:
+            while c := f.read(1 << 20):
+                h.update(c)
+        n = a.offset
+    with part.open("ab" if a.offset else "wb") as out:
         while n < a.size:
             chunk = sys.stdin.buffer.read(min(1 << 20, a.size - n))
             if not chunk:
@@ -255,9 +320,10 @@ def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     if n != a.size:
         raise StepFailed(f"push cut short: {n} of {a.size} bytes arrived")
     if h.hexdigest() != a.sha256:
+        part.unlink(missing_ok=True)
         raise StepFailed("the pushed file does not match its sha256")
     part.replace(b.state / "incoming.swu")
-    return {"received": n, "sha256": a.sha256}
+    return {"received": n, "sha256": a.sha256, "resumed_at": a.offset}
 
 
 def _readback(device: Path, size: int) -> str:
@@ -273,78 +339,12 @@ def _readback(device: Path, size: int) -> str:
     return h.hexdigest()
 
 
-MAX_DESCRIPTION = 256 * 1024
-MAX_MEMBERS = 64
-_SW_KEYS = {"version", "description", "hardware-compatibility", "alma"}
-_IMAGE_KEYS = {
-    "raw": {"filename", "type", "sha256", "device"},
-    "rawfile": {"filename", "type", "sha256", "path", "version"},
-}
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("a key appears twice")
-    return out
-
-
-def _description(swu: Path) -> dict[str, Any]:
-    """The ``software`` section of the received file's sw-description (bounded: at most
-    MAX_DESCRIPTION bytes, a JSON object without duplicate keys)."""
-    with swu.open("rb") as f:
-        head = f.read(110)
-        try:
-            size, namesize = int(head[54:62], 16), int(head[94:102], 16)
-        except ValueError:
-            raise UserError("the received file is not a .swu (bad cpio header)") from None
-        name = f.read(namesize)
-        if head[:6] != b"070701" or name != b"sw-description\0" or size > MAX_DESCRIPTION:
-            raise UserError("the received file does not start with a bounded sw-description")
-        f.seek(110 + namesize + (-(110 + namesize) % 4))
-        try:
-            doc = json.loads(f.read(size), object_pairs_hook=_no_duplicates)
-        except (ValueError, RecursionError) as exc:
-            raise UserError(f"sw-description is not valid JSON: {str(exc)[:100]}") from None
-    sw = doc.get("software") if isinstance(doc, dict) else None
-    if not isinstance(sw, dict):
-        raise UserError("sw-description has no software section")
-    return sw
-
-
-def _slot_images(sw: dict[str, Any], machine: str, target: str) -> list[dict[str, Any]]:
-    """The images SWUpdate will install for ``-e alma,slot-<target>``, each proven to write
-    only the target slot's own partition or the capsule staging file; anything else the
-    description asks SWUpdate to do (scripts, files, bootenv, other selections) is refused.
-    Checked BEFORE SWUpdate runs: the running slot is never written, whoever signed it."""
-    section = sw.get(machine)
-    extra = set(sw) - _SW_KEYS - {machine}
-    alma = sw.get("alma")
-    if isinstance(alma, dict):
-        extra |= {f"alma.{k}" for k in set(alma) - {"machine", "built", "lowest-bootloader"}}
-    if extra or not isinstance(section, dict) or set(section) != {"alma"} or not isinstance(section["alma"], dict):
-        what = ", ".join(sorted(extra))[:120]
-        raise UserError(f"this .swu asks SWUpdate for more than slot images ({what}): refused")
-    sets = section["alma"]
-    chosen = sets.get(f"slot-{target}")
-    if set(sets) != {"slot-a", "slot-b"} or not isinstance(chosen, dict) or set(chosen) != {"images"}:
-        raise UserError(f"this .swu has no plain slot-{target} image set for {machine}: refused")
-    images = chosen["images"]
-    if not isinstance(images, list) or not images:
-        raise UserError(f"slot-{target} has no images: refused")
-    for im in images:
-        kind = im.get("type") if isinstance(im, dict) else None
-        if kind not in _IMAGE_KEYS or not set(im) <= _IMAGE_KEYS[kind]:
-            raise UserError(f"slot-{target}: an image with handler or attributes ALMA-OS never writes: refused")
-        want = f"dev/disk/by-partlabel/{PARTLABEL[target]}" if kind == "raw" else CAPSULE_STAGING
-        where = im.get("device" if kind == "raw" else "path")
-        if where not in (want, "/" + want):
-            raise UserError(f"slot-{target}: {str(where)[:80]!r} is not slot {target}'s {want}: refused")
-        if not isinstance(im.get("filename"), str) or not _HEX64.fullmatch(str(im.get("sha256"))):
-            raise UserError(f"slot-{target}: an image without filename or sha256: refused")
-    if [im["type"] for im in images].count("raw") != 1 or [im["type"] for im in images].count("rawfile") > 1:
-        raise UserError(f"slot-{target} must hold one rootfs image and at most one capsule: refused")
-    return images
+def _read_swu(swu: Path) -> board_swu.Swu:
+    """The received file through the one reader and allowlist the desktop uses (almaboard.swu)."""
+    try:
+        return board_swu.read(swu, label="the received .swu")
+    except board_swu.SwuRefused as exc:
+        raise UserError(exc.message, hint=exc.hint) from None
 
 
 def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -367,8 +367,10 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         "-i",
         str(swu),
     ]
-    sw = _description(swu)
-    images = _slot_images(sw, machine, target)  # before SWUpdate: refuse what writes outside the slot
+    got = _read_swu(swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
+    if got.machine != machine:
+        raise UserError(f"this .swu is for {got.machine}, this board is {machine}: refused")
+    sw, images = got.software, got.images[target]
     running = cmd_status(b, a).get("version")
     if running:
         argv += ["-N", running]  # SWUpdate refuses a version <= the running one by itself
@@ -388,38 +390,18 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     for im in images:
         if im["type"] == "raw":
             dev = b.root / str(im["device"]).lstrip("/")
-            size = _member_size(swu, im["filename"])
+            size = got.members[im["filename"]].size
             if _readback(dev, size) != im["sha256"]:
                 raise StepFailed(f"slot {target} does not read back as the signed image: not switching")
         elif im["type"] == "rawfile":
             out["capsule"] = _arm_capsule(b, im, sw)
     b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(target)))
-    write_json(b.state / "pending.json", {"run": run, "slot": target, "from": cur, "version": sw.get("version")})
+    write_json(
+        b.state / "pending.json",
+        {"run": run, "slot": target, "from": cur, "version": sw.get("version"), "boot": b.boot_id()},
+    )
     swu.unlink()
     return out
-
-
-def _member_size(swu: Path, name: str) -> int:
-    with swu.open("rb") as f:
-        pos = 0
-        for _ in range(MAX_MEMBERS + 2):
-            f.seek(pos)
-            head = f.read(110)
-            if len(head) < 110 or head[:6] != b"070701":
-                break
-            try:
-                size, namesize = int(head[54:62], 16), int(head[94:102], 16)
-            except ValueError:
-                break
-            got = f.read(min(namesize, 256))[:-1].decode(errors="replace")
-            data = pos + 110 + namesize
-            data += -data % 4
-            if got == name:
-                return size
-            if got == "TRAILER!!!":
-                raise StepFailed(f"{name} is not in the update")
-            pos = data + size + (-(data + size) % 4)
-    raise StepFailed(f"{name} is not in the update")
 
 
 def _arm_capsule(b: Board, im: dict[str, Any], sw: dict[str, Any]) -> dict[str, Any]:
@@ -462,6 +444,10 @@ def cmd_commit(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_rollback(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     run = _run_id(a.run)
+    last = read_json(b.state / "last.json")
+    if b.lock() is None and isinstance(last, dict) and last.get("run") == run and last.get("result") == "ROLLED_BACK":
+        # the board settled it by itself at boot (cmd_settle): the rollback is done
+        return {"rolled_back_to": b.current_slot(), "reboot_needed": False, "settled": last.get("why")}
     b.require(run)
     pend = b.pending()
     cur = b.current_slot()
@@ -473,11 +459,81 @@ def cmd_rollback(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         return {"rolled_back_to": old, "reboot_needed": True}  # the host reboots it, then calls us again
     # Already on the old slot (the bootloader fell back, or never switched): forget the try.
     if pend is not None and pend.get("slot") != cur:
-        with contextlib.suppress(OSError):
-            b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(cur)))
-    (b.state / "pending.json").unlink(missing_ok=True)
-    b.release(run)
+        _back_on_old_slot(b, cur)
+    b.forget("ROLLED_BACK", f"rolled back; running slot {cur}", pend or {"run": run})
     return {"rolled_back_to": cur, "reboot_needed": False}
+
+
+def _back_on_old_slot(b: Board, cur: str) -> None:
+    """Running the old slot again after a try: make it the active slot and mark it good. The
+    switch back (``set-active-boot-slot`` while the new slot ran) cleared its "successful"
+    flag, and an unmarked slot spends a retry per boot until the bootloader gives up on it."""
+    b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(cur)))
+    b.nvbootctrl("rootfs", "mark-boot-successful")
+
+
+def cmd_settle(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    """What the board does by itself (at every boot, and from its timer): finish an update no
+    desktop will finish. Fell back (or rolled back and rebooted): the old slot is marked good,
+    pending and lock cleared. Running the new slot uncommitted past ``verify_s`` with no live
+    lease: roll back by itself. A lease expired with nothing installed: released."""
+    pend, held, cur = b.pending(), b.lock(), b.current_slot()
+    if pend is None:
+        if held is not None and _expired(held):
+            _forget_incoming(b)
+            b.lock_path.unlink(missing_ok=True)
+            return {"settled": "released an expired lease", "run": held.get("run")}
+        return {"settled": "nothing to do"}
+    if pend.get("slot") not in SLOT_NAMES:
+        b.forget("FAILED", "pending.json named no slot", pend)
+        return {"settled": "dropped an unreadable pending update"}
+    if pend.get("boot") == b.boot_id():
+        return {"settled": "installed; the reboot into it is next"}
+    if cur != pend.get("slot"):
+        _back_on_old_slot(b, cur)
+        why = (
+            "rolled back"
+            if pend.get("rolling_back")
+            else f"slot {pend.get('slot')} did not stay: the bootloader fell back"
+        )
+        b.forget("ROLLED_BACK", f"{why}; running slot {cur}", pend)
+        return {"settled": "back on the old slot", "slot": cur}
+    now = time.time()
+    if "verifying_since" not in pend:
+        pend = {**pend, "verifying_since": iso(now), "verifying_boot": b.boot_id()}
+        write_json(b.state / "pending.json", pend)
+    verify_s = b.cfg.get("verify_s", VERIFY_S)
+    verify_s = float(verify_s) if isinstance(verify_s, (int, float)) and verify_s > 0 else VERIFY_S
+    late = parse_iso(str(pend["verifying_since"])) + verify_s <= now
+    if late and (held is None or _expired(held)):  # nobody judged it in time: not good
+        b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
+        b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
+        write_json(b.state / "pending.json", {**pend, "rolling_back": True})
+        return {"settled": "no verdict in time: rolling back", "rebooting": True}
+    return {"settled": "verifying", "since": pend["verifying_since"]}
+
+
+def cmd_abort(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    """The operator's way out (``alma update --abort``): whoever holds the board lets go; an
+    installed, uncommitted update is undone (the new slot running: switched back, and
+    ``abort --reboot``, a second call whose session the reboot may cut, reboots it)."""
+    held, pend, cur = b.lock(), b.pending(), b.current_slot()
+    if a.reboot:
+        back = pend is not None and pend.get("rolling_back") and pend.get("slot") == cur
+        return {"rebooting": bool(back)}
+    out: dict[str, Any] = {"released": held.get("run") if held else None, "reboot_needed": False}
+    if pend is not None and pend.get("slot") == cur and pend.get("from") in SLOT_NAMES:
+        b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
+        b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
+        write_json(b.state / "pending.json", {**pend, "rolling_back": True})
+        _forget_incoming(b)
+        b.lock_path.unlink(missing_ok=True)
+        out["reboot_needed"] = True  # abort --reboot; at boot settle marks the old slot good
+        return out
+    if pend is not None:
+        _back_on_old_slot(b, cur)
+    b.forget("ABORTED", "aborted by the operator", pend or ({"run": held.get("run")} if held else None))
+    return out
 
 
 def cmd_release(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -504,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=Path(os.environ.get("ALMA_OTA_ROOT") or "/"))
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status")
+    sub.add_parser("settle", help="finish what no desktop will (run at boot and by a timer)")
+    sp_abort = sub.add_parser("abort", help="release the board and undo an uncommitted update")
+    sp_abort.add_argument("--reboot", action="store_true", help="then reboot into the old slot")
     for name in ("begin", "receive", "install", "reboot", "commit", "rollback", "release"):
         sp = sub.add_parser(name)
         sp.add_argument("--run", required=True)
@@ -512,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "receive":
             sp.add_argument("--sha256", required=True)
             sp.add_argument("--size", type=int, required=True)
+            sp.add_argument("--offset", type=int, default=0, help="resume a cut push at this byte")
     args = p.parse_args(argv)
     handlers = {
         "status": cmd_status,
@@ -522,17 +582,23 @@ def main(argv: list[str] | None = None) -> int:
         "commit": cmd_commit,
         "rollback": cmd_rollback,
         "release": cmd_release,
+        "settle": cmd_settle,
+        "abort": cmd_abort,
     }
 
     def body() -> int:
         board: Board | None = None
         try:
             board = Board(args.root)
-            try:
-                out = handlers[args.cmd](board, args)
-            finally:
-                if board is not None and board._tmp is not None:
-                    shutil.rmtree(board._tmp, ignore_errors=True)
+            # One step at a time on a board: settle (boot, timer) and a desktop's steps would
+            # otherwise interleave (a commit's cleared pending.json rewritten by a settle).
+            with open(board.state / ".agent.lock", "a") as serial:
+                fcntl.flock(serial, fcntl.LOCK_EX)
+                try:
+                    out = handlers[args.cmd](board, args)
+                finally:
+                    if board._tmp is not None:
+                        shutil.rmtree(board._tmp, ignore_errors=True)
         except BoardError as exc:
             print(json.dumps({"error": str(exc), "code": exc.exit_code}))
             raise
@@ -542,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
             err = StepFailed(f"{where}: {os.strerror(exc.errno or errno.EIO)}")
             print(json.dumps({"error": str(err), "code": err.exit_code}))
             raise err from None
-        print(json.dumps(out, sort_keys=True))
+        print(json.dumps(out, sort_keys=True), flush=True)
+        if args.cmd in ("abort", "settle") and out.get("rebooting"):
+            board.tool(str(board.cfg.get("reboot", "reboot")))  # after the answer: a reboot ends the session
         return 0
 
     return run_main(PROG, body)

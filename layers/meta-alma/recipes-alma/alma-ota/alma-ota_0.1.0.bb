@@ -22,7 +22,10 @@ SRC_URI += "${@'file://' + d.getVar('ALMA_OTA_SWUPDATE_CFG') if d.getVar('ALMA_O
 S = "${WORKDIR}/ota"
 
 # tools/ota/pyproject.toml: a PEP 517 build (setuptools) of the almaota package.
-inherit python_setuptools_build_meta
+inherit python_setuptools_build_meta systemd
+
+# The board settles its own update at every boot and from a timer (alma-ota settle).
+SYSTEMD_SERVICE:${PN} = "alma-ota-settle.service alma-ota-settle.timer"
 
 # ota.json names this MACHINE (swupdate -H): one package per machine.
 PACKAGE_ARCH = "${MACHINE_ARCH}"
@@ -31,6 +34,14 @@ PACKAGE_ARCH = "${MACHINE_ARCH}"
 # the persistent state dir (lock and pending update survive the slot switch), the lowest
 # bootloader version a capsule may carry.
 do_install:append() {
+    install -d ${D}${systemd_system_unitdir}
+    install -m 0644 ${S}/systemd/alma-ota-settle.service ${S}/systemd/alma-ota-settle.timer \
+        ${D}${systemd_system_unitdir}/
+    # tegra-redundant-boot's nv_update_verifier.service runs "nvbootctrl verify" at every boot,
+    # marking the booted slot good before the health gate judged it: masked (as
+    # meta-mender-tegra's redundant-boot-overrides does); alma-ota commit owns "mark good".
+    install -d ${D}${sysconfdir}/systemd/system
+    ln -sf /dev/null ${D}${sysconfdir}/systemd/system/nv_update_verifier.service
     install -d ${D}${sysconfdir}/alma
     if [ -n "${ALMA_OTA_CERT}" ]; then
         install -m 0644 ${ALMA_OTA_CERT} ${D}${sysconfdir}/alma/ota-cert.pem
@@ -45,10 +56,11 @@ do_install:append() {
 
 ALMA_OTA_STATE_DIR ??= "/data/alma-ota"
 
-FILES:${PN} += "${sysconfdir}/alma/ota.json ${sysconfdir}/alma/ota-cert.pem ${sysconfdir}/swupdate.cfg"
+FILES:${PN} += "${sysconfdir}/alma/ota.json ${sysconfdir}/alma/ota-cert.pem ${sysconfdir}/swupdate.cfg \
+                ${sysconfdir}/systemd/system/nv_update_verifier.service ${systemd_system_unitdir}/alma-ota-settle.*"
 CONFFILES:${PN} = "${sysconfdir}/alma/ota.json"
 # The slot tools must be in the image ("could not identify current boot slot" otherwise):
-# nvbootctrl (tegra-redundant-boot-base), nv_update_verifier (tegra-redundant-boot),
+# nvbootctrl (tegra-redundant-boot-base), tegra-redundant-boot (its verifier masked above),
 # oe4t-set-uefi-OSIndications (setup-nv-boot-control), the capsules (tegra-uefi-capsules).
 RDEPENDS:${PN} = "python3-almaboard python3-core python3-json setup-nv-boot-control swupdate \
                   tegra-redundant-boot tegra-redundant-boot-base tegra-uefi-capsules"
