@@ -71,6 +71,9 @@ def test_one_byzantine_worker_of_four_cannot_ruin_training(tmp_path, procs) -> N
         status_file = tmp_path / "status.json"
         procs.start("coord", "coordinator", "--nats", server.url, "--creds", str(auth.creds_path("coordinator")),
                     "--rounds", str(ROUNDS), "--min-deltas", "3", "--round-timeout", "30",
+                    # every round waits for all four (mallory included) rather than closing on
+                    # the three honest ones: the attack is the point here, not a straggler
+                    "--min-grace", "20",
                     "--status-file", str(status_file))  # fmt: skip
         wait_for(status_file.exists, 180, "the coordinator")
         for w in ("w1", "w2", "w3"):
@@ -90,7 +93,7 @@ def test_one_byzantine_worker_of_four_cannot_ruin_training(tmp_path, procs) -> N
         fig = json.loads(status_file.read_text())
         assert fig["round"] == ROUNDS and fig["phase"] == "finished"
         assert fig["test_accuracy"] >= 0.88, fig["accuracy_history"]
-        assert fig["suspect_workers"] == ["mallory"] and "mallory" not in fig["live_worker_ids"]
+        assert fig["suspect_workers"] == ["mallory"] and "mallory" not in fig["live_worker_ids"], log[-15:]
         assert fig["outliers"]["mallory"]["verdict"] == "down-weighted" and fig["outliers"]["mallory"]["norm"] > 90
         assert fig["rejected"].get("duplicate delta") == 1 and fig["rejected"].get("suspect", 0) >= 1, fig["rejected"]
         assert set(fig["rejected"]) <= {"duplicate delta", "suspect"}, fig["rejected"]

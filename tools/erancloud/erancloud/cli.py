@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--outage-window", type=_positive_float, default=60.0,
                     help="seconds NATS may be away before exit 4 (default 60)")  # fmt: skip
     co.add_argument("--rounds", type=_count(1), default=30, help="rounds to train (default 30)")
+    co.add_argument("--min-grace", type=_positive_float, default=0.5,
+                    help="seconds a round waits for the stragglers after its quorum, at least (default 0.5; "
+                         "it waits as long again as the quorum took, if that is longer)")  # fmt: skip
     co.add_argument("--min-deltas", type=_count(1), default=3,
                     help="deltas a round needs to close (default 3: with two, one of them sets half the round)")
     co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
@@ -188,6 +191,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         h_steps=args.h_steps, lr=args.lr, batch=args.batch, seed=args.seed, outer=outer,
         live_window=args.live_window, max_workers=args.max_workers, max_delta_norm=args.max_delta_norm,
         expire_rounds=args.expire_rounds, suspect_after=args.suspect_after, outage_window=args.outage_window,
+        min_grace=args.min_grace,
         status_path=args.status_file,
         dry_run_dir=args.dry_run_dir if args.dry_run_dir is not None else args.status_file.parent,
     )  # fmt: skip

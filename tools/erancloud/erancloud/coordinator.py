@@ -7,7 +7,7 @@ Round state machine (one ``state`` row, updated compare-and-set):
         commit: model.{r+1}, momentum.{r+1}, round.{r} written, then state -> open(r+1)
 
 The grace: once ``min_deltas`` deltas are in, the round waits as long again as the quorum
-took to gather (at least ``MIN_GRACE`` s), then closes without the stragglers: a worker
+took to gather (at least ``--min-grace``, default 0.5 s), then closes without the stragglers: a worker
 that registers and never pushes cannot hold every round to its deadline.
     open(r) --[deadline passed, accepted < min_deltas]--> open(r), deadline extended (BOINC: wait)
     open(r) --[r == rounds]--> finished
@@ -113,6 +113,7 @@ class Config:
     expire_rounds: int = 10  # a registration with no delta applied for this many rounds expires
     suspect_after: int = 3  # trimmed rounds running that flag a worker "suspect"
     outage_window: float = 60.0  # NATS unreachable for longer than this: exit 4
+    min_grace: float = MIN_GRACE  # seconds a round waits after its quorum, at least
     poll: float = 0.05
     status_path: Path = Path("status.json")
     dry_run_dir: Path | None = None
@@ -497,7 +498,7 @@ class Coordinator:
         r, window = int(self.state["round"]), int(self.state["live_window"])
         live = set(status.live_workers(self.state))
         recent = {w for w, row in self.registry.items() if int(row.get("seen_round", -1)) >= r - window}
-        return live | recent
+        return (live | recent) - set(status.suspects(self.state))  # a suspect's pushes are refused anyway
 
     async def tick(self) -> None:
         async with self.lock:
@@ -522,7 +523,7 @@ class Coordinator:
     def _grace_over(self, now: float) -> bool:
         if self.quorum_at is None:
             return False
-        return now >= self.quorum_at + max(MIN_GRACE, self.quorum_at - self.opened)
+        return now >= self.quorum_at + max(self.cfg.min_grace, self.quorum_at - self.opened)
 
     async def _save_state(self, state: dict[str, Any] | None = None) -> None:
         """Compare-and-set ``state`` (default: the current one). Only once the store holds it
