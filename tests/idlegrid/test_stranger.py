@@ -31,6 +31,9 @@ from support import IN_CI
 
 UNIT = Path(__file__).resolve().parents[2] / "tools/idlegrid/systemd/eran-grid.service"
 STRANGER_UID = 61999  # unused on the test machine: the job's uid
+# One uid for every test here, and a job's wrapper kills every process of its uid when it
+# ends (kill(-1)): under pytest-xdist (--dist loadgroup) these tests run in one worker, in turn.
+pytestmark = pytest.mark.xdist_group("stranger-uid")
 # The stranger must be able to execute its interpreter: the system one (the venv's may live
 # under root's 0700 home).
 JOB_PY = "/usr/bin/python3"
