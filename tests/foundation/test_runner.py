@@ -73,7 +73,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(ToolTimeout) as ei:
         runner.run([PY, "-c", script], timeout=runner.Deadline(1.0, phase="wait-board"))
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 45  # cut at 1 s, not the script's 60 s (load allowed)
     assert "wait-board" in ei.value.message
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 5
