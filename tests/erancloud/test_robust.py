@@ -48,6 +48,7 @@ def _digits_run(outer: Outer, attack: str, rounds: int = 12) -> tuple[float, lis
     return m.accuracy(p, xt.astype(np.float32) / 16, yt.astype(np.int64)), verdicts
 
 
+@pytest.mark.slow
 def test_one_byzantine_worker_of_four_cannot_wreck_the_model() -> None:
     robust_honest, honest_verdicts = _digits_run(Outer(), "")
     mean_honest, _ = _digits_run(Outer(aggregate="mean"), "")
@@ -91,6 +92,7 @@ def _good_state() -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(STATE_KEYS), _json | st.just("soon"), st.booleans())
 def test_a_tampered_round_state_is_refused_with_a_reason(key: str, value: object, drop: bool) -> None:
