@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# How long a test waits for an effect (a process ran, a file appeared) before it fails: a
+# generous ceiling that holds on a 2-core host at load 30; the wait returns as soon as it holds.
+DEADLINE_S = 120.0
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = DEADLINE_S, what: str = "condition", poll: float = 0.05) -> Any:
+    """``cond()``'s first truthy value, polled until ``timeout``; AssertionError after it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
 
 
 # The Debian package of each system part a test drives (README: "System packages").

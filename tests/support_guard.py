@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from almaguard.guard import Guard
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,24 +58,41 @@ RUNNING = {"R", "S", "D"}
 
 
 class Clock:
-    """A wall clock the test moves (the guard's own timing is monotonic and real)."""
+    """The time a test moves: ``t`` is the guard's monotonic ``now`` (Guard.step) and, for a
+    guard made with ``boot_clock=clock.boottime``, its CLOCK_BOOTTIME too, so a test that
+    judges the state's freshness gives alma-health the same ``boottime=clock.t`` and mixes
+    in no real clock (whose value is the host's uptime). It starts at a board up a minute."""
+
+    START = 60.0
 
     def __init__(self) -> None:
-        self.t = 1000.0
+        self.t = self.START
 
     def wall(self) -> float:
         return 1_780_000_000.0 + self.t
 
+    def boottime(self) -> float:
+        return self.t
 
-def make_guard(board: FakeBoard, clock: Clock, **cfg: object) -> Guard:
-    """A guard on ``board``'s tree; ``cfg`` overrides the test defaults (30 s hold-off)."""
+
+def make_guard(
+    board: FakeBoard, clock: Clock, *, boot_clock: Callable[[], float] | None = None, **cfg: object
+) -> Guard:
+    """A guard on ``board``'s tree; ``cfg`` overrides the test defaults (30 s hold-off);
+    ``boot_clock`` replaces the real CLOCK_BOOTTIME its state is stamped with."""
+    from almaboard.files import boottime
     from almaboard.paths import Paths
     from almaguard.config import GuardConfig
     from almaguard.guard import Guard
 
     base: dict[str, object] = {"holdoff_s": 30.0, "hysteresis_c": 10.0, "margin_c": 10.0, "state_every_s": 5.0}
     base.update(cfg)
-    return Guard(GuardConfig(**base), Paths(board.root), wall=clock.wall)  # type: ignore[arg-type]
+    return Guard(
+        GuardConfig(**base),  # type: ignore[arg-type]
+        Paths(board.root),
+        wall=clock.wall,
+        boottime_clock=boot_clock or boottime,
+    )
 
 
 def _put(path: Path, text: str) -> None:

@@ -71,6 +71,7 @@ def _digits_run(
     return m.accuracy(p, *test), verdicts
 
 
+@pytest.mark.slow
 def test_one_byzantine_worker_of_four_cannot_wreck_the_model() -> None:
     robust_honest, honest_verdicts = _digits_run(Outer(aggregate="trimmed"), "")
     mean_honest, _ = _digits_run(Outer(aggregate="mean"), "")
@@ -142,6 +143,7 @@ def _good_state() -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(STATE_KEYS), _json | st.just("soon"), st.booleans())
 def test_a_tampered_round_state_is_refused_with_a_reason(key: str, value: object, drop: bool) -> None:

@@ -31,6 +31,7 @@ def test_random_bytes_are_refused_cleanly(blob: bytes) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=COUNT, max_size=COUNT),
        st.integers(0, 300), st.integers(0, 255))  # fmt: skip
+@pytest.mark.slow
 def test_roundtrip_and_every_single_byte_flip(values: list[float], pos: int, mask: int) -> None:
     vec = np.array(values, np.float32)
     blob = wire.encode_vector("delta", vec, worker="w", round=3)

@@ -99,7 +99,7 @@ def test_silence_is_a_timeout_that_says_so(board: FakeBoard) -> None:
         w.stop()
     assert boot.seen is False
     assert boot.reason is not None and boot.reason.startswith("timeout: silence")
-    assert 0.45 <= took < 2
+    assert 0.45 <= took < 120  # never before its timeout; the upper bound only catches a hang
 
 
 def test_garbage_says_wrong_baud_rate(board: FakeBoard) -> None:
@@ -136,13 +136,13 @@ def test_unplugged_console_is_reported_not_a_traceback(board: FakeBoard) -> None
         time.sleep(0.05)
         board.unplug()  # closing the master: reads on the slave fail (SerialException)
         t0 = time.monotonic()
-        boot = w.wait_for_boot(5)
+        boot = w.wait_for_boot(600)
         took = time.monotonic() - t0
     finally:
         w.stop()
     assert boot.seen is False
     assert boot.reason is not None and "unplugged" in boot.reason
-    assert took < 2  # reported at once, not after the timeout
+    assert took < 300  # reported when it happens, not after the 600 s timeout
 
 
 def test_missing_port_is_reported(tmp_path: object) -> None:

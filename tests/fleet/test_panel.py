@@ -387,6 +387,7 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
     before=st.sampled_from(["", "node at ", "(", "x "]),
     after=st.sampled_from(["", " is down", ")", ".", ", next"]),
 )
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 def test_any_ip_in_published_text_is_refused(ip: str, before: str, after: str) -> None:
     fl = parse_fleet(FLEET.replace("ALMA-OS lab status", f"{before}{ip}{after}"), Path("/nonexistent/fleet.toml"))

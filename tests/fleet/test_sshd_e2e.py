@@ -41,17 +41,20 @@ def test_unreachable_and_hanging_nodes_are_unknown(sshd: Sshd, tmp_path: Path) -
     f = fleet_file(
         tmp_path,
         sshd,
-        [("dead-node", "board", "true"), ("node-hang", "cluster", "sleep 30")],
+        [("dead-node", "board", "true"), ("node-hang", "cluster", "sleep 600")],
     )
     t0 = time.monotonic()
-    r = alma("fleet", "health", "--fleet", str(f), "--json", "--timeout", "2", "--snapshot", str(tmp_path / "s.json"))
+    r = alma(
+        "fleet", "health", "--fleet", str(f), "--json", "--timeout", "2", "--snapshot", str(tmp_path / "s.json"),
+        timeout=300,
+    )  # fmt: skip
     took = time.monotonic() - t0
     assert r.returncode == 3, r.stderr
     data = json.loads(r.stdout)
     by = {n["name"]: n for n in data["nodes"]}
     assert by["dead-node"]["status"] == "UNKNOWN" and "Connection refused" in by["dead-node"]["summary"]
     assert by["node-hang"]["status"] == "UNKNOWN" and "timed out" in by["node-hang"]["summary"]
-    assert took < 15, took  # the hang was cut at its timeout, not waited out
+    assert took < 120, took  # the 600 s hang was cut at its 2 s timeout (start-up and load allowed)
     assert json.loads((tmp_path / "s.json").read_text())["code"] == 3
 
 
@@ -279,9 +282,9 @@ def test_control_persist_reuses_one_connection(sshd: Sshd, boards: dict[str, Pat
 
 
 def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> None:
-    f = fleet_file(tmp_path, sshd, [("node-h1", "board", "sleep 40"), ("node-h2", "board", "sleep 40")])
+    f = fleet_file(tmp_path, sshd, [("node-h1", "board", "sleep 600"), ("node-h2", "board", "sleep 600")])
     proc = subprocess.Popen(
-        [*ALMA, "fleet", "health", "--fleet", str(f), "--no-save"],
+        [*ALMA, "fleet", "health", "--fleet", str(f), "--no-save", "--timeout", "300"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -290,10 +293,10 @@ def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> No
     time.sleep(2.0)  # both ssh calls are connected and waiting
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
-    assert time.monotonic() - t0 < 12  # not the 20 s per-node timeout, not the 40 s sleep
+    assert time.monotonic() - t0 < 120  # ended by the interrupt, not the 300 s per-node timeout nor the sleep
     assert out == ""  # no half table
 
 
@@ -312,12 +315,14 @@ def test_3gb_flood_node_ends_in_time_with_bounded_memory(sshd: Sshd, boards: dic
     f = fleet_file(
         tmp_path,
         sshd,
-        [("node-flood", "board", "head -c 3000000000 /dev/zero"), ("node-ok", "board", health_cmd(boards["ok"]))],
+        [("node-flood", "board", "cat /dev/zero"), ("node-ok", "board", health_cmd(boards["ok"]))],
     )
     argv = [*ALMA, "fleet", "health", "--fleet", str(f), "--json", "--no-save", "--timeout", "5"]
     r = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
     got = json.loads(r.stdout)
-    assert got["wall"] < 6.0, got["wall"]  # the alma process, start-up included
+    # An endless flood: only the 1 MiB cap or the 5 s deadline ends it; the bound (start-up
+    # included) holds at load 30 on 2 cores, and the subprocess timeout catches a hang.
+    assert got["wall"] < 60, got["wall"]
     assert got["rss_mb"] < 100, got["rss_mb"]  # peak RSS of the largest child: alma (or ssh)
     by = {n["name"]: n for n in json.loads(got["out"])["nodes"]}
     assert by["node-flood"]["status"] == "UNKNOWN" and "output over limit" in by["node-flood"]["summary"]
@@ -346,9 +351,9 @@ def test_nothing_of_a_timed_out_run_remains_on_the_node(sshd: Sshd, tmp_path: Pa
     try:
         t0 = time.monotonic()
         r = alma("fleet", "health", "--fleet", str(f), "--json", "--no-save", "--timeout", "2")
-        assert r.returncode == 3 and time.monotonic() - t0 < 15
+        assert r.returncode == 3 and time.monotonic() - t0 < 120  # not the ~300 s command
         assert "timed out" in json.loads(r.stdout)["nodes"][0]["summary"]
-        deadline = time.monotonic() + 10  # remote deadline 2 s + SIGKILL 2 s later + slack
+        deadline = time.monotonic() + 60  # remote deadline 2 s + SIGKILL 2 s later + load
         while _procs_with(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _procs_with(marker) == [], "the timed-out remote command is still running"

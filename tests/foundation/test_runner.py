@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(ToolTimeout) as ei:
         runner.run([PY, "-c", script], timeout=runner.Deadline(1.0, phase="wait-board"))
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 45  # cut at 1 s, not the script's 60 s (load allowed)
     assert "wait-board" in ei.value.message
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 5
@@ -143,22 +144,36 @@ def test_separate_stderr_never_splices_into_stdout_lines(tmp_path: Path) -> None
     assert "stderr: noise199" in log.read_text()
 
 
-def test_unfinished_line_is_flushed_after_quiet_period() -> None:
-    seen: list[tuple[float, str]] = []
-    t0 = time.monotonic()
+def test_unfinished_line_is_flushed_after_quiet_period(tmp_path: Path) -> None:
+    # The tool stays quiet until it learns (a file the callback writes) that its unfinished
+    # line was handed over: with the option that happens while it runs; without it, only at
+    # its exit. Order, not elapsed time, so a loaded host cannot change the verdict.
+    flag = tmp_path / "handed-over"
     script = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         "sys.stdout.write('Waiting for USB storage device sda...'); sys.stdout.flush()\n"
-        "time.sleep(1.5)"
+        f"end = time.monotonic() + float(sys.argv[1])\n"
+        f"while not os.path.exists({str(flag)!r}) and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        f"print('', 'seen' if os.path.exists({str(flag)!r}) else 'unseen')\n"
     )
-    runner.run([PY, "-c", script], on_line=lambda s: seen.append((time.monotonic() - t0, s)), flush_partial_after=0.3)
-    assert seen and seen[0][1] == "Waiting for USB storage device sda..."
-    assert seen[0][0] < 1.4  # handed over while the tool was still quiet, not at exit
-    # without the option the same text only arrives at exit
-    late: list[tuple[float, str]] = []
-    t0 = time.monotonic()
-    runner.run([PY, "-c", script], on_line=lambda s: late.append((time.monotonic() - t0, s)))
-    assert late[0][1] == "Waiting for USB storage device sda..." and late[0][0] >= 1.4
+
+    def hand_over(seen: list[str]) -> Callable[[str], None]:
+        def on_line(line: str) -> None:
+            seen.append(line)
+            flag.touch()
+
+        return on_line
+
+    seen: list[str] = []
+    runner.run([PY, "-c", script, "120"], on_line=hand_over(seen), flush_partial_after=0.3)
+    assert seen[0] == "Waiting for USB storage device sda..." and seen[-1].endswith("seen"), seen
+    assert not seen[-1].endswith("unseen"), seen  # handed over while the tool was still waiting
+    # without the option the same text only arrives at exit (the tool gives up waiting at 2 s)
+    flag.unlink()
+    late: list[str] = []
+    runner.run([PY, "-c", script, "2"], on_line=hand_over(late))
+    assert late[0].startswith("Waiting for USB storage device sda...") and late[0].endswith("unseen"), late
 
 
 def test_bad_stderr_mode_is_rejected() -> None:
@@ -197,72 +212,72 @@ def isolated(code: str, hard_limit: float = 40.0) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_3gb_flood_with_timeout_5s_ends_within_6s_under_100mb() -> None:
+def test_an_endless_flood_with_timeout_5s_is_cut_under_100mb() -> None:
+    # Endless, so only the deadline can end it (isolated()'s hard limit fails a runner that
+    # never returns): the verdict does not depend on how fast this host streams.
     got = isolated(
         """
         seen = [0]
-        t0 = time.monotonic()
         outcome = "completed"
         try:
-            runner.run(["head", "-c", "3000000000", "/dev/zero"], timeout=5,
+            runner.run(["cat", "/dev/zero"], timeout=5,
                        on_line=lambda s: seen.__setitem__(0, seen[0] + len(s)), check=False)
         except ToolTimeout:
             outcome = "timeout"
-        print(json.dumps({"wall": time.monotonic() - t0, "rss": rss_mb(), "outcome": outcome, "seen": seen[0]}))
-        """
+        print(json.dumps({"rss": rss_mb(), "outcome": outcome, "seen": seen[0]}))
+        """,
+        hard_limit=120.0,
     )
-    assert float(got["wall"]) < 6.0, got  # type: ignore[arg-type]
+    assert got["outcome"] == "timeout", got
     assert float(got["rss"]) < 100, got  # type: ignore[arg-type]
-    # Either the deadline cut it, or this machine streamed all 3 GB in under 5 s.
-    assert got["outcome"] == "timeout" or got["seen"] == 3_000_000_000, got
 
 
 def test_fast_short_lines_cannot_starve_the_deadline() -> None:
     """`yes` floods short lines: the old runner only looked at the clock when its queue was empty."""
     got = isolated(
         """
-        t0 = time.monotonic()
         try:
             runner.run(["yes"], timeout=1.5, on_line=lambda s: None)
             outcome = "completed"
         except ToolTimeout:
             outcome = "timeout"
-        print(json.dumps({"wall": time.monotonic() - t0, "rss": rss_mb(), "outcome": outcome}))
-        """
+        print(json.dumps({"rss": rss_mb(), "outcome": outcome}))
+        """,
+        hard_limit=120.0,  # `yes` never ends: a starved deadline is a runner that never returns
     )
-    assert got["outcome"] == "timeout" and float(got["wall"]) < 4.0, got  # type: ignore[arg-type]
+    assert got["outcome"] == "timeout", got
     assert float(got["rss"]) < 100, got  # type: ignore[arg-type]
 
 
 def test_output_cap_stops_the_tool_and_bounds_memory() -> None:
     got = isolated(
         """
-        t0 = time.monotonic()
         try:
-            runner.run(["head", "-c", "3000000000", "/dev/zero"], timeout=30, keep_lines=True, max_output=1 << 20)
+            runner.run(["cat", "/dev/zero"], timeout=600, keep_lines=True, max_output=1 << 20)
             outcome = "completed"
-        except ToolOutputLimit as exc:
+        except (ToolOutputLimit, ToolTimeout) as exc:
             outcome = exc.message
-        print(json.dumps({"wall": time.monotonic() - t0, "rss": rss_mb(), "outcome": outcome}))
-        """
+        print(json.dumps({"rss": rss_mb(), "outcome": outcome}))
+        """,
+        hard_limit=120.0,  # only the cap can end an endless tool before that
     )
     assert "output over the limit of 1048576 bytes" in str(got["outcome"]), got
-    assert float(got["wall"]) < 5 and float(got["rss"]) < 100, got  # type: ignore[arg-type]
+    assert float(got["rss"]) < 100, got  # type: ignore[arg-type]
 
 
 def test_tool_that_closes_its_output_and_hangs_still_times_out() -> None:
     got = isolated(
         """
-        t0 = time.monotonic()
         try:
-            runner.run(["sh", "-c", "exec >&- 2>&-; sleep 30"], timeout=1.0)
+            runner.run(["sh", "-c", "exec >&- 2>&-; sleep 3600"], timeout=1.0)
             outcome = "completed"
         except ToolTimeout:
             outcome = "timeout"
-        print(json.dumps({"wall": time.monotonic() - t0, "outcome": outcome}))
-        """
+        print(json.dumps({"outcome": outcome}))
+        """,
+        hard_limit=120.0,  # the hang outlasts it: only the deadline can end the run in time
     )
-    assert got["outcome"] == "timeout" and float(got["wall"]) < 4.0, got  # type: ignore[arg-type]
+    assert got["outcome"] == "timeout", got
 
 
 def test_long_lines_are_split_into_bounded_pieces_without_loss() -> None:

@@ -72,14 +72,15 @@ def test_duplicate_front_matter_keys_are_refused_with_both_lines(project: Path, 
 
 
 def test_twenty_thousand_unclosed_markers_are_parsed_in_linear_time(project: Path, alma) -> None:
-    # the old regex took 41 s for this line (quadratic); the bound leaves a 1000x margin for load
+    # the old regex took 41 s for this line (quadratic), the linear parser a few ms: the bound
+    # holds at load 30 on 2 cores and still catches the quadratic one
     write_manifest(project)
     write_doc(project, GOOD + "<!-- fact:x " * 20_000 + "\n")
     t0 = time.perf_counter()
     r = alma("gates", "check")
     took = time.perf_counter() - t0
     assert r.code == 2 and "unmatched fact marker" in r.out
-    assert took < 5.0, f"{took:.1f} s"
+    assert took < 20.0, f"{took:.1f} s"
 
 
 @pytest.mark.parametrize(

@@ -591,6 +591,7 @@ def with_suppress_kill(p: subprocess.Popen[bytes]) -> None:
     p.wait(timeout=5)
 
 
+@pytest.mark.slow
 def test_guard_invariants_hold_under_injected_faults(monkeypatch: pytest.MonkeyPatch) -> None:
     why = ReadOnly.available()
     if why and IN_CI:

@@ -195,10 +195,16 @@ def _state(board: FakeBoard, *, updated: float, boottime_s: float, shedding: boo
     return path
 
 
-def test_eran_grid_sees_a_dead_guard_as_stale_whatever_the_wall_clock_says(board: FakeBoard) -> None:
+def _erangrid_thermal():  # eran-grid's thermal module, loaded as the board loads it
     if str(IDLEGRID) not in sys.path:
         sys.path.insert(0, str(IDLEGRID))
-    from erangrid import thermal as grid_thermal
+    from erangrid import thermal
+
+    return thermal
+
+
+def test_eran_grid_sees_a_dead_guard_as_stale_whatever_the_wall_clock_says(board: FakeBoard) -> None:
+    grid_thermal = _erangrid_thermal()
 
     now_bt = boottime()
     # The guard died 10 min ago while the wall clock was 1 h ahead: its file is future-dated.
@@ -255,13 +261,48 @@ def test_sighup_is_ignored_not_fatal(board: FakeBoard) -> None:
 def test_tj_unreadable_sheds_and_alma_health_says_so(board: FakeBoard) -> None:
     orin_zones(board, 50.0)
     clock = Clock()
-    g = make_guard(board, clock)
+    g = make_guard(board, clock, boot_clock=clock.boottime)
     polls(g, clock, 2)
     board.break_sensor("tj-thermal")
     clock.t += 1
     assert g.step(clock.t) == "shed" and "critical zone" in g.status.reason
-    status, summary = _health(board)
+    status, summary = _health(board, boottime=clock.t)
     assert status == WARNING and "tj-thermal" in summary and "SHEDDING" in summary, (status, summary)
+
+
+@pytest.mark.parametrize("now_bt", [100.0004, 100.0006, 59.9999, 3.0009])
+def test_state_read_in_the_millisecond_it_was_written_is_fresh(board: FakeBoard, now_bt: float) -> None:
+    """The guard stamps its state in whole milliseconds: rounded up (100.0006 -> 100.001), a
+    reader in the same millisecond saw a state "dated in the future" and said the guard may be
+    dead (15-35 % of CI runs)."""
+    orin_zones(board, 50.0)
+    clock = Clock()
+    g = make_guard(board, clock, boot_clock=lambda: now_bt)
+    g.step(clock.t)
+    state = json.loads(board.p("/run/alma-guard/state.json").read_text())
+    assert state["boottime"] <= now_bt and now_bt - state["boottime"] < 0.001
+    status, summary = _health(board, boottime=now_bt)
+    assert status == OK and "guard not shedding" in summary, (status, summary)
+    heat = _erangrid_thermal().guard_heat(board.p("/run/alma-guard/state.json"), 30.0, True, boot=board.boot_id,
+                                          now_boottime=now_bt)  # fmt: skip
+    assert not heat.hot, heat
+
+
+def test_alma_health_started_before_the_guard_wrote_sees_fresh_state(board: FakeBoard) -> None:
+    """A real guard and alma-health race: health starts (its other checks take a while), the
+    guard rewrites its state, health reads it. The state is later than health's start, not
+    from the future: health reads the clock after the file."""
+    orin_zones(board, 50.0)
+    clock = Clock()
+    g = make_guard(board, clock)  # the real CLOCK_BOOTTIME, as on a board
+    cfg = {k: dict(v) for k, v in HEALTH_DEFAULTS.items()}
+    ctx = Context(paths=Paths(board.root), cfg=cfg)
+    started = boottime()
+    while boottime() - started < 0.01:  # the guard writes at least 10 ms after health started
+        time.sleep(0.005)
+    g.step(clock.t)
+    (check,) = run_checks(ctx, ["thermal"])
+    assert check.status == OK and "guard not shedding" in check.summary, (check.status, check.summary)
 
 
 def test_a_majority_unreadable_sheds_although_the_rest_reads_cool(board: FakeBoard) -> None:
@@ -320,14 +361,14 @@ def test_emfile_is_reported_the_guard_survives_and_keeps_its_state_writable(boar
 def test_a_sensor_stuck_on_one_value_is_flagged_not_paused(board: FakeBoard) -> None:
     orin_zones(board, 50.0)
     clock = Clock()
-    g = make_guard(board, clock, stuck_after_s=60.0)
+    g = make_guard(board, clock, boot_clock=clock.boottime, stuck_after_s=60.0)
     for i in range(90):
         board.set_all_temps(50.0 + (i % 3) * 0.1)
         board.set_temp("gpu-thermal", 50.0)  # never moves
         clock.t += 1
         assert g.step(clock.t) is None
     assert g.status.stuck == ["gpu-thermal"] and not g.status.shedding
-    status, summary = _health(board)
+    status, summary = _health(board, boottime=clock.t)
     assert status == WARNING and "stuck" in summary and "gpu-thermal" in summary
 
 

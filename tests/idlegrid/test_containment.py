@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 # A job with a grandchild: the grandchild appends to a file for as long as it lives; the
 # job records each run in a ledger, waits until SECONDS pass (or a release file appears),
@@ -47,15 +48,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def _wait(cond, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _pids(shared: Path) -> list[tuple[int, int]]:
@@ -96,23 +88,23 @@ def test_kill_9_of_the_agent_leaves_no_process_of_the_job_and_a_restart_runs_it_
     g.queue.submit([sys.executable, str(tmp_path / "family.py"), str(family), "60"])
     agent = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: len(_pids(family)) == 1 and (family / "written").exists(), what="the job and its grandchild")
+        wait_for(lambda: len(_pids(family)) == 1 and (family / "written").exists(), what="the job and its grandchild")
         [(job_pid, writer_pid)] = _pids(family)
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
     finally:
         _stop(agent)
     # The old code: only the direct child got the death signal; the writer kept writing.
-    _wait(lambda: not _alive(job_pid) and not _alive(writer_pid), 10, "the job and its grandchild to die")
+    wait_for(lambda: not _alive(job_pid) and not _alive(writer_pid), what="the job and its grandchild to die")
     size = (family / "written").stat().st_size
     time.sleep(0.2)
     assert (family / "written").stat().st_size == size
 
     again = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: len(_pids(family)) == 2, what="the second run")
+        wait_for(lambda: len(_pids(family)) == 2, what="the second run")
         (family / "release").write_text("")
-        _wait(lambda: g.queue.counts()["done"] == 1, 30, "the result")
+        wait_for(lambda: g.queue.counts()["done"] == 1, what="the result")
     finally:
         _stop(again)
     assert (family / "ledger").read_text().count("run ") == 2  # run again, but never beside the old one
@@ -127,7 +119,7 @@ def test_a_restarted_agent_stops_what_the_old_job_left_before_running_it_again(
     g.queue.submit([sys.executable, str(tmp_path / "family.py"), str(family), "60"])
     agent = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: len(_pids(family)) == 1 and (family / "written").exists(), what="the job and its grandchild")
+        wait_for(lambda: len(_pids(family)) == 1 and (family / "written").exists(), what="the job and its grandchild")
         [(job_pid, writer_pid)] = _pids(family)
         [workdir] = (g.cfg.state_dir / "work").iterdir()
         wrapper = json.loads((workdir / "wrapper.json").read_text())["pid"]
@@ -141,11 +133,11 @@ def test_a_restarted_agent_stops_what_the_old_job_left_before_running_it_again(
 
     again = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: len(_pids(family)) == 2, what="the second run")
+        wait_for(lambda: len(_pids(family)) == 2, what="the second run")
         # By the time the job runs again, nothing of the old one is alive.
         assert not _alive(job_pid) and not _alive(writer_pid)
         (family / "release").write_text("")
-        _wait(lambda: g.queue.counts()["done"] == 1, 30, "the result")
+        wait_for(lambda: g.queue.counts()["done"] == 1, what="the result")
     finally:
         _stop(again)
 
@@ -161,13 +153,13 @@ def test_a_job_that_finishes_while_its_agent_is_stopped_then_killed_is_recorded_
     job = g.queue.submit([sys.executable, str(tmp_path / "family.py"), str(family), "60"])
     agent = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: len(_pids(family)) == 1, what="the job")
+        wait_for(lambda: len(_pids(family)) == 1, what="the job")
         [(job_pid, _writer)] = _pids(family)
         os.kill(agent.pid, signal.SIGSTOP)  # the agent cannot record anything now
         (family / "release").write_text("")
-        _wait(lambda: not _alive(job_pid), 20, "the job to finish")
+        wait_for(lambda: not _alive(job_pid), what="the job to finish")
         [workdir] = (g.cfg.state_dir / "work").iterdir()
-        _wait(lambda: (workdir / "exit.json").exists(), 10, "the wrapper's exit record")
+        wait_for(lambda: (workdir / "exit.json").exists(), what="the wrapper's exit record")
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
     finally:
@@ -178,7 +170,7 @@ def test_a_job_that_finishes_while_its_agent_is_stopped_then_killed_is_recorded_
 
     again = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: g.queue.counts()["done"] == 1, 30, "the recovered result")
+        wait_for(lambda: g.queue.counts()["done"] == 1, what="the recovered result")
         time.sleep(0.5)
     finally:
         _stop(again)
@@ -341,21 +333,21 @@ def test_a_job_in_its_own_cgroup_is_frozen_not_stopped_and_nothing_escapes_a_kil
     machine.touch_pts(0, time.time())  # the owner is back: pause
     line = agent.step()
     assert line.startswith("paused job")
-    _wait(lambda: "frozen 1" in (cg / "cgroup.events").read_text(), 5, "the job's cgroup to freeze")
+    wait_for(lambda: "frozen 1" in (cg / "cgroup.events").read_text(), what="the job's cgroup to freeze")
     state = Path(f"/proc/{job_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     assert state != "T"  # frozen, so the guard never adopts an owner pause as its own
     agent.shutdown()  # yields: the job is ended, the cgroup removed
-    _wait(lambda: not _alive(job_pid) and not _alive(writer_pid), 10, "the job and its escaped grandchild to end")
+    wait_for(lambda: not _alive(job_pid) and not _alive(writer_pid), what="the job and its escaped grandchild to end")
 
     # Now the hard way: a real agent killed with -9 while the job and the setsid'd grandchild run.
     (family / "pids").unlink()
     machine.touch_pts(0, time.time() - 3600)
     proc = _start_agent(eran_grid_cmd, g.config_file())
     try:
-        _wait(lambda: len(_pids(family)) == 1, 30, "the job to run again")
+        wait_for(lambda: len(_pids(family)) == 1, what="the job to run again")
         [(job_pid, writer_pid)] = _pids(family)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
         _stop(proc)
-    _wait(lambda: not _alive(job_pid) and not _alive(writer_pid), 10, "everything in the job's cgroup to die")
+    wait_for(lambda: not _alive(job_pid) and not _alive(writer_pid), what="everything in the job's cgroup to die")

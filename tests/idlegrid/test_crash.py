@@ -8,11 +8,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 
 def _pids_with(marker: str) -> list[int]:
@@ -25,15 +25,6 @@ def _pids_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return pids
-
-
-def _wait(cond, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -49,7 +40,7 @@ def test_kill_9_of_the_agent_mid_job_requeues_on_lease_expiry_and_resumes(grid, 
     )
     try:
         # Wait until the job runs and a heartbeat has carried a checkpoint into the queue.
-        _wait(lambda: (g.queue.jobs()[0]["checkpoint_bytes"] or 0) > 0, what="a synced checkpoint")
+        wait_for(lambda: (g.queue.jobs()[0]["checkpoint_bytes"] or 0) > 0, what="a synced checkpoint")
         [job_pid] = [p for p in _pids_with(seed) if "wrapper.py" not in _cmdline(p)]
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
@@ -59,7 +50,7 @@ def test_kill_9_of_the_agent_mid_job_requeues_on_lease_expiry_and_resumes(grid, 
             agent.wait()
     # The job dies with its agent (the wrapper's PR_SET_PDEATHSIG kills the job's group): no
     # orphan keeps computing a job that is about to be handed to another node.
-    _wait(lambda: not Path(f"/proc/{job_pid}").exists() or _state(job_pid) == "Z", 10, "the orphan to die")
+    wait_for(lambda: not Path(f"/proc/{job_pid}").exists() or _state(job_pid) == "Z", what="the orphan to die")
     [row] = g.queue.jobs()
     assert row["state"] == "leased" and row["lease_owner"] == "node-a"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,9 +20,24 @@ pytestmark = pytest.mark.slow
 ERANCLOUD = Path(__file__).resolve().parents[2] / "tools" / "erancloud"
 
 
+def _watch(agent, cond, timeout: float = 120.0) -> None:
+    """Until ``cond()``: polled every millisecond (the test reacts to the job at once, not a
+    poll period later), the agent stepped every 50 ms meanwhile (its lease, its signals)."""
+    deadline = next_step = time.monotonic()
+    deadline += timeout
+    while not cond():
+        now = time.monotonic()
+        assert now < deadline, f"timed out after {timeout:.0f} s"
+        if now >= next_step:
+            agent.step()
+            next_step = now + 0.05
+        time.sleep(0.001)
+
+
 def test_erancloud_worker_yields_and_resumes_as_a_grid_job(grid, machine, nats_server, monkeypatch, tmp_path):
     sys.path.insert(0, str(ERANCLOUD))
     from erancloud import protocol
+    from erangrid import presence
     from support_erancloud import Peek, wait_for
 
     monkeypatch.setenv("PYTHONPATH", str(ERANCLOUD))  # the agent passes PYTHONPATH on to its jobs
@@ -42,8 +58,16 @@ def test_erancloud_worker_yields_and_resumes_as_a_grid_job(grid, machine, nats_s
         worker = f"job-{job}"
         agent = g.agent()
         agent.start()
-        g.drive(agent, lambda: agent.proc is not None and peek.get(f"worker.{worker}") is not None, timeout=60)
-        time.sleep(0.5)  # inside its 8000 local steps of round 0 (a few seconds on this machine)
+        g.drive(agent, lambda: agent.proc is not None and peek.get(f"worker.{worker}") is not None, timeout=120)
+        # The owner returns mid-round 0, however fast or loaded the host (a fixed sleep let a
+        # fast idle host push round 0 first): the job is stopped the moment the worker says it
+        # trains round 0 and its group has had 2 more ticks of CPU (about 1 % of its 8000 local
+        # steps here), then the owner comes back and the agent stops and vacates it as usual.
+        job_proc, cpu = agent.proc, presence.CpuLoad()
+        _watch(agent, lambda: "round 0: training" in job_proc.stderr_path.read_text(errors="replace"))
+        ticks = cpu.group_ticks(job_proc.pgid)
+        _watch(agent, lambda: cpu.group_ticks(job_proc.pgid) >= ticks + 2)
+        os.killpg(job_proc.pgid, signal.SIGSTOP)  # the agent's terminate() sends SIGCONT
         assert peek.get(protocol.push_key(0, worker)) is None
         machine.touch_pts(1, time.time())  # the owner is back
         g.drive(agent, lambda: agent.proc is None, timeout=60)

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from almaboard.thermal import Reading
 from erangrid import power, presence, thermal
+from support import wait_for
 
 
 @pytest.mark.parametrize(
@@ -149,20 +151,52 @@ def _burner() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
 
-def test_cpu_load_counts_others_but_not_the_jobs_own_group():
-    burner = _burner()
+def _ticks(pid: int) -> int:
+    """utime + stime of ``pid`` in clock ticks (proc(5): fields 14 and 15)."""
+    rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12])
+
+
+def _snapshot(proc: Path, pids: list[int]) -> int:
+    """The /proc files CpuLoad reads, copied at one instant (windows that read the copy see
+    the same ticks, whatever the host's load did between their reads); the copy's total
+    CPU ticks (proc(5): the first eight fields of the cpu line)."""
+    proc.mkdir(exist_ok=True)
+    stat = Path("/proc/stat").read_bytes()
+    (proc / "stat").write_bytes(stat)
+    for pid in pids:
+        (proc / str(pid)).mkdir(exist_ok=True)
+        (proc / str(pid) / "stat").write_bytes(Path(f"/proc/{pid}/stat").read_bytes())
+    return sum(int(v) for v in stat.split(b"\n", 1)[0].split()[1:9])
+
+
+def test_cpu_load_counts_others_but_not_the_jobs_own_group(tmp_path):
+    # The effect, not a rate: on a busy host everyone's share is 1.0 and the two burners get
+    # a sliver of it, so compare the ticks the kernel gave them (real /proc, copied).
+    job, other = _burner(), _burner()
+    proc = tmp_path / "proc"
     try:
-        # Two windows over the same instants: one blind to the job, one that knows its group.
-        blind, aware = presence.CpuLoad(window=5), presence.CpuLoad(window=5)
-        ncpu = os.cpu_count() or 1
-        blind.sample(None), aware.sample(burner.pid)
-        time.sleep(0.8)
-        everyone, non_grid = blind.sample(None), aware.sample(burner.pid)
+        now = [0.0]
+        blind = presence.CpuLoad(proc, window=5, clock=lambda: now[0])
+        aware = presence.CpuLoad(proc, window=5, clock=lambda: now[0])
+        total0 = _snapshot(proc, [job.pid, other.pid])
+        job0, other0 = aware.group_ticks(job.pid), aware.group_ticks(other.pid)
+        assert blind.sample(None) is None and aware.sample(job.pid) is None
+        # Each burner runs for at least 20 ticks (0.2 s of CPU), however long that takes.
+        wait_for(lambda: _ticks(job.pid) - job0 >= 20 and _ticks(other.pid) - other0 >= 20, what="burners' CPU")
+        dtotal = _snapshot(proc, [job.pid, other.pid]) - total0
+        now[0] = 1.0
+        everyone, non_grid = blind.sample(None), aware.sample(job.pid)
         assert everyone is not None and non_grid is not None
-        assert everyone >= 0.2 / ncpu  # the burner alone keeps a share of a core busy
-        assert everyone - non_grid >= 0.2 / ncpu  # ... and the aware window subtracts it
-        assert aware.group_ticks(burner.pid) > 0
+        job_ticks, other_ticks = aware.group_ticks(job.pid) - job0, aware.group_ticks(other.pid) - other0
+        assert job_ticks >= 20 and other_ticks >= 20
+        # The aware window subtracts exactly the job group's ticks ...
+        assert (everyone - non_grid) * dtotal == pytest.approx(job_ticks), (everyone, non_grid, dtotal)
+        # ... and another process's load stays in the non-grid share (the kernel's per-CPU
+        # and per-process tick counts differ a little: half of it is plenty).
+        assert non_grid * dtotal >= other_ticks / 2, (non_grid, dtotal, other_ticks)
         assert aware.group_ticks(None) == 0
     finally:
-        burner.kill()
-        burner.wait()
+        for p in (job, other):
+            p.kill()
+            p.wait()

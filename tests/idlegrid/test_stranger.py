@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support import IN_CI
+from support import IN_CI, wait_for
 
 UNIT = Path(__file__).resolve().parents[2] / "tools/idlegrid/systemd/eran-grid.service"
 STRANGER_UID = 61999  # unused on the test machine: the job's uid
+# One uid for every test here, and a job's wrapper kills every process of its uid when it
+# ends (kill(-1)): under pytest-xdist (--dist loadgroup) these tests run in one worker, in turn.
+pytestmark = pytest.mark.xdist_group("stranger-uid")
 # The stranger must be able to execute its interpreter: the system one (the venv's may live
 # under root's 0700 home).
 JOB_PY = "/usr/bin/python3"
@@ -51,15 +54,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def _wait(cond, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- (1) job identity -----------------------------------------------------------------------
@@ -368,13 +362,13 @@ def test_a_setsid_daemon_stays_in_the_jobs_cgroup_freezes_with_it_and_dies_with_
         stderr=subprocess.PIPE,
     )
     try:
-        _wait(lambda: (shared / "daemon.pid").exists() and (shared / "ticks").exists(), 30, "the daemon")
+        wait_for(lambda: (shared / "daemon.pid").exists() and (shared / "ticks").exists(), what="the daemon")
         daemon = int((shared / "daemon.pid").read_text())
         [job_cg] = [p for p in service_cgroup.iterdir() if p.is_dir()]
         assert str(daemon) in (job_cg / "cgroup.procs").read_text()  # left its session, not the cgroup
         # The guard freezes the slice: the daemon stops computing with everything else.
         (service_cgroup.parent / "cgroup.freeze").write_text("1")
-        _wait(lambda: "frozen 1" in (job_cg / "cgroup.events").read_text(), 10, "the slice to freeze")
+        wait_for(lambda: "frozen 1" in (job_cg / "cgroup.events").read_text(), what="the slice to freeze")
         size = (shared / "ticks").stat().st_size
         time.sleep(0.3)
         assert (shared / "ticks").stat().st_size == size
@@ -385,7 +379,7 @@ def test_a_setsid_daemon_stays_in_the_jobs_cgroup_freezes_with_it_and_dies_with_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    _wait(lambda: not _alive(daemon), 15, "the daemon to die with the agent")
+    wait_for(lambda: not _alive(daemon), what="the daemon to die with the agent")
 
 
 def test_the_one_place_a_job_id_becomes_a_path_is_job_dir() -> None:
@@ -451,7 +445,7 @@ def test_a_setsid_daemon_of_a_stranger_job_dies_with_the_job_without_a_cgroup_an
         g.drive(agent, lambda: g.queue.counts()["done"] == 1, timeout=60)
         assert g.queue.result(job)[1] == b"job done\n"
         daemon = int((shared / "daemon.pid").read_text())
-        _wait(lambda: not _alive(daemon), 10, "the stranger's daemon to die with its job")
+        wait_for(lambda: not _alive(daemon), what="the stranger's daemon to die with its job")
         assert not left.exists()  # what the stranger left in the shared /tmp went with it
     finally:
         if daemon and _alive(daemon):
@@ -473,11 +467,11 @@ def test_a_setsid_daemon_of_a_stranger_job_dies_with_a_kill_9_of_the_agent_witho
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     daemon = 0
     try:
-        _wait(lambda: (shared / "daemon.pid").exists() and (shared / "ticks").exists(), 60, "the daemon")
+        wait_for(lambda: (shared / "daemon.pid").exists() and (shared / "ticks").exists(), what="the daemon")
         daemon = int((shared / "daemon.pid").read_text())
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        _wait(lambda: not _alive(daemon), 15, "the daemon to die with the agent")
+        wait_for(lambda: not _alive(daemon), what="the daemon to die with the agent")
     finally:
         if proc.poll() is None:
             proc.kill()

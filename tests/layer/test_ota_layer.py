@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,18 @@ def run(**over: str) -> BB:
     return bb
 
 
-def test_a_release_with_ab_layout_cert_and_own_capsule_keys_passes() -> None:
-    run()
+def image_install_append(**over: str) -> str:
+    """The class's ``IMAGE_INSTALL:append`` as bitbake expands it (its inline python)."""
+    m = re.search(r"^IMAGE_INSTALL:append = \"(.*)\"$", CLASS.read_text(), re.MULTILINE)
+    assert m, "alma-ota.bbclass appends nothing to IMAGE_INSTALL"
+    d = D({**GOOD, **over})
+    # bitbake evaluates ${@...} as python with the datastore as d
+    return re.sub(r"\$\{@(.*?)\}", lambda e: str(eval(e.group(1), {"d": d})), m.group(1))
+
+
+def test_a_release_with_ab_layout_cert_and_own_capsule_keys_passes_and_installs_the_agent() -> None:
+    assert run().notes == []
+    assert image_install_append().split() == ["alma-ota"]
 
 
 def test_machine_without_redundant_layout_is_refused_by_name() -> None:
@@ -51,7 +62,8 @@ def test_release_without_the_ota_cert_fails() -> None:
 
 
 def test_without_the_feature_the_class_does_nothing() -> None:
-    run(ALMA_OTA="0", HAS_REDUNDANT_PARTITION_LAYOUT_EXTERNAL="0", ALMA_OTA_CERT="")
+    assert run(ALMA_OTA="0", HAS_REDUNDANT_PARTITION_LAYOUT_EXTERNAL="0", ALMA_OTA_CERT="").notes == []
+    assert image_install_append(ALMA_OTA="0").split() == []
 
 
 def test_the_sw_description_template_is_what_alma_ota_and_the_reader_expect() -> None:

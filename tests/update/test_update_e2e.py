@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from support_swu import build_swu
 from support_update import MACHINE, Lab, SimBoard, load_state, rootfs_image
 
@@ -51,6 +52,7 @@ def records(tmp: Path, swu: Path) -> dict[str, R.UpdateRecord]:
     return {p.stem: R.load(p) for p in d.glob("*.json")}
 
 
+@pytest.mark.slow
 def test_four_boards_in_waves_one_fails_health_and_is_rolled_back(
     tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
 ) -> None:
@@ -103,6 +105,7 @@ def test_four_boards_in_waves_one_fails_health_and_is_rolled_back(
     assert {b["result"] for b in json.loads(r2.stdout)["boards"]} == {"COMMITTED", "ROLLED_BACK"}
 
 
+@pytest.mark.slow
 def test_canary_failure_stops_the_later_waves(
     tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
 ) -> None:
@@ -123,6 +126,7 @@ def test_canary_failure_stops_the_later_waves(
     assert load_state(lab.boards["c2"].root)["rootfs"]["current"] == 0  # untouched
 
 
+@pytest.mark.slow
 def test_new_slot_that_never_boots_falls_back_by_the_bootloader(
     tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
 ) -> None:
@@ -136,6 +140,7 @@ def test_new_slot_that_never_boots_falls_back_by_the_bootloader(
     assert st["rootfs"]["current"] == 0 and st["rootfs"]["slots"][1]["status"] == "unbootable"
 
 
+@pytest.mark.slow
 def test_board_that_never_comes_back_is_lost_then_resumed(
     tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
 ) -> None:
@@ -159,6 +164,7 @@ def test_board_that_never_comes_back_is_lost_then_resumed(
     assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
 
 
+@pytest.mark.slow
 def test_sigint_mid_update_then_resume_commits(
     tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
 ) -> None:

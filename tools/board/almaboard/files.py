@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -124,20 +125,33 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+BOOTTIME_STEP_S = 0.001  # a state file's ``boottime`` resolution (docs/formats.md)
+
+
+def boottime_stamp(now_boottime: float) -> float:
+    """``now_boottime`` as a state file carries it: whole milliseconds, rounded DOWN. A stamp
+    rounded up would lie up to half a step in the future, and a reader right after the
+    write would judge a fresh file "dated in the future" (never fresh)."""
+    return math.floor(now_boottime * 1000) / 1000
+
+
 def state_age(state: dict[str, Any], *, wall: float, boot: str, now_boottime: float) -> float:
     """How old a state file is, in seconds; infinity when it cannot be trusted to be fresh.
 
     Same boot and a ``boottime`` field: measured on CLOCK_BOOTTIME, so a wall-clock step
-    either way changes nothing. Another boot's file: infinity (its writer is gone). Only a
-    file without ``boot_id`` (an older writer) is judged by its wall-clock ``updated``, and
-    one dated in the future (beyond the 2 s of second rounding) is infinity too."""
+    either way changes nothing; a stamp up to one step (1 ms) ahead of ``now_boottime`` is
+    the float arithmetic of the stamp, age 0. Another boot's file: infinity (its writer is
+    gone). Only a file without ``boot_id`` (an older writer) is judged by its wall-clock
+    ``updated``, and one dated in the future (beyond the 2 s of second rounding) is infinity
+    too. Read ``now_boottime`` AFTER the file: a file written after the clock was read is
+    later than that reading, not from the future."""
     bt = state.get("boottime")
     sid = state.get("boot_id")
     if sid is not None:
         if sid != boot or boot == "unknown" or not isinstance(bt, int | float) or isinstance(bt, bool):
             return float("inf")
         age = now_boottime - float(bt)
-        return age if age >= 0 else float("inf")
+        return max(0.0, age) if age >= -BOOTTIME_STEP_S else float("inf")
     try:
         age = wall - parse_iso(str(state.get("updated")))
     except ValueError:

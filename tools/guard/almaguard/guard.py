@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from almaboard import thermal
-from almaboard.files import boot_id, boottime, iso, read_json, write_json
+from almaboard.files import boot_id, boottime, boottime_stamp, iso, read_json, write_json
 from almaboard.paths import Paths
 
 from .config import GuardConfig, Thresholds
@@ -61,7 +61,7 @@ class GuardStatus:
         return {
             "schema": STATE_SCHEMA,
             "boot_id": self.boot_id,
-            "boottime": round(now_boottime, 3),
+            "boottime": boottime_stamp(now_boottime),
             "stuck": list(self.stuck),
             "updated": iso(now_wall),
             "shedding": self.shedding,

@@ -91,7 +91,9 @@ class Context:
     paths: Paths
     cfg: dict[str, dict[str, Any]]
     now: float = field(default_factory=time.time)
-    boottime: float = field(default_factory=boottime)
+    # CLOCK_BOOTTIME to judge the guard's state by; None = read the clock right after the
+    # state file (a guard that writes while the other checks run is fresh, not "from the future").
+    boottime: float | None = None
     save: bool = True
     state: dict[str, Any] = field(default_factory=dict)  # loaded from / saved to health_lib
     state_resets: dict[str, str] = field(default_factory=dict)  # key -> why it was reset (once)
@@ -327,7 +329,8 @@ def check_thermal(ctx: Context) -> Check:
     else:
         # On CLOCK_BOOTTIME (boot_id + boottime in the file): a wall-clock step either way
         # neither makes a dead guard look alive nor a live one look dead.
-        age = state_age(state, wall=ctx.now, boot=boot_id(ctx.paths.boot_id_file), now_boottime=ctx.boottime)
+        now_bt = boottime() if ctx.boottime is None else ctx.boottime
+        age = state_age(state, wall=ctx.now, boot=boot_id(ctx.paths.boot_id_file), now_boottime=now_bt)
         if age == float("inf"):
             st = worst([st, UNKNOWN])
             parts.append(
