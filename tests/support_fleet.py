@@ -159,12 +159,23 @@ def chromium(tmp_path: Path, url: str, *extra: str, size: str = "1100,720") -> s
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--disable-dev-shm-usage",
         f"--window-size={size}",
         *extra,
         url,
     ]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    # Headless Chromium now and then hangs on a screenshot under load (seen in CI with four
+    # test workers on two cores, the page long rendered): a hang of the browser, not of the
+    # page, so a second try in a fresh profile decides; a page that hangs it hangs it twice.
+    for attempt in (1, 2):
+        profile = f"--user-data-dir={tmp_path / f'chromium-profile-{attempt}'}"
+        try:
+            r = subprocess.run([profile if a.startswith("--user-data-dir=") else a for a in argv],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+            break
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                raise
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 

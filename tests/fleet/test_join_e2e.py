@@ -55,7 +55,7 @@ def board_boot(master: int, signal: Path, rootfs: Path, hostkey_pub: Path) -> No
         b"[    0.000000] Linux version 5.15.185-l4t-r36.5-1033.33 (oe-user@oe-host) (aarch64-oe-linux-gcc) #1 SMP\r\n"
         + f"[    2.101001] systemd[1]: Hostname set to <{name}>.\r\n\r\n".encode()
         # what agetty makes of /etc/issue.d/50-alma-board.issue (see tests/layer/test_board_id.py)
-        + f"alma-board: name={name} addr=127.0.0.1, hostkey={fp}\r\n\r\n".encode()
+        + f"alma-board: name={name} addr={BOARD_ADDR}, hostkey={fp}\r\n\r\n".encode()
         + f"{name} login: ".encode(),
     )
 
@@ -80,6 +80,12 @@ def health_board(root: Path) -> Path:
     return b.root
 
 
+# The board's address on its console: a documentation address (RFC 5737), which the station
+# takes as the board's (a loopback one it refuses: that is the station itself); the test's
+# ssh config sends it to the sshd on loopback, so nothing leaves the machine.
+BOARD_ADDR = "192.0.2.10"
+
+
 def test_flashed_board_joins_the_fleet_and_answers_health_with_its_pinned_key(sshd: Sshd, tmp_path: Path) -> None:
     require_tool("dash")
     station = Station(tmp_path / "station")
@@ -87,11 +93,13 @@ def test_flashed_board_joins_the_fleet_and_answers_health_with_its_pinned_key(ss
     station.manifest(bundle)
     device = tmp_path / "device"
     rootfs = board_rootfs(device / USB / "rootfs")
-    # The fleet file before: the lab's ssh settings (how 127.0.0.1 is reached) and health
-    # command, no node yet. No known_hosts anywhere: the pin must come from the console.
+    # The fleet file before: the lab's ssh settings (how the board's address is reached: the
+    # test's sshd on loopback) and health command, no node yet. No known_hosts anywhere: the
+    # pin must come from the console.
     client = tmp_path / "ssh_config"
     client.write_text(
-        f"Host 127.0.0.1\n    Port {sshd.port}\n    IdentityFile {sshd.dir / 'id_ed25519'}\n    IdentitiesOnly yes\n"
+        f"Host {BOARD_ADDR}\n    HostName 127.0.0.1\n    Port {sshd.port}\n"
+        f"    IdentityFile {sshd.dir / 'id_ed25519'}\n    IdentitiesOnly yes\n"
     )
     cache = tmp_path / "cache"
     fleet = tmp_path / "fleet.toml"
@@ -123,11 +131,11 @@ def test_flashed_board_joins_the_fleet_and_answers_health_with_its_pinned_key(ss
     assert (rootfs / "etc/hostname").read_text() == "edge-01\n"
     [rec] = station.records_list()
     assert rec["identity"]["hostname"] == "edge-01"  # type: ignore[index]
-    assert rec["boot"]["board"] == {"name": "edge-01", "addresses": ["127.0.0.1"], "hostkey": fp}  # type: ignore[index]
+    assert rec["boot"]["board"] == {"name": "edge-01", "addresses": [BOARD_ADDR], "hostkey": fp}  # type: ignore[index]
     # the entry: printed, and appended to the fleet file
     assert f'host_key = "{fp}"' in r.stdout and 'name = "edge-01"' in r.stdout
     text = fleet.read_text()
-    assert text.count("[[node]]") == 1 and f'ssh = "{getpass.getuser()}@127.0.0.1"' in text
+    assert text.count("[[node]]") == 1 and f'ssh = "{getpass.getuser()}@{BOARD_ADDR}"' in text
     assert 'role = "board"' in text and f'host_key = "{fp}"' in text
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALMA_")}

@@ -108,7 +108,9 @@ def cli(verbose: int, no_color: bool) -> None:
     if no_color:
         os.environ["NO_COLOR"] = "1"  # rich, click via alma.cli.output.secho, and the tools alma runs
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
+    # force: this invocation's stderr, not the one of an earlier call in the same process
+    # (an in-process caller's first stream may be closed by now)
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr, force=True)
 
 
 C = TypeVar("C", bound=click.Command)

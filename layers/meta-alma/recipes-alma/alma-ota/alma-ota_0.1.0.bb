@@ -35,8 +35,8 @@ PACKAGE_ARCH = "${MACHINE_ARCH}"
 # bootloader version a capsule may carry.
 do_install:append() {
     install -d ${D}${systemd_system_unitdir}
-    install -m 0644 ${S}/systemd/alma-ota-settle.service ${S}/systemd/alma-ota-settle.timer \
-        ${D}${systemd_system_unitdir}/
+    install -m 0644 ${S}/systemd/alma-ota-settle.service ${D}${systemd_system_unitdir}/alma-ota-settle.service
+    install -m 0644 ${S}/systemd/alma-ota-settle.timer ${D}${systemd_system_unitdir}/alma-ota-settle.timer
     # tegra-redundant-boot's nv_update_verifier.service runs "nvbootctrl verify" at every boot,
     # marking the booted slot good before the health gate judged it: masked (as
     # meta-mender-tegra's redundant-boot-overrides does); alma-ota commit owns "mark good".
