@@ -183,8 +183,8 @@ def sim_tool(name: str, argv: list[str]) -> int:
             st["power_cut"] = True
             save_state(root, st)
             time.sleep(60)  # the power goes before SWUpdate finishes; the sim cuts us off
-        real = shutil.which("swupdate", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        os.execv(real or "/usr/bin/swupdate", ["swupdate", *argv])
+        argv_ = swupdate_argv(*argv)
+        os.execv(argv_[0], argv_)
     save_state(root, st)
     return 0
 
@@ -483,6 +483,19 @@ class Lab:
                 kill_tree(b.sshd.proc.pid)
                 b.sshd.proc.wait()
         shutil.rmtree(self.ctl, ignore_errors=True)
+
+
+def swupdate_argv(*args: str) -> list[str]:
+    """The real SWUpdate's command line, in a network namespace of its own when we are root.
+    SWUpdate 2022.12 talks to itself over the abstract unix socket "NotifyServer": two runs at
+    once (tests in parallel) found each other's, and one blocked for ever in sendto to the
+    other. Abstract sockets belong to a network namespace: one each, as each board has."""
+    real = shutil.which("swupdate", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    exe = real or "/usr/bin/swupdate"
+    unshare = shutil.which("unshare", path="/usr/bin:/bin")
+    if os.geteuid() == 0 and unshare:
+        return [unshare, "--net", "--", exe, *args]
+    return [exe, *args]
 
 
 def require_swupdate() -> str:

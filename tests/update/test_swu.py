@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from support_swu import build_swu
-from support_update import MACHINE, make_cert, require_swupdate, rootfs_image
+from support_update import MACHINE, make_cert, require_swupdate, rootfs_image, swupdate_argv
 
 from alma.update.swu import SwuError, read_swu
 
@@ -30,8 +30,8 @@ def _install(tmp: Path, swu: Path, cert: bytes, machine: str = MACHINE) -> tuple
     (tmp / "cert.pem").write_bytes(cert)
     (tmp / "swtmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp / "swtmp")}  # SWUpdate extracts there (and cleans up)
-    r = subprocess.run(["swupdate", "-k", str(tmp / "cert.pem"), "-H", f"{machine}:1.0", "-e", "alma,slot-b", "-i",
-                        str(swu)], cwd=board, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    r = subprocess.run([*swupdate_argv("-k", str(tmp / "cert.pem"), "-H", f"{machine}:1.0", "-e", "alma,slot-b", "-i",
+                        str(swu))], cwd=board, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     return r.returncode, r.stdout + r.stderr, slot
 
 

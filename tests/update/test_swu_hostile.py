@@ -21,7 +21,7 @@ import pytest
 from almaboard.swu import DESCRIPTION, SIGNATURE, Payload
 from artefacts.alma_deployfix import alma, build_deploy, project  # noqa: F401 - fixtures
 from support_swu import description, pack, sign_detached
-from support_update import AGENT, MACHINE, SimBoard, load_state, require_swupdate, rootfs_image
+from support_update import AGENT, MACHINE, SimBoard, load_state, require_swupdate, rootfs_image, swupdate_argv
 
 from alma.update import swu as S
 
@@ -142,8 +142,8 @@ def test_real_swupdate_itself_would_write_the_running_slot(tmp_path: Path, signe
     (tmp_path / "cert.pem").write_bytes(signer[0])
     swu = forge(tmp_path, signer, HOSTILE["slot-b writes the running slot A"])
     (tmp_path / "swtmp").mkdir()
-    r = subprocess.run(["swupdate", "-k", str(tmp_path / "cert.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b",
-                        "-i", str(swu)], cwd=board, capture_output=True, text=True, timeout=600,
+    r = subprocess.run([*swupdate_argv("-k", str(tmp_path / "cert.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b",
+                        "-i", str(swu))], cwd=board, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TMPDIR": str(tmp_path / "swtmp")})  # fmt: skip
     assert "SWUPDATE successful" in r.stdout + r.stderr
     assert app.read_bytes() != b"\0" * 200_000
@@ -293,8 +293,8 @@ def test_a_crc_member_whose_checksum_is_wrong_is_refused_as_by_swupdate(
     (board / "dev/disk/by-partlabel/APP_b").write_bytes(b"\0" * 200_000)
     (tmp_path / "cert.pem").write_bytes(signer[0])
     (tmp_path / "swtmp").mkdir()
-    r = subprocess.run(["swupdate", "-k", str(tmp_path / "cert.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b",
-                        "-i", str(swu)], cwd=board, capture_output=True, text=True, timeout=600,
+    r = subprocess.run([*swupdate_argv("-k", str(tmp_path / "cert.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b",
+                        "-i", str(swu))], cwd=board, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TMPDIR": str(tmp_path / "swtmp")})  # fmt: skip
     log = r.stdout + r.stderr
     assert "SWUPDATE successful" not in log and "Checksum WRONG" in log, log

@@ -15,7 +15,7 @@ from almaboard.swu import DESCRIPTION, SIGNATURE, Payload
 from artefacts.alma_deployfix import alma, build_deploy, project  # noqa: F401 - fixtures
 from support import require_tool
 from support_swu import description, pack, sign_detached
-from support_update import MACHINE, make_cert, require_swupdate, rootfs_image
+from support_update import MACHINE, make_cert, require_swupdate, rootfs_image, swupdate_argv
 
 from alma.update.swu import read_swu
 
@@ -54,8 +54,8 @@ def _real_swupdate(tmp: Path, swu: Path, cert: bytes) -> str:
     (board / "dev/disk/by-partlabel/APP_b").write_bytes(b"\0" * 200_000)
     (tmp / "k.pem").write_bytes(cert)
     (tmp / "swtmp").mkdir(exist_ok=True)
-    r = subprocess.run(["swupdate", "-k", str(tmp / "k.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b", "-i",
-                        str(swu)], cwd=board, capture_output=True, text=True, timeout=600,
+    r = subprocess.run([*swupdate_argv("-k", str(tmp / "k.pem"), "-H", f"{MACHINE}:1.0", "-e", "alma,slot-b", "-i",
+                        str(swu))], cwd=board, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TMPDIR": str(tmp / "swtmp")})  # fmt: skip
     return r.stdout + r.stderr
 
