@@ -332,7 +332,7 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
         )
         raise ConfigError(
             f"repositories not pinned to a full 40-hex commit: {what}; a build must be reproducible",
-            hint="pin them: set commit: <40-hex sha> in the kas file, or run kas lock (then alma lint)",
+            hint="pin them: set commit: <40-hex sha> in the kas file, or run: alma lock (kas lock; then review kas/alma.lock.yml)",
         )
     kas_env = {k: str(v) for k, v in (kas.data.get("env") or {}).items() if v is not None}
     tree = build_tree(project.root, req.build_dir, env, kas_env)

@@ -402,12 +402,14 @@ def kas_git_env(env: Mapping[str, str], home: Path) -> dict[str, str]:
     return out
 
 
-def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S) -> list[Problem]:
-    """Every repository kas would clone, asked as kas's git will ask: through KAS_PREMIRRORS,
-    with kas's HOME and gitconfig."""
+def unreachable_repos(
+    probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S, every: bool = False
+) -> list[Problem]:
+    """Every repository kas would clone (``every``: fetch, as --update does), asked as kas's git
+    will ask: through KAS_PREMIRRORS, with kas's HOME and gitconfig."""
     import tempfile
 
-    todo = [r for r in repos if r.url and not r.checked_out]
+    todo = [r for r in repos if r.url and (every or not r.checked_out)]
     if not todo:
         return []
     mirrors = probes.env.get("KAS_PREMIRRORS", "")
@@ -436,7 +438,8 @@ def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_
                 f"allow git access to {url} (proxy: export https_proxy=...), or point kas at a mirror: "
                 f"export KAS_PREMIRRORS='{re.escape(str(repo.url))} file:///path/to/mirror.git'"
             )
-        problems.append((f"repository {repo.repo_id} ({repo.url}){via} is not checked out and cannot be "
+        state = "" if repo.checked_out else " is not checked out and"
+        problems.append((f"repository {repo.repo_id} ({repo.url}){via}{state} cannot be "
                          f"reached by kas's git: {err}", fix))  # fmt: skip
     return problems
 
