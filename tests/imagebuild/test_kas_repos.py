@@ -147,3 +147,29 @@ def test_a_kas_failure_is_exit_1_with_kas_own_words_and_a_next_step(
         and "bitbake" in err
         and "alma build --dry-run lists each repository" in err
     )
+
+
+@pytest.mark.slow
+def test_alma_dump_and_its_lock_are_what_real_kas_dump_prints(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    import subprocess
+    import sys
+
+    root = real_kas_project
+    _offline(root, tmp_path, monkeypatch, probes)
+    kas = Path(sys.executable).parent / "kas"
+    env = {**os.environ, "KAS_WORK_DIR": str(root / "build"), "KAS_BUILD_DIR": str(root / "build" / NANO)}
+    (root / "build" / NANO).mkdir(parents=True)
+    chain = f"kas/alma.yml:kas/machines/{NANO}.yml"
+    for extra in ([], ["--lock"]):
+        res = subprocess.run([str(kas), "dump", *extra, chain], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=600)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        code, out, err = alma("dump", *extra)
+        assert code == 0, err
+        assert yaml.safe_load(out) == yaml.safe_load(res.stdout), extra
