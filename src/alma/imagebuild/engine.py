@@ -185,7 +185,10 @@ def execute(
     bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
-    write_atomic(plan.machine_dir / TREE_RECORD, json.dumps(plan.env, indent=2, sort_keys=True) + "\n")
+    record = dict(plan.env)
+    if plan.tree.tmp_dir is not None:  # bitbake's TMPDIR outside TOPDIR: alma verify looks there
+        record["TMPDIR"] = str(plan.tree.tmp_dir)
+    write_atomic(plan.machine_dir / TREE_RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")
     _drop_old_auto_conf(plan)
     if plan.request.check:  # a graph left by an earlier run must not pass for this one's
         for name in (BUILDLIST, TASK_DOT):
