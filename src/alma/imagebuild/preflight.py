@@ -133,7 +133,9 @@ def _ls_remote(url: str, timeout: float, env: Mapping[str, str] | None = None) -
     if res.returncode == 0:
         return None
     said = [ln.strip() for ln in res.lines if ln.strip()]
-    return said[-1] if said else f"git ls-remote exited with code {res.returncode}"
+    # the first "fatal:" names the cause; the last line is git's generic "...the repository exists."
+    fatal = [ln for ln in said if ln.startswith(("fatal:", "error:"))]
+    return (fatal or said or [f"git ls-remote exited with code {res.returncode}"])[0]
 
 
 def _owner(path: Path) -> int | None:
@@ -448,7 +450,13 @@ def unreachable_repos(
         if err is None:
             continue
         via = f" (premirror {url})" if url != repo.url else ""
-        if rewrites and not probes.env.get("GITCONFIG_FILE"):
+        if "dubious ownership" in err:  # a mirror owned by another user: kas's git has no safe.directory
+            path = url.removeprefix("file://")
+            fix = (
+                f"kas runs git with a HOME of its own: add '[safe]' 'directory = {path}' to a gitconfig and "
+                f"export GITCONFIG_FILE=<that file> (kas copies it into its HOME), or own the mirror as this user"
+            )
+        elif rewrites and not probes.env.get("GITCONFIG_FILE"):
             fix = (
                 f"kas runs git with a HOME of its own and does not read {user_cfg} (its url.insteadOf rules "
                 f"among it): export GITCONFIG_FILE={user_cfg}"
