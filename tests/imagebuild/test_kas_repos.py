@@ -173,3 +173,25 @@ def test_alma_dump_and_its_lock_are_what_real_kas_dump_prints(
         code, out, err = alma("dump", *extra)
         assert code == 0, err
         assert yaml.safe_load(out) == yaml.safe_load(res.stdout), extra
+
+
+@pytest.mark.slow
+def test_the_build_rows_of_the_table_reach_bitbake_through_real_kas(
+    real_kas_project: Path,  # noqa: F811
+    tmp_path: Path,
+    alma,
+    monkeypatch,
+    probes,
+) -> None:
+    """docs/build.md "For kas users": repeated and virtual targets, a task, -k, extra kas files
+    and arguments after `--`, as real kas hands them to bitbake."""
+    root = real_kas_project
+    _offline(root, tmp_path, monkeypatch, probes)
+    (root / "kas" / "extra.yml").write_text('header:\n  version: 14\nlocal_conf_header:\n  zz: |\n    EXTRA = "1"\n')
+    targets = ["--target", "core-image-minimal", "--target", "virtual/kernel"]
+    code, out, err = alma("build", "--kas-file", "kas/extra.yml", *targets, "--task", "fetch", "-k", "--", "-DD")
+    assert code == 0, out + err
+    [bb] = [c for c in read_record(tmp_path / "record.jsonl") if c["tool"] == "bitbake" and "argv" in c]
+    conf = root / "build" / NANO / "alma-build.conf"
+    assert bb["argv"] == ["-R", str(conf), "-k", "-c", "fetch", "core-image-minimal", "virtual/kernel", "-DD"]
+    assert 'EXTRA = "1"' in (root / "build" / NANO / "conf" / "local.conf").read_text()  # kas merged the extra file
