@@ -27,6 +27,13 @@ def _offline(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probes
     return remote
 
 
+@pytest.fixture
+def offline(real_kas_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probes) -> Path:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The real-kas project whose repositories only a premirror reaches; returns its root."""
+    _offline(real_kas_project, tmp_path, monkeypatch, probes)
+    return real_kas_project
+
+
 def _lock_pins(root: Path) -> dict[str, str]:
     data = yaml.safe_load((root / "kas" / "alma.lock.yml").read_text())
     return {k: v["commit"] for k, v in data["overrides"]["repos"].items()}
@@ -34,14 +41,9 @@ def _lock_pins(root: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_alma_checkout_checks_out_the_pins_offline_through_premirrors_and_builds_nothing(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
+    offline: Path, tmp_path: Path, alma
 ) -> None:
-    root = real_kas_project
-    _offline(root, tmp_path, monkeypatch, probes)
+    root = offline
     code, out, err = alma("checkout", "--json")
     assert code == 0, out + err
     got = {r["repo"]: r for r in json.loads(out)["repos"]}
@@ -76,14 +78,9 @@ def test_alma_checkout_without_the_premirror_is_refused_before_kas_with_the_fix(
 
 @pytest.mark.slow
 def test_alma_lock_keeps_good_locks_and_update_moves_them_to_the_branch_head(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
+    offline: Path, tmp_path: Path, alma
 ) -> None:
-    root = real_kas_project
-    _offline(root, tmp_path, monkeypatch, probes)
+    root = offline
     lock = root / "kas" / "alma.lock.yml"
     old = _lock_pins(root)["bitbake"]
     up = tmp_path / "upstream" / "bitbake"
@@ -110,14 +107,9 @@ def test_alma_lock_keeps_good_locks_and_update_moves_them_to_the_branch_head(
 
 @pytest.mark.slow
 def test_alma_lock_writes_the_lock_file_next_to_the_first_kas_file_for_a_floating_repository(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
+    offline: Path, tmp_path: Path, alma
 ) -> None:
-    root = real_kas_project
-    _offline(root, tmp_path, monkeypatch, probes)
+    root = offline
     (root / "kas" / "alma.lock.yml").unlink()
     code, _, err = alma("build", "--dry-run")
     assert code == 2 and "not pinned" in err and "alma lock" in err  # the fix names the verb that exists
@@ -130,15 +122,7 @@ def test_alma_lock_writes_the_lock_file_next_to_the_first_kas_file_for_a_floatin
 
 
 @pytest.mark.slow
-def test_a_kas_failure_is_exit_1_with_kas_own_words_and_a_next_step(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
-    root = real_kas_project
-    _offline(root, tmp_path, monkeypatch, probes)
+def test_a_kas_failure_is_exit_1_with_kas_own_words_and_a_next_step(offline: Path, tmp_path: Path, alma) -> None:
     git("branch", "-m", "main", "trunk", cwd=tmp_path / "upstream" / "bitbake")  # the kas file's branch is gone
     code, out, err = alma("lock", "--update")
     assert code == 1, out + err
@@ -150,18 +134,11 @@ def test_a_kas_failure_is_exit_1_with_kas_own_words_and_a_next_step(
 
 
 @pytest.mark.slow
-def test_alma_dump_and_its_lock_are_what_real_kas_dump_prints(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
+def test_alma_dump_and_its_lock_are_what_real_kas_dump_prints(offline: Path, tmp_path: Path, alma) -> None:
     import subprocess
     import sys
 
-    root = real_kas_project
-    _offline(root, tmp_path, monkeypatch, probes)
+    root = offline
     kas = Path(sys.executable).parent / "kas"
     env = {**os.environ, "KAS_WORK_DIR": str(root / "build"), "KAS_BUILD_DIR": str(root / "build" / NANO)}
     (root / "build" / NANO).mkdir(parents=True)
@@ -176,17 +153,10 @@ def test_alma_dump_and_its_lock_are_what_real_kas_dump_prints(
 
 
 @pytest.mark.slow
-def test_the_build_rows_of_the_table_reach_bitbake_through_real_kas(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
+def test_the_build_rows_of_the_table_reach_bitbake_through_real_kas(offline: Path, tmp_path: Path, alma) -> None:
     """docs/build.md "For kas users": repeated and virtual targets, a task, -k, extra kas files
     and arguments after `--`, as real kas hands them to bitbake."""
-    root = real_kas_project
-    _offline(root, tmp_path, monkeypatch, probes)
+    root = offline
     (root / "kas" / "extra.yml").write_text('header:\n  version: 14\nlocal_conf_header:\n  zz: |\n    EXTRA = "1"\n')
     targets = ["--target", "core-image-minimal", "--target", "virtual/kernel"]
     code, out, err = alma("build", "--kas-file", "kas/extra.yml", *targets, "--task", "fetch", "-k", "--", "-DD")
