@@ -75,14 +75,14 @@ class BuildTree:
 
     def tmp_dirs(self, machine: str) -> list[Path]:
         """Where bitbake's TMPDIR of ``machine`` can be, most likely first: this tree's TMPDIR
-        (exported or the kas files'), else the one the last build of ``machine`` recorded,
-        then the default under TOPDIR."""
-        tmp = self.tmp_dir
-        if tmp is None:
-            recorded = read_record(self.machine_dir(machine) / TREE_RECORD)
-            tmp = Path(recorded["TMPDIR"]) if recorded and recorded.get("TMPDIR", "").startswith("/") else None
-        moved = [Path(f"{tmp}{TMPDIR_NAMES[0].removeprefix('tmp')}"), tmp] if tmp else []
-        return moved + [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
+        (exported or the kas files'), the one the last build of ``machine`` recorded, then the
+        default under TOPDIR; each with and without TCLIBCAPPEND's ``-glibc``."""
+        recorded = read_record(self.machine_dir(machine) / TREE_RECORD) or {}
+        bases = [self.tmp_dir, Path(recorded["TMPDIR"]) if recorded.get("TMPDIR", "").startswith("/") else None]
+        out: list[Path] = []
+        for tmp in dict.fromkeys(b for b in bases if b is not None):
+            out += [Path(f"{tmp}-glibc"), tmp]
+        return out + [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
 
     def bitbake_tmpdir(self, machine: str) -> Path:
         """bitbake's TMPDIR for a build of ``machine`` with this tree (the ALMA distro keeps

@@ -343,3 +343,21 @@ def test_an_exported_kas_machine_alma_has_no_file_for_is_refused_naming_the_vari
     probes(env={"KAS_MACHINE": "qemux86-64"})
     code, _, err = alma("build", "--dry-run")
     assert code == 2 and "KAS_MACHINE=qemux86-64 is exported, but ALMA-OS has no kas/machines/qemux86-64.yml" in err
+
+
+def test_verify_finds_the_recorded_tmpdir_whatever_tmpdir_its_own_login_exports(tmp_path: Path) -> None:
+    from alma.buildtree import TREE_RECORD, build_tree
+
+    root = tmp_path / "alma"
+    mdir = root / "build" / NANO
+    mdir.mkdir(parents=True)
+    bb = tmp_path / "big" / "tmp"  # the build's bitbake TMPDIR (a kas file's, say)
+    (mdir / TREE_RECORD).write_text(json.dumps({"TMPDIR": str(bb)}))
+    deploy = Path(f"{bb}-glibc") / "deploy" / "images" / NANO
+    deploy.mkdir(parents=True)
+    tree = build_tree(root, None, {"TMPDIR": str(tmp_path / "login")})  # libpam-tmpdir at verify time
+    assert tree.deploy_dir(NANO) == deploy
+    assert tree.deploy_dirs(NANO)[0] == Path(f"{tmp_path / 'login'}-glibc/deploy/images/{NANO}")
+    if os.geteuid() == 0:  # a record another user wrote is not taken (a TMPDIR's parent may be shared)
+        os.lchown(mdir / TREE_RECORD, 65534, 65534)
+        assert build_tree(root, None, {}).deploy_dir(NANO) is None

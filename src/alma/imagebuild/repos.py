@@ -96,9 +96,9 @@ def plan(
 
 
 def problems(run: RepoRun, probes: pf.Probes) -> list[pf.Problem]:
-    """What stops kas before it starts: not a checkout, no kas, running as root (kas refuses
-    nothing here, but files root leaves in the tree block the build user), a repository kas's
-    git cannot reach. With --update every repository is fetched, checked out or not."""
+    """What stops kas before it starts: not a checkout, no kas, a repository kas's git cannot
+    reach (asked as alma build's preflight asks). With --update every repository is fetched,
+    checked out or not, so every one is asked."""
     project = Project(run.root)
     found = [p for p in (project.vcs_problem(),) if p is not None]
     if probes.find_kas() is None:
