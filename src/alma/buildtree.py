@@ -13,6 +13,12 @@
                                                distro such as alma), or tmp when a distro clears it
     build/<machine>/<tmp>/deploy/images/<machine>/   DEPLOY_DIR_IMAGE: what ``alma verify`` reads
 
+bitbake's TMPDIR moves out of the tree when the kas files set it (``local_conf_header``) or
+``TMPDIR`` is exported (kas passes it to bitbake, listed in BB_ENV_PASSTHROUGH_ADDITIONS):
+then it is ``<that>-glibc`` (oe-core appends TCLIBCAPPEND after local.conf), shared by every
+machine, and ``alma build`` records it in ``build/<machine>/alma-build-tree.json`` so that
+``alma verify`` looks there whatever its own environment says.
+
 ``alma build`` (plan), ``alma verify`` (deploy dirs), ``alma flash`` (through the facts
 manifest's ``bundle_path``, written from here) and the gate documents all take their paths
 from this module; docs/architecture.md shows the same tree.
@@ -20,6 +26,7 @@ from this module; docs/architecture.md shows the same tree.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +52,7 @@ class BuildTree:
     downloads_dir: Path | None = None  # DL_DIR when exported (else <work_dir>/downloads)
     sstate_dir: Path | None = None  # SSTATE_DIR when exported (else <work_dir>/sstate-cache)
     build_dir: Path | None = None  # KAS_BUILD_DIR when exported (else <work_dir>/<machine>)
+    tmp_dir: Path | None = None  # bitbake's TMPDIR before TCLIBCAPPEND, when not <TOPDIR>/tmp
     sources: tuple[tuple[str, str], ...] = ()  # (name, where its value came from)
 
     @property
@@ -66,7 +74,21 @@ class BuildTree:
         return self.build_dir or self.work_dir / machine
 
     def tmp_dirs(self, machine: str) -> list[Path]:
-        return [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
+        """Where bitbake's TMPDIR of ``machine`` can be, most likely first: this tree's TMPDIR
+        (exported or the kas files'), the one the last build of ``machine`` recorded, then the
+        default under TOPDIR; each with and without TCLIBCAPPEND's ``-glibc``."""
+        recorded = read_record(self.machine_dir(machine) / TREE_RECORD) or {}
+        bases = [self.tmp_dir, Path(recorded["TMPDIR"]) if recorded.get("TMPDIR", "").startswith("/") else None]
+        out: list[Path] = []
+        for tmp in dict.fromkeys(b for b in bases if b is not None):
+            out += [Path(f"{tmp}-glibc"), tmp]
+        return out + [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
+
+    def bitbake_tmpdir(self, machine: str) -> Path:
+        """bitbake's TMPDIR for a build of ``machine`` with this tree (the ALMA distro keeps
+        TCLIBCAPPEND): what the disk check measures."""
+        tmp = self.tmp_dir
+        return Path(f"{tmp}-glibc") if tmp else self.machine_dir(machine) / TMPDIR_NAMES[0]
 
     def deploy_dirs(self, machine: str) -> list[Path]:
         """Every place DEPLOY_DIR_IMAGE of ``machine`` can be, most likely first."""
@@ -97,6 +119,7 @@ def build_tree(
     build_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     kas_env: Mapping[str, str] | None = None,
+    kas_tmpdir: Path | None = None,
 ) -> BuildTree:
     """The tree of checkout ``root``.
 
@@ -104,7 +127,9 @@ def build_tree(
     variable (``env``: KAS_WORK_DIR, KAS_BUILD_DIR, DL_DIR, SSTATE_DIR), then for DL_DIR and
     SSTATE_DIR the kas files' ``env:`` (``kas_env``: kas exports those values to bitbake
     unless the environment has one, kas/libkas.py get_build_environ), then the default under
-    ``<root>/build``. ``sources`` records which one won, for the plan.
+    ``<root>/build``. bitbake's TMPDIR: the kas files' (``kas_tmpdir``: local.conf beats the
+    environment), else an exported ``TMPDIR``, else ``<TOPDIR>/tmp``. ``sources`` records
+    which one won, for the plan.
     """
     env = {} if env is None else env
     kas_env = {} if kas_env is None else kas_env
@@ -133,11 +158,14 @@ def build_tree(
         if dirs[name] is None and from_kas(name) is not None:
             dirs[name], how = from_kas(name), "kas files env:"
         sources.append((name, how))
+    tmp = kas_tmpdir if kas_tmpdir is not None else exported("TMPDIR")
+    sources.append(("TMPDIR", "kas files local_conf_header" if kas_tmpdir else "environment" if tmp else "default"))
     return BuildTree(
         work,
         downloads_dir=dirs["DL_DIR"],
         sstate_dir=dirs["SSTATE_DIR"],
         build_dir=dirs["KAS_BUILD_DIR"],
+        tmp_dir=tmp,
         sources=tuple(sources),
     )
 
@@ -148,24 +176,43 @@ TREE_RECORD = "alma-build-tree.json"
 _RECORD_MAX = 64 << 10
 
 
-def recorded_env(deploy: Path) -> tuple[dict[str, str], Path] | None:
-    """The environment the build that made ``deploy`` (``<TOPDIR>/<tmp>/deploy/images/<machine>``)
-    ran with, from its TOPDIR's record; None when there is none or it is not ours."""
+def read_record(record: Path) -> dict[str, str] | None:
+    """A TREE_RECORD: name -> value, or None when there is none, it is not ours (another
+    user's file: a TMPDIR's parent may be a shared directory) or not the shape we write."""
     import json
 
-    parents = Path(deploy).resolve().parents
-    if len(parents) < 4:
-        return None
-    record = parents[3] / TREE_RECORD
     try:
-        if record.stat().st_size > _RECORD_MAX:
+        st = record.stat()
+        if st.st_size > _RECORD_MAX or st.st_uid != os.geteuid():
             return None
         data = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         return None
-    return data, record
+    return data
+
+
+def recorded_env(
+    deploy: Path, tree: BuildTree | None = None, machine: str | None = None
+) -> tuple[dict[str, str], Path] | None:
+    """The environment the build that made ``deploy`` (``<TOPDIR>/<tmp>/deploy/images/<machine>``)
+    ran with, from its TOPDIR's record (or, for a TMPDIR outside TOPDIR, the record of
+    ``machine`` in ``tree`` that names that TMPDIR); None when there is none or it is not ours."""
+    parents = Path(deploy).resolve().parents
+    if len(parents) < 4:
+        return None
+    candidates = [parents[3] / TREE_RECORD]
+    if tree is not None and machine is not None:
+        candidates.insert(0, tree.machine_dir(machine) / TREE_RECORD)
+    for record in candidates:
+        data = read_record(record)
+        if data is None:
+            continue
+        tmp = data.get("TMPDIR")
+        if record == parents[3] / TREE_RECORD or (tmp and parents[2] in (Path(tmp), Path(f"{tmp}-glibc"))):
+            return data, record
+    return None
 
 
 def deploy_dir_hint(machine: str) -> str:

@@ -126,7 +126,7 @@ LICENCES = {
 }
 
 
-def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
+def spdx3_graph(licences: dict[str, str], contained: set[str] | None = None) -> dict[str, Any]:
     """The image SBOM as create_sbom expands it (sbom30.py:1035-1094): beside each binary package
     (spdx30_tasks.py:622-627, primary purpose "install" forced at 636, hasConcludedLicense
     704-708) the recipe's source downloads are software_Package too (415-424: name = the file,
@@ -158,8 +158,22 @@ def spdx3_graph(licences: dict[str, str]) -> dict[str, Any]:
               "software_primaryPurpose": "source",
               "software_downloadLocation": "https://busybox.net/downloads/busybox-1.36.1.tar.bz2"},
              len(licences), "GPL-2.0-only")  # fmt: skip
-    graph.append({"type": "software_Package", "spdxId": f"{NS}/rootfs/alma-image", "name": "alma-image",
+    rootfs, build = f"{NS}/rootfs/alma-image", f"{NS}/build/rootfs"
+    graph.append({"type": "software_Package", "spdxId": rootfs, "name": "alma-image",
                   "software_primaryPurpose": "archive"})  # fmt: skip
+    # the image's packages: the rootfs build's inputs (collect_build_package_inputs, spdx30_tasks.py
+    # 1030-1070), the build that hasOutput the rootfs (1097-1105); the SBOM's root is the rootfs
+    # (create_image_sbom_spdx 1262-1282; sbom30.py create_sbom 1035-1046)
+    installed = [f"{NS}/package/{n}" for n in sorted(licences) if contained is None or n in contained]
+    graph += [
+        {"type": "build_Build", "spdxId": build, "build_buildType": "https://openembedded.org/rootfs"},
+        {"type": "LifecycleScopedRelationship", "spdxId": f"{NS}/rel-out", "from": build,
+         "relationshipType": "hasOutput", "scope": "build", "to": [rootfs]},
+        {"type": "LifecycleScopedRelationship", "spdxId": f"{NS}/rel-in", "from": build,
+         "relationshipType": "hasInput", "scope": "build", "to": installed},
+        {"type": "software_Sbom", "spdxId": f"{NS}/sbom", "name": "alma-image",
+         "software_sbomType": ["build"], "rootElement": [rootfs]},
+    ]  # fmt: skip
     return {"@context": SPDX3_CONTEXT, "@graph": graph}
 
 
@@ -172,24 +186,57 @@ def write_spdx3(
     return real
 
 
+IMAGE_NAME = f"alma-image-jetson-orin-nano-devkit.rootfs-{STAMP}"
+
+
 def spdx22_tar(
-    licences: dict[str, str], extra: list[tarfile.TarInfo] | None = None, more: dict[str, dict[str, Any]] | None = None
+    licences: dict[str, str],
+    extra: list[tarfile.TarInfo] | None = None,
+    more: dict[str, dict[str, Any]] | None = None,
+    contained: set[str] | None = None,
 ) -> bytes:
     """One package document per licence entry (as create-spdx writes one per package), plus
-    ``more``: document name -> {package: licenseDeclared} for documents with several."""
+    ``more``: document name -> {package: licenseDeclared} for documents with several, and the
+    image's own document (combine_spdx, create-spdx-2.2.bbclass:1013-1072): the package
+    ``SPDXRef-Image-<IMAGE_NAME>``, an externalDocumentRef per package document and a
+    CONTAINS from the image to each package of ``contained`` (default: every package)."""
     buf = io.BytesIO()
     index: dict[str, Any] = {"documents": []}
     docs = {name: {name: lic} for name, lic in licences.items()} | (more or {})
+    image_sid = "SPDXRef-Image-" + IMAGE_NAME.replace("_", "-")
+    image_doc: dict[str, Any] = {
+        "spdxVersion": "SPDX-2.2",
+        "name": IMAGE_NAME,
+        "documentNamespace": f"{NS}/{IMAGE_NAME}-uuid",
+        "packages": [{"SPDXID": image_sid, "name": "alma-image", "versionInfo": "1.0"}],
+        "externalDocumentRefs": [],
+        "relationships": [],
+    }
+    members: dict[str, dict[str, Any]] = {}
+    for name, pkgs in sorted(docs.items()):
+        doc = {
+            "spdxVersion": "SPDX-2.2",
+            "name": name,
+            "documentNamespace": f"{NS}/{name}-uuid",
+            "packages": [{"SPDXID": f"SPDXRef-Package-{pkg}", "name": pkg, "versionInfo": "1.0",
+                          "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}
+                         for pkg, lic in pkgs.items()],
+        }  # fmt: skip
+        members[name] = doc
+        ref = f"DocumentRef-{name}"
+        image_doc["externalDocumentRefs"].append(
+            {"externalDocumentId": ref, "spdxDocument": doc["documentNamespace"],
+             "checksum": {"algorithm": "SHA1", "checksumValue": "0" * 40}}
+        )  # fmt: skip
+        for pkg in pkgs:
+            if contained is None or pkg in contained:
+                image_doc["relationships"].append(
+                    {"spdxElementId": image_sid, "relationshipType": "CONTAINS",
+                     "relatedSpdxElement": f"{ref}:SPDXRef-Package-{pkg}"}
+                )  # fmt: skip
+    members[IMAGE_NAME] = image_doc
     with tarfile.open(fileobj=buf, mode="w|") as tar:
-        for name, pkgs in sorted(docs.items()):
-            doc = {
-                "spdxVersion": "SPDX-2.2",
-                "name": name,
-                "documentNamespace": f"{NS}/{name}-uuid",
-                "packages": [{"SPDXID": f"SPDXRef-Package-{pkg}", "name": pkg, "versionInfo": "1.0",
-                              "licenseDeclared": lic, "licenseConcluded": "NOASSERTION"}
-                             for pkg, lic in pkgs.items()],
-            }  # fmt: skip
+        for name, doc in members.items():
             body = json.dumps(doc, sort_keys=True).encode()
             info = tarfile.TarInfo(f"{name}.spdx.json")
             info.size = len(body)

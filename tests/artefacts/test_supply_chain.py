@@ -513,3 +513,39 @@ def test_a_zstd_bomb_costs_bounded_memory_not_its_inflated_size(project: Path, t
     peak_mb = usage.ru_maxrss / 1024
     assert proc.returncode == 2 and "inflates to more than 1024 MiB; refused" in err.read_text(), err.read_text()
     assert peak_mb < 400, f"peak RSS {peak_mb:.0f} MB for a bomb"
+
+
+@pytest.mark.parametrize("fmt", ["SPDX-2.2", "SPDX-3.0.1"])
+def test_a_package_the_image_does_not_contain_does_not_count(project: Path, alma, fmt: str) -> None:
+    """An SBOM carries more than the image: the 2.2 tarball every document the image's refer to
+    (recipes, runtime, dependencies), SPDX 3 whatever its elements link to. Only what the image
+    package CONTAINS (2.2), or what the rootfs build has as input (3), is the image's."""
+    d = build_deploy(project)
+    lic = {**sf.LICENCES, "orphan": "GPL-3.0-only"}
+    if fmt == "SPDX-2.2":
+        sf.write_spdx22(d.dir, LINK, tar_bytes=sf.spdx22_tar(lic, contained=set(sf.LICENCES)))
+    else:
+        sf.write_spdx3(d.dir, LINK, raw=json.dumps(sf.spdx3_graph(lic, contained=set(sf.LICENCES))).encode())
+    assert alma("verify", d.dir, "--root", project).code == 0
+    facts = _facts(project)
+    assert facts["sbom_format"] == fmt and facts["sbom_package_count"] == len(sf.LICENCES)
+    assert "GPL-3.0-only" not in facts["licences"]
+    assert "1 package(s) nothing in the image contains not counted" in _source(project, "sbom_package_count")
+
+
+def test_an_spdx22_contains_to_a_package_no_document_has_is_refused(project: Path, alma) -> None:
+    d = build_deploy(project)
+    # the same length: the tar's member sizes hold
+    tar = sf.spdx22_tar({"zlib": "Zlib"}).replace(b"zlib:SPDXRef-Package-zlib", b"zlib:SPDXRef-Package-gone")
+    sf.write_spdx22(d.dir, LINK, tar_bytes=tar)
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "the image CONTAINS DocumentRef-zlib:SPDXRef-Package-gone" in r.err, r.err
+
+
+def test_an_spdx3_document_without_the_image_sbom_root_is_refused(project: Path, alma) -> None:
+    d = build_deploy(project)
+    graph = sf.spdx3_graph(sf.LICENCES)
+    graph["@graph"] = [o for o in graph["@graph"] if o["type"] != "software_Sbom"]
+    sf.write_spdx3(d.dir, LINK, raw=json.dumps(graph).encode())
+    r = alma("verify", d.dir, "--root", project)
+    assert r.code == 2 and "no software_Sbom with a rootElement" in r.err, r.err

@@ -67,7 +67,7 @@ def test_branch_instead_of_commit_is_refused(project, fakes, alma):
     code, _, err = alma("build")
     assert code == 2
     assert "not pinned to a full 40-hex commit: bitbake (branch: 2.8)" in err
-    assert "kas lock" in err
+    assert "alma lock" in err
     _nothing_ran(project, fakes)
 
 

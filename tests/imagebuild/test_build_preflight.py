@@ -247,3 +247,29 @@ def test_unwritable_parent_of_a_new_build_dir(project, fakes, probes, alma, tmp_
     probes(access=lambda p, m: False, owner=lambda p: 0)
     code, _, err = alma("build", "--build-dir", tmp_path / "ro" / "alma")
     assert code == 2 and "is not writable by builder" in err
+
+
+def test_a_mirror_owned_by_another_user_names_gits_cause_and_the_safe_directory_fix(tmp_path, probes) -> None:  # type: ignore[no-untyped-def]
+    """A shared mirror another user owns: kas's git (a HOME of its own, no safe.directory) stops
+    with "dubious ownership"; the preflight names that cause, not git's closing "...the
+    repository exists.", and the fix kas can take (GITCONFIG_FILE)."""
+    import subprocess
+
+    from alma.imagebuild.project import RepoPin
+
+    git = require_tool("git")
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the mirror is given another owner (chown)")
+    mirror = tmp_path / "mirror.git"
+    subprocess.run([git, "init", "-q", "--bare", str(mirror)], check=True)
+    for p in (mirror, *mirror.rglob("*")):
+        os.lchown(p, 65534, 65534)
+    pin = RepoPin("bitbake", f"file://{mirror}", "a" * 40, "2.8", tmp_path / "co" / "bitbake")
+    p = probes(ls_remote=pf._ls_remote, env={"PATH": os.environ["PATH"]})
+    [(what, fix)] = pf.unreachable_repos(p, [pin])
+    assert "fatal: detected dubious ownership" in what and "the repository exists" not in what
+    assert f"directory = {mirror}" in fix and "export GITCONFIG_FILE=" in fix
+    cfg = tmp_path / "mirrors.gitconfig"
+    cfg.write_text(f"[safe]\n\tdirectory = {mirror}\n")
+    p = probes(ls_remote=pf._ls_remote, env={"PATH": os.environ["PATH"], "GITCONFIG_FILE": str(cfg)})
+    assert pf.unreachable_repos(p, [pin]) == []  # what kas's git will do with that file in its HOME

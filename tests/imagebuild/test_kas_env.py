@@ -36,7 +36,7 @@ def _postread(call: dict[str, Any]) -> list[str]:
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, probes, **env: str) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.delenv("TMPDIR", raising=False)  # a login's TMPDIR is refused (its own test below)
+    monkeypatch.delenv("TMPDIR", raising=False)  # a login's TMPDIR moves bitbake's output (its own test below)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     probes(ls_remote=pf._ls_remote, env=dict(os.environ))  # the environment alma plans with is kas's
@@ -186,18 +186,20 @@ def test_the_view_resolves_as_kas_own_getters_do(env, data, monkeypatch) -> None
 
 
 @pytest.mark.slow
-def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_so_alma_refuses_it(
+def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_and_the_plan_disk_check_and_verify_follow_it(
     real_kas_project: Path,  # noqa: F811
     tmp_path: Path,
     alma,
     monkeypatch,
     probes,
 ) -> None:
+    from artefacts.alma_deployfix import build_deploy
+
     root = real_kas_project
-    login_tmp = tmp_path / "user-tmp"
-    login_tmp.mkdir()
+    login_tmp = tmp_path / "user" / "tmp"  # bitbake's TMPDIR: <it>-glibc, beside it
+    login_tmp.mkdir(parents=True)
     _env(monkeypatch, probes, TMPDIR=str(login_tmp))
-    # the fact the refusal rests on: real kas hands bitbake the exported TMPDIR, listed for its datastore
+    # the fact the plan rests on: real kas hands bitbake the exported TMPDIR, listed for its datastore
     kas = Path(sys.executable).parent / "kas"
     res = subprocess.run(
         [
@@ -216,17 +218,50 @@ def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_so_alma_refuses_it(
     assert res.returncode == 0, res.stderr
     assert f"T={login_tmp}" in res.stdout
     assert "TMPDIR" in res.stdout.split("P=", 1)[1].split()
-    code, out, err = alma("build")
-    assert code == 2 and f"TMPDIR={login_tmp} is exported" in err and f"{login_tmp}-glibc" in err
-    assert "env -u TMPDIR alma build" in err and _bitbake_calls(tmp_path) == []
+    bb_tmp = f"{login_tmp}-glibc"
+    code, out, err = alma("build", "--dry-run", "--json")
+    assert code == 0, err
+    assert json.loads(out)["tmpdir"] == {"value": bb_tmp, "source": "environment"}
     code, out, _ = alma("build", "--dry-run")
-    assert f"TMPDIR={login_tmp} is exported" in out
-    # a kas file that sets bitbake's TMPDIR itself decides: nothing to refuse
-    (root / "kas" / "tmp.yml").write_text(
-        f'header:\n  version: 14\nlocal_conf_header:\n  tmp: |\n    TMPDIR = "{tmp_path / "bbtmp"}"\n'
-    )
-    code, out, err = alma("build", "--kas-file", "kas/tmp.yml")
+    assert f"TMPDIR (bitbake's build output, deploy dir under it): {bb_tmp}" in out and "env -u TMPDIR" in out
+    # the disk check measures bitbake's TMPDIR's filesystem when it is another than the build tree's
+    small = {str(tmp_path / "user"): 3 * pf.GB}
+    probes(ls_remote=pf._ls_remote, env=dict(os.environ), device=lambda p: 2 if str(p).startswith(bb_tmp) else 1,
+           disk_free=lambda p: small.get(str(pf._existing_parent(p)), 500 * pf.GB))  # fmt: skip
+    code, _, err = alma("build")
+    assert code == 2 and f"free disk at {tmp_path / 'user'}: 3.0 GB, bitbake's TMPDIR {bb_tmp}" in err, err
+    assert "env -u TMPDIR alma build" in err and _bitbake_calls(tmp_path) == []
+    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    code, out, err = alma("build")
     assert code == 0, out + err
+    [bb] = _bitbake_calls(tmp_path)
+    # verify looks where the build put it, whatever the environment verify runs in
+    monkeypatch.delenv("TMPDIR")
+    d = build_deploy(root, topdir=tmp_path / "user")
+    assert str(d.dir).startswith(bb_tmp)
+    code, out, err = alma("verify", "--root", str(root))
+    assert code == 0, out + err
+    assert str(d.dir) in out + err
+    # a kas file that sets bitbake's TMPDIR beats the exported one, as local.conf does
+    (root / "kas" / "tmp.yml").write_text(
+        'header:\n  version: 14\nlocal_conf_header:\n  tmp: |\n    TMPDIR = "${TOPDIR}/bbtmp"\n'
+    )
+    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    code, out, err = alma("build", "--dry-run", "--json", "--kas-file", "kas/tmp.yml")
+    assert json.loads(out)["tmpdir"] == {
+        "value": str(root / "build" / NANO / "bbtmp-glibc"),
+        "source": "kas files local_conf_header",
+    }
+
+
+def test_a_login_tmpdir_whose_parent_is_not_writable_is_refused_with_the_fix(project, alma, probes, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """libpam-tmpdir's TMPDIR is /tmp/user/<uid>: bitbake would create /tmp/user/<uid>-glibc in root's /tmp/user."""
+    locked = tmp_path / "user"
+    locked.mkdir()
+    probes(env={"TMPDIR": str(locked / "1000")}, access=lambda p, m: Path(p) != locked)
+    code, _, err = alma("build")
+    assert code == 2 and f"bitbake's TMPDIR would be {locked}/1000-glibc" in err and f"{locked} is not writable" in err
+    assert "env -u TMPDIR alma build" in err
 
 
 @pytest.mark.slow
@@ -308,3 +343,21 @@ def test_an_exported_kas_machine_alma_has_no_file_for_is_refused_naming_the_vari
     probes(env={"KAS_MACHINE": "qemux86-64"})
     code, _, err = alma("build", "--dry-run")
     assert code == 2 and "KAS_MACHINE=qemux86-64 is exported, but ALMA-OS has no kas/machines/qemux86-64.yml" in err
+
+
+def test_verify_finds_the_recorded_tmpdir_whatever_tmpdir_its_own_login_exports(tmp_path: Path) -> None:
+    from alma.buildtree import TREE_RECORD, build_tree
+
+    root = tmp_path / "alma"
+    mdir = root / "build" / NANO
+    mdir.mkdir(parents=True)
+    bb = tmp_path / "big" / "tmp"  # the build's bitbake TMPDIR (a kas file's, say)
+    (mdir / TREE_RECORD).write_text(json.dumps({"TMPDIR": str(bb)}))
+    deploy = Path(f"{bb}-glibc") / "deploy" / "images" / NANO
+    deploy.mkdir(parents=True)
+    tree = build_tree(root, None, {"TMPDIR": str(tmp_path / "login")})  # libpam-tmpdir at verify time
+    assert tree.deploy_dir(NANO) == deploy
+    assert tree.deploy_dirs(NANO)[0] == Path(f"{tmp_path / 'login'}-glibc/deploy/images/{NANO}")
+    if os.geteuid() == 0:  # a record another user wrote is not taken (a TMPDIR's parent may be shared)
+        os.lchown(mdir / TREE_RECORD, 65534, 65534)
+        assert build_tree(root, None, {}).deploy_dir(NANO) is None

@@ -68,6 +68,10 @@ def test_alma_shell_runs_kas_shell_with_the_plan_and_build_drops_an_old_auto_con
     ]
     assert call["env"]["KAS_BUILD_DIR"] == str(project / "build" / MACHINE)
     assert conf.is_file() and not auto.exists()
+    # a build typed in the shell is verified where it went: the tree is recorded as alma build records it
+    assert json.loads((project / "build" / MACHINE / "alma-build-tree.json").read_text())["KAS_BUILD_DIR"] == str(
+        project / "build" / MACHINE
+    )
     code, _, err = alma("shell", "-c", "false")
     assert code == 1 and "kas shell exited with code 1" in err
 

@@ -224,6 +224,8 @@ class Sbom:
     licences: dict[str, str] = field(default_factory=dict)  # package -> declared licence expression
     other: Path | None = None  # the SBOM of the other format that was not read (named in the facts)
     count: int | None = None  # installed packages, when the format tells them apart from names (SPDX 3 ids)
+    # packages the document holds but no relationship from the image reaches: not this image's
+    uncounted: list[str] = field(default_factory=list)
 
     def by_licence(self) -> dict[str, int]:
         return dict(sorted(Counter(self.licences.values()).items()))
@@ -242,6 +244,37 @@ def _licence(value: Any) -> str:
     return value if isinstance(value, str) else "NOASSERTION"
 
 
+_RELATIONSHIPS = ("Relationship", "LifecycleScopedRelationship")  # spdx30.py: the second is a subclass
+
+
+def _image_packages(
+    roots: list[str], packages: dict[str, str], contains: dict[str, list[str]],
+    made_by: dict[str, list[str]], inputs: dict[str, list[str]],
+) -> set[str]:  # fmt: skip
+    """The installed packages the image reaches from the SBOM's root elements (the rootfs and
+    the image files, spdx30_tasks.py create_image_sbom_spdx 1251-1282): what a root
+    ``contains``, and the ``hasInput`` of the build that ``hasOutput`` it (the rootfs build's
+    inputs are the installed packages, collect_build_package_inputs 1030-1070; the image
+    build's input is the rootfs, create_image_spdx 1232-1245). A package is not walked
+    further: its recipe's build inputs (sources, build dependencies) are not in the image."""
+    found: set[str] = set()
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        found.update(t for t in contains.get(node, ()) if t in packages)
+        for build in made_by.get(node, ()):
+            for t in inputs.get(build, ()):
+                if t in packages:
+                    found.add(t)
+                else:
+                    todo.append(t)
+    return found
+
+
 def read_spdx3(path: Path) -> Sbom:
     data = _read_json_file(path)
     _want(isinstance(data, dict) and isinstance(data.get("@graph"), list), path, 'not SPDX 3 JSON-LD: no "@graph" list')
@@ -251,6 +284,10 @@ def read_spdx3(path: Path) -> Sbom:
     exprs: dict[str, str] = {}
     rels: list[tuple[str, str, list[str]]] = []
     ids: set[str] = set()
+    roots: list[str] = []
+    contains: dict[str, list[str]] = {}
+    made_by: dict[str, list[str]] = {}  # element -> the builds that hasOutput it
+    inputs: dict[str, list[str]] = {}  # build -> its hasInput
     for n, obj in enumerate(data["@graph"]):
         _want(isinstance(obj, dict), path, f"@graph[{n}] is not an object")
         typ, oid = obj.get("type"), obj.get("spdxId", obj.get("@id"))
@@ -267,25 +304,39 @@ def read_spdx3(path: Path) -> Sbom:
             # the image installs counts (SOURCE_PURPOSES, docs/formats.md)
             if purpose not in SOURCE_PURPOSES and "software_downloadLocation" not in obj:
                 packages[oid] = name
+        elif typ == "software_Sbom":
+            root = obj.get("rootElement", [])
+            _want(isinstance(root, list) and all(isinstance(r, str) for r in root), path, f"@graph[{n}]: rootElement")
+            roots += root
         elif typ == "simplelicensing_LicenseExpression":
             expr = obj.get("simplelicensing_licenseExpression")
             _want(isinstance(expr, str) and isinstance(oid, str), path, f"@graph[{n}]: licence expression {expr!r}")
             exprs[oid] = expr
-        elif typ == "Relationship":
+        elif typ in _RELATIONSHIPS:
             kind, frm, to = obj.get("relationshipType"), obj.get("from"), obj.get("to", [])
             _want(isinstance(kind, str) and isinstance(frm, str), path, f"@graph[{n}]: relationship {kind!r}")
             _want(isinstance(to, list) and all(isinstance(t, str) for t in to), path, f"@graph[{n}]: 'to' {to!r}")
             if kind in ("hasDeclaredLicense", "hasConcludedLicense"):
                 rels.append((kind, frm, to))
+            elif kind == "contains":
+                contains.setdefault(frm, []).extend(to)
+            elif kind == "hasOutput":
+                for t in to:
+                    made_by.setdefault(t, []).append(frm)
+            elif kind == "hasInput":
+                inputs.setdefault(frm, []).extend(to)
+    _want(bool(roots), path, "no software_Sbom with a rootElement: not an image SBOM (create-spdx-3.0 writes one)")
     for _k, frm, to in rels:  # a licence that points nowhere is not "no assertion": the document is broken
         missing = [t for t in (frm, *to) if t not in ids]
         _want(not missing, path, f"licence relationship from {frm} refers to missing id(s): {', '.join(missing)}")
-    by_id: dict[str, str] = dict.fromkeys(packages, "NOASSERTION")
+    image = _image_packages(roots, packages, contains, made_by, inputs)
+    by_id: dict[str, str] = {oid: "NOASSERTION" for oid in packages if oid in image}
     for kind in ("hasConcludedLicense", "hasDeclaredLicense"):  # declared wins: applied last
         for k, frm, to in rels:
-            if k == kind and frm in packages and to and to[0] in exprs and exprs[to[0]] != "NOASSERTION":
+            if k == kind and frm in by_id and to and to[0] in exprs and exprs[to[0]] != "NOASSERTION":
                 by_id[frm] = exprs[to[0]]
-    sbom = Sbom(path, "SPDX-3.0.1", count=len(packages))  # two ids are two packages, even with one name
+    sbom = Sbom(path, "SPDX-3.0.1", count=len(by_id))  # two ids are two packages, even with one name
+    sbom.uncounted = sorted({name for oid, name in packages.items() if oid not in image})
     origin: dict[str, str] = {}
     for oid, lic in by_id.items():
         name = packages[oid]
@@ -382,25 +433,65 @@ def _tar_documents(stream: _Inflated, path: Path) -> Iterator[tuple[str, bytes]]
         yield name, body
 
 
-def _spdx22_packages(doc: Any, path: Path, fname: str) -> dict[str, str]:
+IMAGE_PREFIX = "SPDXRef-Image-"  # the image's own package (meta/lib/oe/sbom.py get_image_spdxid)
+
+
+@dataclass
+class _Doc22:
+    """What one SPDX 2.2 document of the tarball says that the facts need (the rest is dropped)."""
+
+    namespace: str | None
+    packages: dict[str, tuple[str, str]]  # SPDXID -> (name, declared licence)
+    image: str | None = None  # the image package's SPDXID: this is the image's document
+    contains: list[str] = field(default_factory=list)  # what the image CONTAINS: [DocumentRef-X:]SPDXRef-…
+    refs: dict[str, str] = field(default_factory=dict)  # externalDocumentId -> spdxDocument (namespace)
+
+
+def _spdx22_doc(doc: Any, path: Path, fname: str) -> _Doc22:
     _want(isinstance(doc, dict) and isinstance(doc.get("packages", []), list), path, f"{fname}: not SPDX 2.2")
-    out: dict[str, str] = {}
+    ns = doc.get("documentNamespace")
+    out = _Doc22(ns if isinstance(ns, str) else None, {})
     for pkg in doc.get("packages", []):
         _want(isinstance(pkg, dict), path, f"{fname}: a package is not an object")
         sid, name = pkg.get("SPDXID"), pkg.get("name")
-        if isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
+        if isinstance(sid, str) and sid.startswith(IMAGE_PREFIX):
+            _want(out.image is None, path, f"{fname}: two image packages ({out.image}, {sid})")
+            out.image = sid
+        elif isinstance(sid, str) and sid.startswith("SPDXRef-Package-"):
             _want(isinstance(name, str), path, f"{fname}: package {sid} has no name")
             lic = pkg.get("licenseDeclared")
             _want(lic is None or isinstance(lic, str), path, f"{fname}: {name}: licenseDeclared {lic!r} is not text")
-            out[name] = _licence(lic)
+            out.packages[sid] = (name, _licence(lic))
+    if out.image is None:
+        return out
+    refs = doc.get("externalDocumentRefs", [])
+    rels = doc.get("relationships", [])
+    _want(isinstance(refs, list) and isinstance(rels, list), path, f"{fname}: externalDocumentRefs/relationships")
+    for ref in refs:
+        _want(isinstance(ref, dict), path, f"{fname}: an externalDocumentRef is not an object")
+        rid, target = ref.get("externalDocumentId"), ref.get("spdxDocument")
+        _want(isinstance(rid, str) and isinstance(target, str), path, f"{fname}: externalDocumentRef {rid!r}")
+        out.refs[rid] = target
+    for rel in rels:
+        _want(isinstance(rel, dict), path, f"{fname}: a relationship is not an object")
+        if rel.get("spdxElementId") == out.image and rel.get("relationshipType") == "CONTAINS":
+            to = rel.get("relatedSpdxElement")
+            _want(isinstance(to, str), path, f"{fname}: CONTAINS {to!r}")
+            out.contains.append(to)
     return out
 
 
 def read_spdx22(path: Path) -> Sbom:
     """The tarball streamed member by member: each document is parsed as it passes (only its
-    packages' names and licences are kept), so memory is one document, whatever the tar holds;
-    index.json (written last, create-spdx-2.2.bbclass:1159-1170) then says which count."""
-    docs: dict[str, dict[str, str]] = {}
+    packages' names and licences, and the image document's CONTAINS, are kept), so memory is
+    one document, whatever the tar holds; index.json (written last,
+    create-spdx-2.2.bbclass:1159-1170) then says which documents are the image's.
+
+    The packages that count are the ones the image package (``SPDXRef-Image-<IMAGE_NAME>``)
+    CONTAINS, through its ``externalDocumentRefs`` (combine_spdx, create-spdx-2.2.bbclass:
+    1060-1072): the tar also holds recipe, runtime and dependency documents, and a package
+    nothing in the image contains is not in the image."""
+    docs: dict[str, _Doc22] = {}
     index: Any = None
     try:
         with path.open("rb") as fh:
@@ -409,26 +500,48 @@ def read_spdx22(path: Path) -> Sbom:
                 if name == "index.json":
                     index = parsed
                 else:
-                    docs[name] = _spdx22_packages(parsed, path, name)
+                    docs[name] = _spdx22_doc(parsed, path, name)
     except OSError as exc:
         raise SbomError(path, f"cannot read: {exc.strerror}") from None
     _want(index is not None, path, "no index.json in the SBOM tarball")
     _want(isinstance(index, dict) and isinstance(index.get("documents"), list), path, "index.json: no documents list")
-    sbom = Sbom(path, "SPDX-2.2")
-    origin: dict[str, str] = {}
+    listed: dict[str, str] = {}  # namespace -> filename, of the documents index.json lists
     for n, entry in enumerate(index["documents"]):
         fname = entry.get("filename") if isinstance(entry, dict) else None
         _want(isinstance(fname, str) and fname in docs, path, f"index.json documents[{n}]: {fname!r} not in tar")
         assert isinstance(fname, str)
-        for name, lic in docs[fname].items():
-            # one package, two licences: merging would drop one of them without a word
-            _want(
-                name not in sbom.licences or sbom.licences[name] == lic,
-                path,
-                f"package {name!r} has two licences: {sbom.licences.get(name)!r} in {origin.get(name)} "
-                f"and {lic!r} in {fname}",
-            )
-            sbom.licences[name], origin[name] = lic, fname
+        if docs[fname].namespace:
+            listed[str(docs[fname].namespace)] = fname
+    images = [f for f in listed.values() if docs[f].image]
+    _want(len(images) == 1, path, f"{len(images)} image documents (a package {IMAGE_PREFIX}…), expected one")
+    image = docs[images[0]]
+    contained: dict[tuple[str, str], None] = {}
+    for to in image.contains:
+        ext, _, sid = to.rpartition(":")
+        fname = listed.get(image.refs.get(ext, "")) if ext else images[0]
+        _want(
+            fname is not None and sid in docs[fname].packages,
+            path,
+            f"{images[0]}: the image CONTAINS {to}, which no document of the tarball has",
+        )
+        assert fname is not None
+        contained[(fname, sid)] = None
+    sbom = Sbom(path, "SPDX-2.2")
+    origin: dict[str, str] = {}
+    for fname, sid in contained:
+        name, lic = docs[fname].packages[sid]
+        # one package, two licences: merging would drop one of them without a word
+        _want(
+            name not in sbom.licences or sbom.licences[name] == lic,
+            path,
+            f"package {name!r} has two licences: {sbom.licences.get(name)!r} in {origin.get(name)} "
+            f"and {lic!r} in {fname}",
+        )
+        sbom.licences[name], origin[name] = lic, fname
+    sbom.uncounted = sorted(
+        {name for f in listed.values() for sid, (name, _) in docs[f].packages.items() if (f, sid) not in contained}
+        - set(sbom.licences)
+    )
     return sbom
 
 
@@ -447,7 +560,11 @@ class SupplyChain:
             src = f"{s.path}: {s.format}"
             fmt_src = src + (f" (this build's; also present, not read: {s.other.resolve().name})" if s.other else "")
             out["sbom_format"] = (s.format, fmt_src)
-            out["sbom_package_count"] = (s.count if s.count is not None else len(s.licences), f"{src} packages")
+            left = f"; {len(s.uncounted)} package(s) nothing in the image contains not counted" if s.uncounted else ""
+            out["sbom_package_count"] = (
+                s.count if s.count is not None else len(s.licences),
+                f"{src} packages the image contains{left}",
+            )
             out["licences"] = (s.by_licence(), f"{src} declared licence per package")
             out["licence_proprietary"] = (s.proprietary(), f"{src}: licences naming Proprietary or LicenseRef-*")
             out["licence_unknown"] = (s.unknown(), f"{src}: NOASSERTION/NONE")

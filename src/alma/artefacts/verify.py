@@ -318,7 +318,7 @@ def _supply_chain_facts(c: _Collect) -> None:
     from alma.artefacts.sbom import read_supply_chain
 
     downloads = c.tree.downloads
-    recorded = recorded_env(c.deploy)
+    recorded = recorded_env(c.deploy, c.tree, c.machine)
     if recorded is not None and c.tree.source("DL_DIR") == "default" and recorded[0].get("DL_DIR"):
         downloads = Path(recorded[0]["DL_DIR"])  # where the build that made this deploy dir had it
     try:

@@ -58,6 +58,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "verify": ("alma.cli.verify", "verify", "Read build artefacts on disk and write the facts manifest."),
     "shell": ("alma.cli.shell", "shell", "kas shell (or -c CMD) with the plan and checks of alma build."),
     "dump": ("alma.cli.dump", "dump", "Print the merged kas config alma build would use (--lock: its pins)."),
+    "checkout": ("alma.cli.checkout", "checkout", "kas checkout: the build's repositories, without building."),
+    "lock": ("alma.cli.lock", "lock", "kas lock [--update]: pin the build's repositories in kas/alma.lock.yml."),
     "gates": ("alma.cli.gates", "gates", "Check or re-render gate documents against the facts manifest."),
     "boards": ("alma.cli.boards", "boards", "List NVIDIA boards on USB (recovery mode, flashing, booted)."),
     "flash": ("alma.cli.flash", "flash", "Verify a bundle, flash it to boards in recovery mode, watch them boot."),

@@ -112,12 +112,21 @@ def _drop_old_auto_conf(plan: BuildPlan) -> None:
         auto.unlink()
 
 
+def _write_tree_record(plan: BuildPlan) -> None:
+    """The directories this run gives kas and bitbake, for alma verify (alma.buildtree.TREE_RECORD)."""
+    record = dict(plan.env)
+    if plan.tree.tmp_dir is not None:  # bitbake's TMPDIR outside TOPDIR: alma verify looks there
+        record["TMPDIR"] = str(plan.tree.tmp_dir)
+    write_atomic(plan.machine_dir / TREE_RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 def shell(plan: BuildPlan, *, env: dict[str, str] | None = None) -> int:
     """``kas shell`` with the plan's files, environment and config: its command exports
     ``BBPOSTCONF`` (bitbake reads it as ``-R``), so bitbake typed in the shell reads the config
     at the same point as ``alma build``'s. Returns the shell's (or ``-c`` command's) exit code."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
+    _write_tree_record(plan)  # a build typed in the shell is verified where it went, as alma build's
     _drop_old_auto_conf(plan)
     full_env = dict(os.environ if env is None else env)
     full_env.update(plan.env)
@@ -185,7 +194,7 @@ def execute(
     bitbake failure or Ctrl-C: the Outcome says what happened (the CLI maps it to exit codes)."""
     plan.machine_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(plan.conf_path, plan.conf_text)
-    write_atomic(plan.machine_dir / TREE_RECORD, json.dumps(plan.env, indent=2, sort_keys=True) + "\n")
+    _write_tree_record(plan)
     _drop_old_auto_conf(plan)
     if plan.request.check:  # a graph left by an earlier run must not pass for this one's
         for name in (BUILDLIST, TASK_DOT):

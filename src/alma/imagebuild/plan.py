@@ -112,6 +112,10 @@ class BuildPlan:
             "env_sources": {k: self.env_source(k) for k in self.env},
             "problems": [{"problem": w, "fix": f} for w, f in self.problems],
             "kas": self.kas_view.to_dict() if self.kas_view else None,
+            "tmpdir": {
+                "value": str(self.tree.bitbake_tmpdir(self.request.machine)),
+                "source": self.tree.source("TMPDIR"),
+            },
         }
 
     def env_source(self, name: str) -> str:
@@ -249,6 +253,23 @@ def kas_sets(kas: KasConfig, *names: str) -> tuple[str, ...]:
     return tuple(n for n in names if re.search(_SETS_VAR.format(re.escape(n)), text, re.M))
 
 
+_TMPDIR_SET = re.compile(r'^[ \t]*(?:export[ \t]+)?TMPDIR[ \t]*:?=[ \t]*"([^"]*)"[ \t]*$', re.M)
+
+
+def kas_tmpdir(kas: KasConfig, topdir: Path) -> tuple[Path | None, str | None]:
+    """bitbake's TMPDIR as the kas files set it in local_conf_header (kas writes the blocks in
+    key order; the last plain assignment wins, and beats an exported TMPDIR): (path, None), or
+    (None, the expression) when it is not a literal path alma can resolve (only ${TOPDIR} is)."""
+    blocks = kas.data.get("local_conf_header") or {}
+    found = [m.group(1) for _k, v in sorted(blocks.items()) if isinstance(v, str) for m in _TMPDIR_SET.finditer(v)]
+    if not found:
+        return None, None
+    value = found[-1].replace("${TOPDIR}", str(topdir))
+    if "${" in value or not value.startswith("/"):
+        return None, found[-1]
+    return Path(value), None
+
+
 def _check_names(req: BuildRequest) -> None:
     for target in req.targets:
         if not _RECIPE.match(target):
@@ -284,6 +305,24 @@ def _distro_problem(view: KasView, kas: KasConfig) -> tuple[str, str] | None:
             "unset KAS_DISTRO (the distro is part of the kas files: kas/alma.yml)",
         )
     return None
+
+
+def _tmpdir_note(tree: BuildTree, machine: str, expr: str | None) -> str:
+    if expr:
+        return (
+            f"TMPDIR: the kas files set bitbake's TMPDIR to {expr!r}, which alma cannot resolve: the disk check "
+            "measures the build tree and alma verify looks there; pass the deploy dir to alma verify"
+        )
+    where = tree.bitbake_tmpdir(machine)
+    if tree.source("TMPDIR") == "environment":
+        why = (
+            "TMPDIR is exported and kas passes it to bitbake (BB_ENV_PASSTHROUGH_ADDITIONS); oe-core appends "
+            "-glibc. A login's TMPDIR (libpam-tmpdir) may be small or cleared at reboot: the disk check measures it; "
+            "to keep the output in the build tree: env -u TMPDIR alma build …"
+        )
+    else:
+        why = "the kas files' local_conf_header sets it; oe-core appends -glibc"
+    return f"TMPDIR (bitbake's build output, deploy dir under it): {where}  ({why})"
 
 
 def bitbake_command(req: BuildRequest, view: KasView, conf_path: Path) -> str:
@@ -332,10 +371,12 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
         )
         raise ConfigError(
             f"repositories not pinned to a full 40-hex commit: {what}; a build must be reproducible",
-            hint="pin them: set commit: <40-hex sha> in the kas file, or run kas lock (then alma lint)",
+            hint="pin them: set commit: <40-hex sha> in the kas file, or run: alma lock (then review the lock)",
         )
     kas_env = {k: str(v) for k, v in (kas.data.get("env") or {}).items() if v is not None}
-    tree = build_tree(project.root, req.build_dir, env, kas_env)
+    topdir = build_tree(project.root, req.build_dir, env, kas_env).machine_dir(req.machine)
+    tmp_from_kas, tmp_expr = kas_tmpdir(kas, topdir)
+    tree = build_tree(project.root, req.build_dir, env, kas_env, tmp_from_kas)
     machine_dir = tree.machine_dir(req.machine)
     conf_path = machine_dir / CONF_NAME
     jobs, make_jobs, notes = choose_jobs(req, probes, kas_sets(kas, "BB_NUMBER_THREADS", "PARALLEL_MAKE"))
@@ -347,6 +388,8 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     ota_text, ota_problem, ota_notes = _with_ota(req, project, kas, machine_dir)  # a cert for a release
     notes += ota_notes
     conf_text += ota_text
+    if tree.tmp_dir is not None or tmp_expr:
+        notes.append(_tmpdir_note(tree, req.machine, tmp_expr))
     rel = [str(f.relative_to(project.root)) for f in files]
     from alma.imagebuild.preflight import _find_kas  # the path kas will really run from
 

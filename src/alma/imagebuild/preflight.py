@@ -81,6 +81,7 @@ DISK_NEED_GB: dict[str, int] = {
 DEFAULT_DISK_NEED_GB = 150
 RM_WORK_SAVES_GB = 60
 CHECK_DISK_NEED_GB = 10  # --check: repositories + parse cache only
+OUTSIDE_TMP_GB = 40  # of a full image's figure: downloads ~15 GB + sstate ~25 GB, in the build tree
 RAM_PER_TASK_GIB = 2  # one compiler process of a big C++ unit; bounds BB_NUMBER_THREADS x PARALLEL_MAKE
 _RM_WORK = re.compile(r"""^\s*INHERIT\s*(?:\+=|\.=|=|\?=|\?\?=|:append\s*=)\s*["'][^"']*\brm_work\b""", re.M)
 LS_REMOTE_TIMEOUT_S = 15.0
@@ -95,6 +96,10 @@ def _existing_parent(path: Path) -> Path:
 
 def _disk_free(path: Path) -> int:
     return shutil.disk_usage(_existing_parent(path)).free
+
+
+def _device(path: Path) -> int:
+    return os.stat(_existing_parent(path)).st_dev
 
 
 def _mem_total(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -128,7 +133,9 @@ def _ls_remote(url: str, timeout: float, env: Mapping[str, str] | None = None) -
     if res.returncode == 0:
         return None
     said = [ln.strip() for ln in res.lines if ln.strip()]
-    return said[-1] if said else f"git ls-remote exited with code {res.returncode}"
+    # the first "fatal:" names the cause; the last line is git's generic "...the repository exists."
+    fatal = [ln for ln in said if ln.startswith(("fatal:", "error:"))]
+    return (fatal or said or [f"git ls-remote exited with code {res.returncode}"])[0]
 
 
 def _owner(path: Path) -> int | None:
@@ -167,6 +174,7 @@ class Probes:
     which: Callable[[str], str | None] = shutil.which
     find_kas: Callable[[], str | None] = _find_kas
     disk_free: Callable[[Path], int] = _disk_free
+    device: Callable[[Path], int] = _device  # the filesystem a path is (or would be) on
     mem_total: Callable[[], int | None] = _mem_total
     cpu_count: Callable[[], int] = lambda: os.cpu_count() or 1
     locales: Callable[[], set[str] | None] = _locales
@@ -282,20 +290,34 @@ def disk_need(plan: BuildPlan) -> DiskNeed:
     return DiskNeed(full, "a full image without rm_work")
 
 
+def _disk_problem(where: Path, free: int, gb: int, who: str, why: str, fix: str) -> Problem:
+    return (f"free disk at {_existing_parent(where)}: {free / GB:.1f} GB, {who} needs ~{gb} GB ({why})",
+            f"free {gb - free / GB:.0f} GB there, or {fix}; if you know this build needs less, set it in "
+            "alma.toml: [build] disk_gb = N")  # fmt: skip
+
+
 def check_disk(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    """The free disk a run needs, where it will be written: bitbake's TMPDIR (the bulk) and the
+    build tree (downloads, sstate), each on its own filesystem when TMPDIR is elsewhere."""
     need = disk_need(plan)
     build_dir = plan.work_dir
-    free = probes.disk_free(build_dir)
-    if free >= need.gb * GB:
-        return []
-    return [
-        (
-            f"free disk at {_existing_parent(build_dir)}: {free / GB:.1f} GB, this build needs ~{need.gb} GB "
-            f"({need.why})",
-            f"free {need.gb - free / GB:.0f} GB there, or build elsewhere: alma build --build-dir /big/disk/alma; "
-            "if you know this build needs less, set it in alma.toml: [build] disk_gb = N",
-        )
-    ]
+    elsewhere = _tmpdir_fix(plan)
+    tmp = plan.tree.bitbake_tmpdir(plan.request.machine)
+    if elsewhere is None or probes.device(tmp) == probes.device(build_dir):
+        parts = [(build_dir, need.gb, "this build", need.why, "build elsewhere: alma build --build-dir /big/disk/alma")]
+    else:
+        rest = OUTSIDE_TMP_GB if need.gb > OUTSIDE_TMP_GB else need.gb
+        tmp_gb = need.gb - rest if need.gb > OUTSIDE_TMP_GB else need.gb
+        parts = [
+            (tmp, tmp_gb, f"bitbake's TMPDIR {tmp}", f"{need.why}, less downloads and sstate", elsewhere),
+            (build_dir, rest, "the build tree", "downloads and sstate", "build elsewhere: alma build --build-dir DIR"),
+        ]
+    found = []
+    for where, gb, who, why, fix in parts:
+        free = probes.disk_free(where)
+        if free < gb * GB:
+            found.append(_disk_problem(where, free, gb, who, why, fix))
+    return found
 
 
 def check_ram(plan: BuildPlan, probes: Probes) -> list[Problem]:
@@ -402,12 +424,14 @@ def kas_git_env(env: Mapping[str, str], home: Path) -> dict[str, str]:
     return out
 
 
-def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S) -> list[Problem]:
-    """Every repository kas would clone, asked as kas's git will ask: through KAS_PREMIRRORS,
-    with kas's HOME and gitconfig."""
+def unreachable_repos(
+    probes: Probes, repos: list[RepoPin], timeout: float = LS_REMOTE_TIMEOUT_S, every: bool = False
+) -> list[Problem]:
+    """Every repository kas would clone (``every``: fetch, as --update does), asked as kas's git
+    will ask: through KAS_PREMIRRORS, with kas's HOME and gitconfig."""
     import tempfile
 
-    todo = [r for r in repos if r.url and not r.checked_out]
+    todo = [r for r in repos if r.url and (every or not r.checked_out)]
     if not todo:
         return []
     mirrors = probes.env.get("KAS_PREMIRRORS", "")
@@ -426,7 +450,13 @@ def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_
         if err is None:
             continue
         via = f" (premirror {url})" if url != repo.url else ""
-        if rewrites and not probes.env.get("GITCONFIG_FILE"):
+        if "dubious ownership" in err:  # a mirror owned by another user: kas's git has no safe.directory
+            path = url.removeprefix("file://")
+            fix = (
+                f"kas runs git with a HOME of its own: add '[safe]' 'directory = {path}' to a gitconfig and "
+                f"export GITCONFIG_FILE=<that file> (kas copies it into its HOME), or own the mirror as this user"
+            )
+        elif rewrites and not probes.env.get("GITCONFIG_FILE"):
             fix = (
                 f"kas runs git with a HOME of its own and does not read {user_cfg} (its url.insteadOf rules "
                 f"among it): export GITCONFIG_FILE={user_cfg}"
@@ -436,29 +466,40 @@ def unreachable_repos(probes: Probes, repos: list[RepoPin], timeout: float = LS_
                 f"allow git access to {url} (proxy: export https_proxy=...), or point kas at a mirror: "
                 f"export KAS_PREMIRRORS='{re.escape(str(repo.url))} file:///path/to/mirror.git'"
             )
-        problems.append((f"repository {repo.repo_id} ({repo.url}){via} is not checked out and cannot be "
+        state = "" if repo.checked_out else " is not checked out and"
+        problems.append((f"repository {repo.repo_id} ({repo.url}){via}{state} cannot be "
                          f"reached by kas's git: {err}", fix))  # fmt: skip
     return problems
 
 
-def check_tmpdir(plan: BuildPlan, probes: Probes) -> list[Problem]:
-    """An exported TMPDIR (libpam-tmpdir sets one at login) reaches bitbake: kas forwards it and
-    lists it in BB_ENV_PASSTHROUGH_ADDITIONS (kas/libkas.py get_build_environ), so it becomes
-    bitbake's TMPDIR variable, the whole build output (~110 GB), plus oe-core's TCLIBCAPPEND
-    (defaultsetup.conf: "-glibc"), instead of the build tree that the disk check measured and
-    ``alma verify`` reads. Refused unless the kas files set TMPDIR themselves (local.conf wins)."""
-    from alma.imagebuild.plan import kas_sets
+def _tmpdir_fix(plan: BuildPlan) -> str | None:
+    """How to move bitbake's TMPDIR when it is outside the build tree (None: it is inside)."""
+    source = plan.tree.source("TMPDIR")
+    if plan.tree.tmp_dir is None:
+        return None
+    if source == "environment":
+        return "keep the build output in the build tree: env -u TMPDIR alma build …"
+    return "set TMPDIR in the kas file's local_conf_header to a directory on a disk with room"
 
-    exported = probes.env.get("TMPDIR")
-    if not exported or kas_sets(plan.kas, "TMPDIR"):
+
+def check_tmpdir(plan: BuildPlan, probes: Probes) -> list[Problem]:
+    """bitbake's TMPDIR outside the build tree (an exported TMPDIR, which kas passes to bitbake,
+    or the kas files'): bitbake creates ``<TMPDIR>-glibc``, so its parent must be writable by
+    the build user. A login's TMPDIR from libpam-tmpdir (/tmp/user/<uid>) is not: /tmp/user
+    is root's."""
+    fix = _tmpdir_fix(plan)
+    if fix is None:
         return []
-    ours = plan.tree.tmp_dirs(plan.request.machine)[0]
+    tmp = plan.tree.bitbake_tmpdir(plan.request.machine)
+    target = _existing_parent(tmp)
+    if probes.access(target, os.W_OK | os.X_OK):
+        return []
+    uid = probes.euid()
     return [
         (
-            f"TMPDIR={exported} is exported (libpam-tmpdir sets one at login): kas passes it to bitbake, whose "
-            f"TMPDIR (the build output, ~110 GB) would become {exported}-glibc instead of {ours}, which the disk "
-            "check measures and alma verify reads",
-            "run without it: env -u TMPDIR alma build …  (or set TMPDIR in a kas file's local_conf_header)",
+            f"bitbake's TMPDIR would be {tmp} ({plan.tree.source('TMPDIR')} TMPDIR {plan.tree.tmp_dir}, plus "
+            f"oe-core's -glibc), but {target} is not writable by {probes.user_name(uid)}: bitbake would stop there",
+            fix,
         )
     ]
 
