@@ -254,10 +254,16 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 
 
 def yield_latency(
-    poll: float, trials: int, tools: Path = TOOLS, flood: int = 0, extra: dict[str, object] | None = None
+    poll: float,
+    trials: int,
+    tools: Path = TOOLS,
+    flood: int = 0,
+    extra: dict[str, object] | None = None,
+    cpu: list[float] | None = None,
 ) -> list[float]:
     """Latencies (s) from owner activity becoming visible to the job being stopped. ``flood``:
-    the job first makes that many empty files in its HOME; ``tools``: the agent's tree."""
+    the job first makes that many empty files in its HOME; ``tools``: the agent's tree;
+    ``cpu`` gets the agent's share of one core over the trials (schedstat)."""
     base = Path(tempfile.mkdtemp(prefix=f"bench-idlegrid-{poll}-"))
     root = fake_root(base)
     queue = base / "queue.db"
@@ -281,6 +287,8 @@ def yield_latency(
         while flood and "hashchain.py" not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
             time.sleep(0.05)  # still flooding: the trials start with HOME full
         for _ in range(trials):
+            if cpu is not None and not cpu:
+                cpu.extend([cpu_seconds(agent.pid), time.monotonic()])
             while proc_state(pid) == "T":  # wait until it runs again (owner away)
                 time.sleep(0.001)
             time.sleep(random.uniform(0, poll))  # owner arrives at a random phase of the poll
@@ -290,6 +298,8 @@ def yield_latency(
                 time.sleep(0.0005)
             out.append(time.time() - t0)
             os.utime(pts, (t0 - 3600, t0 - 3600))  # the owner leaves again
+        if cpu is not None:
+            cpu[:] = [(cpu_seconds(agent.pid) - cpu[0]) / (time.monotonic() - cpu[1])]
     finally:
         agent.terminate()
         try:
@@ -454,10 +464,12 @@ def print_flood(revs: list[str], files: int, trials: int) -> None:
     print(f"owner-return stop with {files} empty files in HOME, {trials} trials each, git {', '.join(revs)} vs now ...")
     print(f"  load average before: {load}")
     base = Path(tempfile.mkdtemp(prefix="eran-flood-old-"))
-    runs: list[tuple[str, list[float]]] = []
+    runs: list[tuple[str, list[float], list[float]]] = []
     try:
         # Today's inode cap would end the flooding job: raise it past the flood for the measure.
-        runs.append(("now", yield_latency(0.2, trials, flood=files, extra={"job_disk_max_inodes": files * 2})))
+        cpu: list[float] = []
+        now = yield_latency(0.2, trials, flood=files, extra={"job_disk_max_inodes": files * 2}, cpu=cpu)
+        runs.append(("now", now, cpu))
         for rev in revs:
             try:
                 tar = subprocess.run(
@@ -474,15 +486,19 @@ def print_flood(revs: list[str], files: int, trials: int) -> None:
                 if "job_disk_max_inodes" in (tools / "erangrid/config.py").read_text()
                 else {}
             )
-            runs.append((f"before ({rev})", yield_latency(0.2, trials, tools=tools, flood=files, extra=extra)))
+            cpu = []
+            runs.append(
+                (f"before ({rev})", yield_latency(0.2, trials, tools=tools, flood=files, extra=extra, cpu=cpu), cpu)
+            )
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    for name, v in runs:
+    for name, v, c in runs:
         p50, p99, top = pct(v, 50) * 1e3, pct(v, 99) * 1e3, max(v) * 1e3
-        print(f"  {name:18s} p50 {p50:6.0f} ms  p99 {p99:6.0f} ms  max {top:6.0f} ms")
+        share = f"agent CPU {c[0] * 100:.1f} % of a core" if c else ""
+        print(f"  {name:18s} p50 {p50:6.0f} ms  p99 {p99:6.0f} ms  max {top:6.0f} ms  {share}")
     now = runs[0][1]
     p99 = pct(now, 99)
-    for name, v in runs[1:]:
+    for name, v, _ in runs[1:]:
         print(f"  ratio {name} / now: p50 {pct(v, 50) / pct(now, 50):.1f}x, p99 {pct(v, 99) / p99:.1f}x")
     print(f"  target p99 <= 250 ms: {'MET' if p99 <= 0.25 else 'MISSED'}")
     print(f"  load average after: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
