@@ -25,6 +25,7 @@ UNITS = (
     "alma-fabric-network.service",
     "alma-board-issue.service",
     "eran-grid.service",
+    "alma-ota-settle.service",  # alma-ota-settle.timer starts this same service
 )
 
 
