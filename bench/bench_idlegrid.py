@@ -34,6 +34,10 @@ polling intervals.
    run: 06d5aae (the whole HOME walked every 5 slow polls, before the owner check) and
    c1fa732 (the walk incremental and after the owner check; the owner seen only at a poll).
    Target p99 <= 0.25 s. ``--only flood`` runs this section alone.
+6. Owner-return stop by a login without a terminal (``ssh board cmd``), over --login-trials:
+   the bench renames a logind session file in (as logind does) at a random phase of the
+   1 s slow poll, measured to the job stopped; the anchor is c1fa732's agent (sessions read once per
+   slow poll, 1 s). ``--only login`` runs this section alone.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ FLOOD_REVS = ["06d5aae", "c1fa732"]  # the walk before the owner check; the owne
 
 def fake_root(base: Path) -> Path:
     root = base / "root"
-    for d in ("sys/class/power_supply/ADP1", "sys/class/thermal/thermal_zone0", "dev/pts", "run"):
+    for d in ("sys/class/power_supply/ADP1", "sys/class/thermal/thermal_zone0", "dev/pts", "run/systemd/sessions"):
         (root / d).mkdir(parents=True)
     (root / "sys/class/power_supply/ADP1/type").write_text("Mains\n")
     (root / "sys/class/power_supply/ADP1/online").write_text("1\n")
@@ -261,10 +265,13 @@ def yield_latency(
     flood: int = 0,
     extra: dict[str, object] | None = None,
     cpu: list[float] | None = None,
+    login: bool = False,
 ) -> list[float]:
     """Latencies (s) from owner activity becoming visible to the job being stopped. ``flood``:
     the job first makes that many empty files in its HOME; ``tools``: the agent's tree;
-    ``cpu`` gets the agent's share of one core over the trials (schedstat)."""
+    ``cpu`` gets the agent's share of one core over the trials (schedstat); ``login``: the
+    owner logs in without a terminal (a logind session file renamed in, as logind does)
+    instead of typing into an open one."""
     base = Path(tempfile.mkdtemp(prefix=f"bench-idlegrid-{poll}-"))
     root = fake_root(base)
     queue = base / "queue.db"
@@ -282,6 +289,7 @@ def yield_latency(
         stderr=subprocess.DEVNULL,
     )
     pts = root / "dev/pts/0"
+    sessions = root / "run/systemd/sessions"
     out: list[float] = []
     try:
         pid = find_pid(marker, timeout=600 if flood else 20)
@@ -292,13 +300,21 @@ def yield_latency(
                 cpu.extend([cpu_seconds(agent.pid), time.monotonic()])
             while proc_state(pid) == "T":  # wait until it runs again (owner away)
                 time.sleep(0.001)
-            time.sleep(random.uniform(0, poll))  # owner arrives at a random phase of the poll
+            # the owner arrives at a random phase of the poll (of the slow poll for a login: the
+            # agent before owner_poll read sessions only then, and resumed the job just after one)
+            time.sleep(random.uniform(0, 1.0 if login else poll))
             t0 = time.time()
-            os.utime(pts, (t0, t0))  # what the kernel does to the tty on a keystroke
+            if login:
+                tmp = sessions / ".#c1"
+                tmp.write_text(f"UID=1000\nACTIVE=1\nSTATE=active\nTYPE=tty\nCLASS=user\nREALTIME={int(t0 * 1e6)}\n")
+                os.replace(tmp, sessions / "c1")  # what logind does at a login
+            else:
+                os.utime(pts, (t0, t0))  # what the kernel does to the tty on a keystroke
             while proc_state(pid) != "T":
                 time.sleep(0.0005)
             out.append(time.time() - t0)
-            os.utime(pts, (t0 - 3600, t0 - 3600))  # the owner leaves again
+            (sessions / "c1").unlink(missing_ok=True)  # the owner leaves again
+            os.utime(pts, (t0 - 3600, t0 - 3600))
         if cpu is not None:
             cpu[:] = [(cpu_seconds(agent.pid) - cpu[0]) / (time.monotonic() - cpu[1])]
     finally:
@@ -505,6 +521,39 @@ def print_flood(revs: list[str], files: int, trials: int) -> None:
     print(f"  load average after: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
+def print_login(revs: list[str], trials: int) -> None:
+    """The owner logs in without a terminal (``ssh board cmd``: a logind session, no pts):
+    login -> job stopped, now vs each rev's agent, same job and machine, one run."""
+    import io
+    import tarfile
+
+    print(f"owner-return stop by a login without a terminal, {trials} trials each, git {', '.join(revs)} vs now ...")
+    print(f"  load average before: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+    base = Path(tempfile.mkdtemp(prefix="eran-login-old-"))
+    runs = [("now", yield_latency(0.2, trials, login=True))]
+    try:
+        for rev in revs:
+            tar = subprocess.run(
+                ["git", "archive", rev, "tools/idlegrid", "tools/board"], cwd=REPO, capture_output=True, check=True
+            )
+            with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as tf:
+                tf.extractall(base / rev, filter="data")
+            runs.append(
+                (f"before ({rev})", yield_latency(0.2, trials, tools=base / rev / "tools/idlegrid", login=True))
+            )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    for name, v in runs:
+        print(
+            f"  {name:18s} p50 {pct(v, 50) * 1e3:6.0f} ms  p99 {pct(v, 99) * 1e3:6.0f} ms  max {max(v) * 1e3:6.0f} ms"
+        )
+    now = runs[0][1]
+    for name, v in runs[1:]:
+        print(f"  ratio {name} / now: p50 {pct(v, 50) / pct(now, 50):.1f}x, p99 {pct(v, 99) / pct(now, 99):.1f}x")
+    print(f"  target p99 <= 250 ms: {'MET' if pct(now, 99) <= 0.25 else 'MISSED'}")
+    print(f"  load average after: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=200)
@@ -521,10 +570,14 @@ def main() -> None:
         action="append",
         help="an ERAN-GRID to compare (git rev; repeatable); default 06d5aae (before issue 28) and c1fa732",
     )
-    ap.add_argument("--only", choices=["startup", "flood"], help="run one section alone")
+    ap.add_argument("--login-trials", type=int, default=40)
+    ap.add_argument("--only", choices=["startup", "flood", "login"], help="run one section alone")
     args = ap.parse_args()
     if args.only == "startup":
         print_startup(args.old_rev, args.startup)
+        return
+    if args.only == "login":
+        print_login(args.flood_rev or FLOOD_REVS[1:], args.login_trials)
         return
     if args.only == "flood":
         print_flood(args.flood_rev or FLOOD_REVS, args.flood_files, args.flood_trials)
@@ -590,6 +643,8 @@ def main() -> None:
         print_startup(args.old_rev, args.startup)
     if args.flood_trials > 0:
         print_flood(args.flood_rev or FLOOD_REVS, args.flood_files, args.flood_trials)
+    if args.login_trials > 0:
+        print_login(args.flood_rev or FLOOD_REVS[1:], args.login_trials)
 
 
 if __name__ == "__main__":
