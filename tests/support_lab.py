@@ -78,6 +78,12 @@ def sh(b: lab.Board, *argv: str, check: bool = True, timeout: float = 60) -> str
     return "\n".join(b.exec(list(argv), check=check, timeout=timeout).lines)
 
 
+def journal(b: lab.Board, unit: str, lines: int = 80) -> str:
+    """The tail of a unit's journal inside the board: what a failing wait shows."""
+    out = sh(b, "journalctl", "-o", "short-precise", "--no-pager", "-n", str(lines), "-u", unit, check=False)
+    return f"journal of {unit}:\n{out}"
+
+
 @pytest.fixture(scope="module")
 def lab_board() -> Iterator[lab.Board]:
     with virtual_lab(1) as (_, boards):

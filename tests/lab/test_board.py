@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support import run_cli
-from support_lab import require_lab, sh, wait_for
+from support_lab import journal, require_lab, sh, wait_for
 
 from alma.lab import board as lab
 
@@ -25,6 +25,7 @@ UNITS = (
     "alma-fabric-network.service",
     "alma-board-issue.service",
     "eran-grid.service",
+    "alma-ota-settle.service",  # alma-ota-settle.timer starts this same service
 )
 
 
@@ -123,7 +124,8 @@ def test_the_guard_freezes_alma_work_slice_for_real(lab_board: lab.Board) -> Non
             lab_board, "cat", "/sys/fs/cgroup/alma.slice/alma-work.slice/" + unit + ".service/cgroup.procs"
         )
         guard = json.loads(sh(lab_board, "cat", "/run/alma-guard/state.json"))
-        assert guard["shedding"] is True and "tj-thermal" in guard["reason"]
+        why = f"{guard}\n{journal(lab_board, 'alma-guard')}"
+        assert guard["shedding"] is True and "tj-thermal" in guard["reason"], why
     finally:
         lab_board.heat("tj", 45)
         sh(lab_board, "systemctl", "kill", "--signal=SIGKILL", unit, check=False)

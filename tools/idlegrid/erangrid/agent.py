@@ -89,7 +89,7 @@ class Sensors:
         self._heat = thermal.Heat(False, "")
         self.zones = thermal.ZoneWatch(cfg.machine.thermal, cfg.plausibility)
         self._on_ac = True
-        self._sessions = presence.Activity(None, "")
+        self.sessions = presence.SessionWatch(cfg.machine.sessions, monotonic=monotonic)
         self._boot = boot_id(cfg.machine.proc / "sys/kernel/random/boot_id")
 
     def read(self, job_pgid: int | None = None) -> Conditions:
@@ -98,6 +98,7 @@ class Sensors:
         cfg, m = self.cfg, self.cfg.machine
         now = self.clock()
         mono = self._monotonic()
+        owner = self.owner(now)
         if mono >= self._slow_next:
             self._slow_next = mono + cfg.slow_poll * 0.999
             heat = thermal.zone_heat(self.zones.read(mono), cfg.max_temp_c, cfg.zone_max_c)
@@ -105,24 +106,30 @@ class Sensors:
                 heat = thermal.guard_heat(m.guard_state, cfg.guard_stale_after, cfg.require_guard, now, boot=self._boot)
             self._heat = heat
             self._on_ac = power.on_ac(m.power_supply)
-            # A login makes a pts (seen every poll); the session files add graphical seats.
-            self._sessions = presence.session_activity(m.sessions, now)
             if cfg.cpu_busy < 1.0:
                 self.cpu_share = self.cpu.sample(job_pgid)
                 if self.cpu_share is not None and self.cpu_share > cfg.cpu_busy:
                     self.cpu_busy_at = now
-        if mono >= self._ttys_next:  # consoles come and go rarely; /dev/pts is rescanned every poll
+                    owner = self.owner(now)
+        return Conditions(self._on_ac, self._heat, owner, now)
+
+    def owner(self, now: float) -> presence.Activity:
+        """The owner's latest activity: terminals and logind sessions as they are now (a stat
+        each while nothing changed), CPU load as of the last slow poll. Cheap enough to ask
+        between polls (:meth:`Agent.run`)."""
+        m = self.cfg.machine
+        mono = self._monotonic()
+        if mono >= self._ttys_next:  # consoles come and go rarely; /dev/pts is rescanned every time
             self._ttys_next = mono + 5.0
-            self._vts = presence.consoles(m.dev, cfg.include_serial_ttys)
+            self._vts = presence.consoles(m.dev, self.cfg.include_serial_ttys)
         tty = presence.tty_activity(presence.pseudo_terminals(m.dev_pts) + self._vts)
-        sess = self._sessions
+        sess = self.sessions.read(now)
         cpu = presence.Activity(self.cpu_busy_at, f"cpu {100 * (self.cpu_share or 0):.0f} %")
-        latest = max(
+        return max(
             (a for a in (tty, sess, cpu) if a.at is not None),
             key=lambda a: a.at or 0.0,
             default=presence.Activity(None, ""),
         )
-        return Conditions(self._on_ac, self._heat, latest, now)
 
 
 def resolve_stranger(job_user: str) -> Stranger | None:
@@ -630,6 +637,11 @@ class Agent:
     def _decide_running(self, cond: Conditions, job_id: str) -> str:
         assert self.proc is not None and self.lease is not None
         now = cond.now
+        reason = self.blocking_reason(cond)
+        if reason.startswith("coordinator"):
+            reason = ""  # the job computes locally; the lease check below decides when to stop
+        if reason and self.term_sent_at is None and not self.proc.stopped:
+            self._pause(job_id, reason, now)  # before the heartbeat: its checkpoint and fsync can wait
         if now - self.last_hb >= self.cfg.lease_ttl / 3:
             self._heartbeat(now)
             if self.proc is None:
@@ -643,15 +655,9 @@ class Agent:
                 return f"yielded job {job_id}: killed after {ago(self.cfg.grace)} grace"
             return f"vacating job {job_id} ({self.pause_reason}): waiting for its checkpoint"
 
-        reason = self.blocking_reason(cond)
-        if reason.startswith("coordinator"):
-            reason = ""  # the job computes locally; the lease check above decides when to stop
         if reason:
             if not self.proc.stopped:
-                self.proc.stop()
-                self.paused_since = now
-                self.stats["pauses"] += 1
-                self.log(f"job {job_id} paused: {reason}")
+                self._pause(job_id, reason, now)
             self.pause_reason = reason
             assert self.paused_since is not None
             if now - self.paused_since >= self.cfg.vacate_after:
@@ -671,6 +677,13 @@ class Agent:
                 f"{iso(self.lease_valid_until)})"
             )
         return line
+
+    def _pause(self, job_id: str, reason: str, now: float) -> None:
+        assert self.proc is not None
+        self.proc.stop()
+        self.paused_since = now
+        self.stats["pauses"] += 1
+        self.log(f"job {job_id} paused: {reason}")
 
     def _heartbeat(self, now: float) -> None:
         assert self.lease is not None and self.proc is not None
@@ -822,12 +835,37 @@ class Agent:
         An idle agent wakes ten times less often."""
         return self.cfg.poll if self.proc is not None else max(self.cfg.poll, self.cfg.idle_poll)
 
+    def owner_back(self) -> bool:
+        """Is the owner active now, with a job running? Terminals and logind sessions only (a
+        stat each): what :meth:`run` asks every ``owner_poll`` between two polls."""
+        if self.proc is None or self.proc.stopped or self.term_sent_at is not None:
+            return False
+        now = self.clock()
+        act = self.sensors.owner(now)
+        return act.at is not None and now - act.at < self.cfg.idle_after
+
+    def wait(self, until: float, should_stop: Callable[[], bool], sleep: Callable[[float], None]) -> None:
+        """Sleep until the monotonic time ``until``. While a job runs, look for the owner every
+        ``owner_poll`` meanwhile: his return starts the next poll at once, so the stop waits
+        for an owner check, not for a whole poll (the walk of HOME, the heartbeat and the slow
+        sensors keep the poll's pace)."""
+        while True:
+            left = until - self._monotonic()
+            if left <= 0 or should_stop():
+                return
+            if self.proc is None or self.proc.stopped or left <= self.cfg.owner_poll:
+                sleep(left)
+                return
+            sleep(self.cfg.owner_poll)
+            if self.owner_back():
+                return
+
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> None:
         self.start()
         last = ""
         try:
             while not should_stop():
-                t0 = time.monotonic()
+                t0 = self._monotonic()
                 try:
                     line = self.step()
                 except CoordinatorUnreachable as exc:
@@ -836,7 +874,7 @@ class Agent:
                 if line != last:
                     self.log(line)
                     last = line
-                sleep(max(0.0, self.interval() - (time.monotonic() - t0)))
+                self.wait(t0 + self.interval(), should_stop, sleep)
         finally:
             self.shutdown()
 

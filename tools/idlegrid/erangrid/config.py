@@ -76,6 +76,9 @@ class Config:
     enabled: bool = False
     node: str = field(default_factory=socket.gethostname)
     poll: float = 0.2  # seconds between polls; the owner's return is acted on within one
+    # While a job runs, terminals and logind sessions alone are looked at this often between
+    # polls (a stat each); the owner's return starts the next poll at once.
+    owner_poll: float = 0.05
     slow_poll: float = 1.0  # power, heat, guard state, CPU load and our own fds: every this often
     idle_poll: float = 2.0  # how often an agent without a job wakes (nothing to stop, so no rush)
     idle_after: float = 180.0  # owner idle this long before a job is claimed or resumed
@@ -143,6 +146,7 @@ _FIELDS: F.Schema = {
     "enabled": F.boolean(),
     "node": F.string(max_len=253),
     "poll": F.duration(0.01, 5.0),
+    "owner_poll": F.duration(0.01, 5.0),
     "slow_poll": F.duration(0.0, 3600.0),  # 0: every poll
     "idle_poll": F.duration(0.0, 3600.0),  # never below poll (the agent takes the larger)
     "idle_after": F.duration(0.0),

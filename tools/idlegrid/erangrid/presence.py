@@ -5,7 +5,9 @@
   ignored by default (a console cable left attached is not an owner).
 * logind sessions (``/run/systemd/sessions/*``, where present): a login's start time is
   activity, and an active graphical session counts as the owner present, because its input is
-  only visible through input devices, which we never open.
+  only visible through input devices, which we never open. :class:`SessionWatch` looks at the
+  directory every poll (one stat) and re-reads the files only when it changed, so a login
+  without a terminal (``ssh board cmd``, a graphical seat) is seen as soon as a new pts is.
 * non-grid CPU load: all CPU time in ``/proc/stat`` minus our job's own (``/proc/PID/stat`` of
   every process in the job's process group) above ``cpu_busy`` of all cores.
 """
@@ -69,11 +71,17 @@ def tty_activity(paths: list[str]) -> Activity:
 def session_activity(sessions: Path, now: float) -> Activity:
     """logind's session files are logind's private format: read only the few keys that have
     been stable for a decade and treat anything else as absent."""
+    graphical, latest = _read_sessions(sessions)
+    return Activity(now, f"graphical session {graphical}") if graphical else latest
+
+
+def _read_sessions(sessions: Path) -> tuple[str, Activity]:
+    """(an active graphical session's name or '', the latest login's start)."""
     best = Activity(None, "")
     try:
         names = os.listdir(sessions)
     except OSError:
-        return best
+        return "", best
     for name in names:
         if name.endswith(".ref"):
             continue
@@ -85,14 +93,48 @@ def session_activity(sessions: Path, now: float) -> Activity:
         if keys.get("CLASS", "user") != "user" or keys.get("STATE") == "closing":
             continue
         if keys.get("TYPE") in _GRAPHICAL and keys.get("ACTIVE") == "1":
-            return Activity(now, f"graphical session {name}")
+            return name, best
         try:
             started = int(keys.get("REALTIME", "0")) / 1e6
         except ValueError:
             continue
         if started and (best.at is None or started > best.at):
             best = Activity(started, f"session {name}")
-    return best
+    return "", best
+
+
+class SessionWatch:
+    """:func:`session_activity` at the cost of one stat while nothing changed. logind writes
+    each session file to a temporary name and renames it in (and unlinks it at logout), so
+    every login, logout and state change moves the directory's mtime; the files are read
+    again only then (and every ``refresh`` seconds, should a change ever land in place).
+
+    The sessions used to be read once per slow poll (1 s) and judged every poll against that
+    copy: between two reads a login's age crossed ``idle_after`` and the job resumed under an
+    owner who kept logging in, so its pause never lasted ``vacate_after``."""
+
+    def __init__(self, sessions: Path, refresh: float = 5.0, monotonic=time.monotonic) -> None:
+        self.sessions = sessions
+        self.refresh = refresh
+        self.monotonic = monotonic
+        self._key: tuple[int, int, int] | None = None
+        self._next = float("-inf")
+        self._graphical = ""
+        self._latest = Activity(None, "")
+
+    def read(self, now: float) -> Activity:
+        try:
+            st = os.stat(self.sessions)
+            key: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            key = None
+        mono = self.monotonic()
+        if key is None or key != self._key or mono >= self._next:
+            self._key, self._next = key, mono + self.refresh
+            self._graphical, self._latest = _read_sessions(self.sessions)
+        if self._graphical:
+            return Activity(now, f"graphical session {self._graphical}")
+        return self._latest
 
 
 class CpuLoad:
