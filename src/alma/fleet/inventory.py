@@ -28,7 +28,7 @@ A TOML file (default ``~/.config/alma/fleet.toml``, or ``$ALMA_FLEET``)::
     reserve = "4GiB"                 # inspect: budget = available - reserve
     links = [{ iface = "eth1", speed = 10000 }]
 
-Errors name the file and line (tomllib's own position for syntax errors, the line of the
+Errors name the file and line (tomllib's line for syntax errors, the line of the
 offending ``name =`` for semantic ones) and exit 2 through ``ConfigError``.
 """
 
@@ -289,7 +289,7 @@ def _parse_ssh(raw: Any, src: _Source, base: Path) -> SshConfig:
 
 def parse_fleet(text: str, path: Path) -> Fleet:
     src = _Source(path, text)
-    # tomllib's message already carries "(at line N, column M)"; deep nesting is refused too
+    # a syntax error names tomllib's line (file:line:); deep nesting is refused too
     data = loader.loads_toml(text, path, hint=f"fix the TOML syntax in {path}", label="invalid TOML")
 
     known_top = {"ssh", "health", "panel", "node", "alert"}
