@@ -1,4 +1,4 @@
-"""The guard's invariants of issue 19, each attacked as a hostile tester did (each test failed
+"""The guard's trust invariants, each attacked as a hostile tester did (each test failed
 on the code before the fix): zones are keyed by sysfs path (a vanished ``soc-thermal`` whose
 sibling is ``soc-thermal#1`` stays blocking), a failed thaw is retried until thawed and shown
 as an error, freshness runs on CLOCK_BOOTTIME (wall-clock steps either way are harmless for
@@ -24,7 +24,7 @@ from almaboard.paths import Paths
 from almaguard import pause
 from almaguard.health import HEALTH_DEFAULTS, Context, run_checks
 from almaguard.pause import Pauser, frozen
-from support_guard import ALMA_GUARD, Clock, FakeBoard, make_guard, orin_zones, remove_zone
+from support_guard import ALMA_GUARD, Clock, FakeBoard, make_guard, orin_zones, polls, remove_zone
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,24 +43,13 @@ MUTANT = os.environ.get("ALMA_GUARD_MUTANT", "")
 @pytest.fixture(autouse=True)
 def _mutant(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ALMA_GUARD_MUTANT`` (bench/mutants_guard.py) patches one rule out: these attacks
-    must catch every mutant of issue 19's invariants."""
+    must catch every mutant of these invariants."""
     name = MUTANT
     if name:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from test_guard_faults import apply_mutant  # type: ignore[import-not-found]
 
         apply_mutant(name, monkeypatch)
-
-
-def polls(guard, clock: Clock, seconds: float) -> list[str]:
-    out = []
-    end = clock.t + seconds
-    while clock.t < end:
-        clock.t += 1.0
-        a = guard.step(clock.t)
-        if a:
-            out.append(a)
-    return out
 
 
 # -- zones by path, never by type ----------------------------------------------------------
