@@ -1,4 +1,4 @@
-"""Per-board identity at flash time (issue 14): names checked on the host and by the device
+"""Per-board identity at flash time: names checked on the host and by the device
 hook (run here under dash and bash against a temporary rootfs), the flashpkg-extra contract,
 and the board's console line parsed strictly."""
 

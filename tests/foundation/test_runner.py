@@ -181,7 +181,7 @@ def test_bad_stderr_mode_is_rejected() -> None:
         runner.run([PY, "-c", "pass"], stderr="discard")
 
 
-# ---- bounded, deadline-true reads (issue 12) ---------------------------------------------
+# ---- bounded, deadline-true reads ---------------------------------------------
 
 
 def isolated(code: str, hard_limit: float = 40.0) -> dict[str, object]:

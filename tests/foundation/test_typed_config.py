@@ -224,8 +224,9 @@ def test_update_records_refuse_hostile_fields_cleanly(tmp_path: Path, key: str, 
 )
 def test_host_and_board_read_a_broken_toml_file_alike(tmp_path: Path, raw: bytes, line: int, why: str) -> None:
     """One reader: the host's loader and the board's layered config name the same file:line."""
-    from alma import loader
     from almaboard.config import load_layers
+
+    from alma import loader
 
     path = tmp_path / "guard.toml"
     path.write_bytes(raw)

@@ -150,7 +150,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
             return orig_step(self, now)
 
         monkeypatch.setattr(g.Guard, "step", step2)
-    elif name == "zones-by-type":  # issue 19: the old discover, keyed by the type-derived name
+    elif name == "zones-by-type":  # the old discover, keyed by the type-derived name
         import almaboard.thermal as th2
 
         def discover(self: g.Guard, now: float) -> None:
@@ -202,7 +202,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
         import erangrid.thermal as et
 
         monkeypatch.setattr(et, "state_age", state_age)
-    elif name == "blind-is-not-hot":  # issue 19: tj or a majority unreadable keeps going
+    elif name == "blind-is-not-hot":  # tj or a majority unreadable keeps going
         monkeypatch.setattr(g.Guard, "_blind", lambda self, unreadable: "")
     elif name == "critical-zones-ignored":
         orig_blind = g.Guard._blind
@@ -249,7 +249,7 @@ MUTANTS = (
     "state-errors-raise",
     "sigterm-resumes-when-blind",
     "forget-vanished-zones",
-    # issue 19's invariants (caught by this machine or by tests/guard/test_guard_trust.py)
+    # the trust invariants (caught by this machine or by tests/guard/test_guard_trust.py)
     "zones-by-type",
     "no-thaw-retry",
     "thaw-forgotten",

@@ -165,7 +165,7 @@ def test_kill_9_of_the_agent_mid_job_loses_no_job(grid_board: lab.Board) -> None
 
 
 @pytest.mark.skip(
-    reason="open (issue 28): in a run of the whole board tier the agent does not vacate within 120 s under "
+    reason="open: in a run of the whole board tier the agent does not vacate within 120 s under "
     "an owner who logs in every half second, on a fresh board too; alone it passes in ~20 s. Run it with "
     "-k owner_who_stays; the vacate path itself is covered in tests/idlegrid (test_agent)"
 )

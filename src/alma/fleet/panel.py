@@ -151,7 +151,7 @@ class Row:
     name: str = ""  # internal: joins the history; never rendered
     uptime: dict[str, str] | None = None  # window -> "99.5 %" / "no data"
     uptime_raw: dict[str, float | None] | None = None
-    updating: bool = False  # issue 23: mid-update (alma update), shown beside the status
+    updating: bool = False  # mid-update (alma update), shown beside the status
     slug: str = ""  # nodes/<slug>.html, from the public label
     perf: list[Spark] = field(default_factory=list)  # public perfdata series (node page)
     perf_now: list[tuple[str, str, str, float]] = field(default_factory=list)  # (check, label, unit, value)
