@@ -84,8 +84,8 @@ def loads_toml(
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        m = _LINE.search(str(exc))
-        why = _LINE.sub("", str(exc)).strip()
+        m = _LINE.search(str(exc))  # the line goes in front (file:line:), the column stays
+        why = _LINE.sub("", str(exc)).strip() + (f" (column {m.group(2)})" if m else "")
         raise LoadError(path, int(m.group(1)) if m else None, f"{label}: {why}", hint) from None
     except RecursionError:
         raise LoadError(path, None, f"{label}: nested too deeply", hint or "flatten the structure") from None
