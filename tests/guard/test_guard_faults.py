@@ -354,8 +354,9 @@ class GuardFaults(RuleBasedStateMachine):
         self.calm_since = self.t if self.truth.calm() else None
 
     def _states(self, want_stopped: bool) -> list[str]:
-        """The workers' states, allowing signal delivery a moment (it is asynchronous)."""
-        deadline = time.monotonic() + 2.0
+        """The workers' states, once all are as wanted or after a deadline: signal delivery is
+        asynchronous, and a stopped worker shows T only once the loaded machine runs it."""
+        deadline = time.monotonic() + 20.0
         while True:
             states = [proc_state(w.pid) for w in self.workers]
             if all((s == "T") == want_stopped for s in states) or time.monotonic() > deadline:
