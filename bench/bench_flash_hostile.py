@@ -1,4 +1,4 @@
-"""Hostile bundles (issue 18) through `alma verify`'s reader on every interpreter the station
+"""Hostile bundles through `alma verify`'s reader on every interpreter the station
 runs, side by side with the interpreter's own tarfile (the anchor: what the reader was before).
 
     .venv/bin/python bench/bench_flash_hostile.py [--limit S] [--python PATH ...]

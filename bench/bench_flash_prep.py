@@ -11,7 +11,7 @@ Then, in one run and on the same (page-cached) file:
       project: alma.flash.bundle.prepare(B, expected sha256)     target <= 0.30x
   (b) preparing 4 boards vs 1 (one extraction + per-board copies)  target <= 1.2x
   (c) today's safe unpack (alma.tegraflash) vs the code before it (tarfile's own extraction,
-      run from git: --old-rev, default the commit before issue 10)   target <= 1.10x
+      run from git: --old-rev, default the commit before the safe unpack)   target <= 1.10x
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
-OLD_REV = "9b07e45"  # main before issue 10: tarfile-filter extraction (alma.flash.bundle.extract_verified)
+OLD_REV = "9b07e45"  # main with tarfile-filter extraction (alma.flash.bundle.extract_verified)
 _OLD_RUN = """
 import sys, time
 from pathlib import Path

@@ -6,7 +6,7 @@ unauthenticated at once) and run the same REAL on-board `alma-health --json`, ea
 its own fake board tree. The anchor is what an operator does without the tool:
 `for n in nodes; do ssh n alma-health --json; done`.
 
-Targets: parallel <= 0.3x the sequential loop (with the bounds of issue 12: the 1 MiB
+Targets: parallel <= 0.3x the sequential loop (with the bounds on hostile nodes: the 1 MiB
 output cap, the remote command under its own `timeout`), and <= 1.5x the slowest node.
 On loopback every "node" shares this machine's cores, so the bench also prints the CPU
 floor (CPU seconds the 16 ssh+sshd+alma-health runs need / cores): no parallel run can beat
@@ -14,11 +14,11 @@ it here, while on a real fleet each node's share runs on that node. A third figu
 the tool with `[ssh] control_persist` (one reused connection per node, as Ansible does).
 The flood case: one node whose health command is `head -c 3000000000 /dev/zero` with
 `timeout = 5`, against one healthy node: wall time and peak RSS of `alma fleet health` (each
-in a fresh interpreter, so the RSS is that run's own). Before issue 12 a 200 MB flood took
+in a fresh interpreter, so the RSS is that run's own). Before those bounds a 200 MB flood took
 257 s at 586 MB; 3 GB ran past 600 s at 3.3 GB.
-The panel case (issue 21): `alma panel` rendering at 100 nodes x 30 days of history at one
+The panel case: `alma panel` rendering at 100 nodes x 30 days of history at one
 run a minute (43,200 runs, 4.32 M node samples in the schema-1 file the old code reads) and
-at 1000 nodes, wall time and peak RSS, this code beside the code before issue 21 (from git,
+at 1000 nodes, wall time and peak RSS, this code beside the code before the history's schema 2 (from git,
 bench/oldcode.py) in one run. Targets: 100 x 30 d < 2 s and < 150 MB; 1000 nodes < 3 s. The
 new code's one-time upgrade of the schema-1 file is shown apart.
 The alert storm: 1000 CRITICAL nodes, one rule whose webhook accepts and never answers
@@ -121,7 +121,7 @@ render_to(Path(sys.argv[1]), load_fleet(Path(sys.argv[2])), Path(sys.argv[3]), h
 print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
-OLD_REV = "30f5c70"  # main before issue 21
+OLD_REV = "30f5c70"  # main before the history's schema 2
 JUDGE_RUN = """
 import json, sys, time
 from datetime import datetime, timezone
@@ -324,7 +324,7 @@ def panel_case(base: Path, days: int = 30, with_old: bool = True) -> list[
 
 
 def print_panel(rows: list[tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]]) -> None:
-    print(f"alma panel render (fresh interpreter each; old = {OLD_REV}, before issue 21; wall s [CPU s]):")
+    print(f"alma panel render (fresh interpreter each; old = {OLD_REV}, history schema 1; wall s [CPU s]):")
     for case, old, new, upgrade in rows:
         target = (2.0, 150.0) if "days" in case else (3.0, float("inf"))
         ok = new["wall"] < target[0] and new["rss_mb"] < target[1]

@@ -2,7 +2,7 @@
 large gate document (15, 30 and 60 MB of prose: target < 1 s at 60 MB, linear in size).
 
 Anchors, in the same run: the bare CLI start-up (`alma --version`), and the code before
-issue 13 (git revision bench/oldcode.BASE_REV run beside this one), so every line prints
+the loader and the linear marker scan (git revision bench/oldcode.BASE_REV run beside this one), so every line prints
 old, new and their ratio. Each small document has front matter claims and inline markers
 (sizes with tolerance, version prefixes, a jinja2 filter, status derived from flash
 records) and a paragraph scanned for unmarked claims; the large one is that document with

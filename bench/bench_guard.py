@@ -5,7 +5,7 @@
    10 s, sd_notify keep-alive), against two anchors reading the same 9 files each poll:
    a bare Python open/read/close loop (what a naive guard does) and `cat` of the 9 files
    (what a shell-script guard does). Target: < 1 ms per poll (< 0.1 % of a core at 1 Hz).
-   Beside it, the same step() measured for the guard as it was before issue 19's
+   Beside it, the same step() measured for the guard as it was before its trust
    invariants (zones by path, thaw retries, blind-is-hot, stuck flags, the new-zone probe),
    taken from git (`--old-rev`, default 30f5c70) and run in the same way in the same run:
    they may cost at most 20 % more per poll.
@@ -185,7 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--polls", type=int, default=3000)
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--old-rev", default="30f5c70", help="the guard before issue 19 (git rev)")
+    ap.add_argument("--old-rev", default="30f5c70", help="the guard before its trust invariants (git rev)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         board = FakeBoard(Path(tmp) / "board")

@@ -19,7 +19,7 @@ polling intervals.
    same agent at BOINC's 1 s poll and a bare Python loop waking every 0.2 s; plus the CPU
    time of one step warm and after a 2 s sleep, which separates the agent's work from the
    machine's cost of waking a process. Target < 0.5 % of one core.
-4. One job's startup overhead (issue 19), over --startup jobs: the real JobProcess of today
+4. One job's startup overhead, over --startup jobs: the real JobProcess of today
    (a stranger uid, no groups, ambient caps cleared, output pumped through capped pipes, a
    FSIZE limit, a cgroup of its own) against the one of --old-rev (the agent's uid, output
    to files), each run from its own git tree by this interpreter, same job (``date``), same
@@ -27,7 +27,7 @@ polling intervals.
    instruction (the wall time ``date`` prints minus the spawn time) and spawn -> exit.json
    written (start plus teardown). The stranger needs root here; without root (or with
    --startup 0) the section is skipped. ``--only startup`` runs this section alone.
-5. Owner-return stop with a flooded HOME (issue 28), over --flood-trials: the job first makes
+5. Owner-return stop with a flooded HOME, over --flood-trials: the job first makes
    --flood-files empty files in its HOME, then runs the hash chain; owner activity at a random
    phase of the 0.2 s poll, measured to the job stopped, as in 1. The anchors are the agents
    of each --flood-rev, the same job and machine, each run from its own git tree in the same
@@ -562,13 +562,14 @@ def main() -> None:
     ap.add_argument("--nats-claims", type=int, default=500)
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--startup", type=int, default=100, help="jobs per side for the startup overhead (0: skip)")
-    ap.add_argument("--old-rev", default="237c3d2", help="ERAN-GRID before issue 19 (git rev)")
+    ap.add_argument("--old-rev", default="237c3d2", help="ERAN-GRID before jobs ran as a stranger (git rev)")
     ap.add_argument("--flood-files", type=int, default=200_000)
     ap.add_argument("--flood-trials", type=int, default=40)
     ap.add_argument(
         "--flood-rev",
         action="append",
-        help="an ERAN-GRID to compare (git rev; repeatable); default 06d5aae (before issue 28) and c1fa732",
+        help="an ERAN-GRID to compare (git rev; repeatable); default 06d5aae (HOME walked before the owner check)"
+        " and c1fa732 (owner seen only at a poll)",
     )
     ap.add_argument("--login-trials", type=int, default=40)
     ap.add_argument("--only", choices=["startup", "flood", "login"], help="run one section alone")

@@ -6,7 +6,7 @@ scan together); second run (cache hit) < 0.3 s absolute, CLI start-up included.
 
 The bundle is a real gzip'd tar (random data: incompressible, like a real bundle's
 compressed rootfs) with .env.initrd-flash written LAST, so the scan must inflate the whole
-stream (worst case). The cached run is also measured for the code before issue 13
+stream (worst case). The cached run is also measured for the code before the loader
 (bench/oldcode.BASE_REV, its own cache) in the same run: the loader must not slow it.
 Run: .venv/bin/python bench/bench_verify.py [--size-mb 1600] [--old-rev REV]
 """

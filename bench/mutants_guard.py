@@ -3,7 +3,7 @@
 For each mutant (one rule of the guard patched out: shedding on heat, failing closed, the
 range and rate plausibility rules, blind zones blocking a resume, a rejected hot jump still
 shedding, recovery from the machine, I/O errors never raising, SIGTERM keeping blind work
-paused, vanished zones staying on the list; and issue 19's: zones by path, thaw retries,
+paused, vanished zones staying on the list; and the trust invariants: zones by path, thaw retries,
 clocks, blind-is-hot, descriptor budget, stuck flags, new zones at once, alma-health's typed
 state), run the state machine and the attacks of tests/guard/test_guard_trust.py with that
 mutant and report whether it was caught (the run fails with an invariant violation). Every mutant must

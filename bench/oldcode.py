@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = REPO / ".venv" / "bin" / "python"
-# main before issue 13 (the build/verify/gates chain, the loader, the linear marker scan)
+# main before the build/verify/gates chain, the loader and the linear marker scan
 BASE_REV = "9b07e45"
 
 

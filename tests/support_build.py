@@ -40,7 +40,7 @@ local_conf_header:
 """
 
 
-# A public key for the image's admin user (issue 14: a release build needs one); its private
+# A public key for the image's admin user (a release build needs one); its private
 # half was thrown away. Installed as the test HOME's default ~/.ssh/id_ed25519.pub.
 ADMIN_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHxwDNvVOwmiEyaJ1o7PA9VXHKwmPXqtb8QUke0KYs5/ fixture@alma"
 ADMIN_FPR = "SHA256:6kMpmbGgtFqJ6WpfjJYxmtZmYPO/85YCdVbzJCm3Bvs"

@@ -75,6 +75,18 @@ class Clock:
         return self.t
 
 
+def polls(guard: Guard, clock: Clock, seconds: float) -> list[str]:
+    """Step ``guard`` once per second of ``clock`` for ``seconds``; the actions it took."""
+    out = []
+    end = clock.t + seconds
+    while clock.t < end:
+        clock.t += 1.0
+        a = guard.step(clock.t)
+        if a:
+            out.append(a)
+    return out
+
+
 def make_guard(
     board: FakeBoard, clock: Clock, *, boot_clock: Callable[[], float] | None = None, **cfg: object
 ) -> Guard:

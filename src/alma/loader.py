@@ -11,6 +11,9 @@ the file and, where it can, the line; nothing here raises anything else for bad 
   bounded (``max_nodes``: the expanded tree may not exceed that many nodes, the classic
   "billion laughs" is refused before anything expands it).
 - :func:`load_toml` / :func:`loads_toml`: tomllib on decoded text, deep nesting refused.
+
+:func:`read_text`, :func:`decode`, the TOML readers and :class:`LoadError` are the board
+library's (``almaboard.config``): host and board read files one way.
 - :func:`load_json`: finite numbers only (``NaN``, ``Infinity`` and ``1e400`` are refused).
 
 The composed YAML node tree is returned too (``compose_yaml``) so callers can point at lines.
@@ -20,11 +23,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alma.errors import ConfigError
+# Reading text and TOML is the board library's (one reader for host and board, stdlib only);
+# re-exported here so every host reader names one module.
+from almaboard.config import MAX_CONFIG_BYTES, LoadError, decode, load_toml, loads_toml, read_text
 
 if TYPE_CHECKING:
     import yaml
@@ -35,11 +39,22 @@ MAX_YAML_NODES = 100_000
 # Nesting deeper than this is no honest config (kas files nest ~6 levels); the consumers
 # (kas's schema validation, repr, json) recurse and would hit the interpreter's limit.
 MAX_YAML_DEPTH = 100
-# A config file (kas file, lock file, alma.toml, patterns) bigger than this is no honest one (the
-# largest of this project is ~4 KB): refused before it is read, so a huge scalar costs nothing.
-MAX_CONFIG_BYTES = 4 << 20
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "LoadError",
+    "compose_yaml",
+    "construct_yaml",
+    "decode",
+    "load_json",
+    "load_toml",
+    "load_yaml",
+    "loads_json",
+    "loads_toml",
+    "read_text",
+]
 
 
 def _yaml() -> tuple[Any, Any]:
@@ -48,53 +63,6 @@ def _yaml() -> tuple[Any, Any]:
     import yaml
 
     return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class LoadError(ConfigError):
-    """An input file that cannot be used; ``path``, ``line`` (0: unknown) and ``why`` apart."""
-
-    def __init__(self, path: Path | str, line: int | None, why: str, hint: str | None) -> None:
-        where = f"{path}:{line}" if line else str(path)
-        super().__init__(f"{where}: {why}", hint=hint or f"fix {path}")
-        self.path, self.line, self.why = Path(path), line or 0, why
-
-
-def _bad(path: Path | str, line: int | None, why: str, hint: str | None) -> LoadError:
-    return LoadError(path, line, why, hint)
-
-
-def read_text(path: Path, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> str:
-    """The file's text. Missing, unreadable, over ``max_bytes`` or not UTF-8 -> ConfigError naming it."""
-    try:
-        with Path(path).open("rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if max_bytes is not None and size > max_bytes:
-                raise _bad(
-                    path, None, f"{what} of {size} bytes, over the {max_bytes >> 20} MiB a {what} may have", hint
-                )
-            data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
-        if max_bytes is not None and len(data) > max_bytes:  # grew while read
-            raise _bad(path, None, f"{what} over the {max_bytes >> 20} MiB a {what} may have", hint)
-    except FileNotFoundError:
-        raise _bad(path, None, f"{what} not found", hint) from None
-    except IsADirectoryError:
-        raise _bad(path, None, f"{what} is a directory", hint) from None
-    except OSError as exc:
-        raise _bad(path, None, f"cannot read {what}: {exc.strerror}", hint) from None
-    return decode(data, path, what=what, hint=hint)
-
-
-def decode(data: bytes, path: Path | str, *, what: str = "file", hint: str | None = None) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise _bad(
-            path,
-            line,
-            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
-            hint or f"save {path} as UTF-8 (iconv -f LATIN1 -t UTF-8), then run again",
-        ) from None
 
 
 def compose_yaml(
@@ -116,7 +84,7 @@ def compose_yaml(
             # refuse before composing: the event stream is linear in the text
             for ev in yaml.parse(text, Loader=loader_class):
                 if isinstance(ev, yaml.AliasEvent):
-                    raise _bad(
+                    raise LoadError(
                         path,
                         (ev.start_mark.line + 1 + line_offset) if ev.start_mark else None,
                         f"YAML alias *{ev.anchor} refused: aliases are not allowed here",
@@ -130,7 +98,7 @@ def compose_yaml(
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 + line_offset if mark is not None else None
-        raise _bad(path, line, f"not valid YAML: {getattr(exc, 'problem', None) or exc}", hint) from None
+        raise LoadError(path, line, f"not valid YAML: {getattr(exc, 'problem', None) or exc}", hint) from None
     if node is not None:
         _check_tree(node, path, max_nodes, line_offset, hint)
     return node
@@ -162,7 +130,7 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
             children = []
         if not children_done:
             if id(node) in entered:  # on the current path: a recursive alias (&a [*a]) is not a tree
-                raise _bad(
+                raise LoadError(
                     path,
                     node.start_mark.line + 1 + line_offset,
                     "YAML refers to itself through an alias (a recursive structure); refused",
@@ -179,14 +147,14 @@ def _check_tree(root: yaml.Node, path: Path | str, max_nodes: int, line_offset: 
         size[id(node)] = n
         depth[id(node)] = 1 + max((depth[id(c)] for c in children), default=0)
         if depth[id(node)] > MAX_YAML_DEPTH:
-            raise _bad(
+            raise LoadError(
                 path,
                 node.start_mark.line + 1 + line_offset,
                 f"YAML nested more than {MAX_YAML_DEPTH} levels deep; refused",
                 hint or "flatten the structure",
             )
         if n > max_nodes:
-            raise _bad(
+            raise LoadError(
                 path,
                 node.start_mark.line + 1 + line_offset,
                 f"YAML expands to more than {max_nodes} nodes through aliases (an alias bomb?); refused",
@@ -202,7 +170,7 @@ def _check_duplicate_keys(node: yaml.MappingNode, path: Path | str, line_offset:
             first = keys.get(k.value)
             keys.setdefault(k.value, k.start_mark.line + 1)
             if first is not None:
-                raise _bad(
+                raise LoadError(
                     path,
                     k.start_mark.line + 1 + line_offset,
                     f"duplicate key {k.value!r} (first at line {first + line_offset}); YAML keeps only "
@@ -226,9 +194,9 @@ def construct_yaml(node: yaml.Node | None, path: Path | str = "<yaml>", *, hint:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         why = getattr(exc, "problem", None) or str(exc)
-        raise _bad(path, line, f"YAML value refused: {why}", hint or "use plain YAML values (no tags)") from None
+        raise LoadError(path, line, f"YAML value refused: {why}", hint or "use plain YAML values (no tags)") from None
     except (ValueError, TypeError, OverflowError) as exc:  # e.g. !!timestamp 2026-13-45
-        raise _bad(path, None, f"YAML value refused: {exc}", hint or "use plain YAML values (no tags)") from None
+        raise LoadError(path, None, f"YAML value refused: {exc}", hint or "use plain YAML values (no tags)") from None
     finally:
         loader.dispose()
 
@@ -236,25 +204,6 @@ def construct_yaml(node: yaml.Node | None, path: Path | str = "<yaml>", *, hint:
 def load_yaml(path: Path, *, aliases: bool = True, max_nodes: int = MAX_YAML_NODES, hint: str | None = None) -> Any:
     text = read_text(path, what="YAML file", hint=hint, max_bytes=MAX_CONFIG_BYTES)
     return construct_yaml(compose_yaml(text, path, aliases=aliases, max_nodes=max_nodes, hint=hint), path, hint=hint)
-
-
-def loads_toml(
-    text: str, path: Path | str, *, hint: str | None = None, label: str = "not valid TOML"
-) -> dict[str, Any]:
-    """tomllib on decoded text; a syntax error or nesting deep enough to exhaust tomllib's
-    recursion (``a = [[[[...``: a few hundred levels) -> LoadError naming the file."""
-    import tomllib
-
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise _bad(path, None, f"{label}: {exc}", hint) from None
-    except RecursionError:
-        raise _bad(path, None, f"{label}: nested too deeply", hint or "flatten the structure") from None
-
-
-def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
-    return loads_toml(read_text(path, what="TOML file", hint=hint, max_bytes=MAX_CONFIG_BYTES), path, hint=hint)
 
 
 def _finite(text: str) -> float:
@@ -272,11 +221,11 @@ def loads_json(text: str, path: Path | str, *, hint: str | None = None) -> Any:
     try:
         return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise _bad(path, exc.lineno, f"not valid JSON: {exc.msg}", hint) from None
+        raise LoadError(path, exc.lineno, f"not valid JSON: {exc.msg}", hint) from None
     except ValueError as exc:
-        raise _bad(path, None, f"not valid JSON: {exc}", hint) from None
+        raise LoadError(path, None, f"not valid JSON: {exc}", hint) from None
     except RecursionError:
-        raise _bad(path, None, "not valid JSON: nested too deeply", hint) from None
+        raise LoadError(path, None, "not valid JSON: nested too deeply", hint) from None
 
 
 def load_json(path: Path, *, hint: str | None = None) -> Any:

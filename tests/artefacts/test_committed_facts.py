@@ -1,4 +1,4 @@
-"""The committed facts manifests name the places `alma verify` really searches (issue 22: the
+"""The committed facts manifests name the places `alma verify` really searches (the
 committed file listed build/tmp/... paths verify had stopped using), and carry every fact
 name the code knows (a fact added later must appear, null, in the committed file)."""
 

@@ -1,4 +1,4 @@
-"""Supply-chain facts in `alma verify` from the image's own SPDX and cve-check files (issue 22),
+"""Supply-chain facts in `alma verify` from the image's own SPDX and cve-check files,
 in the shapes the pinned oe-core writes (tests/artefacts/sbomfix.py has the provenance), plus
 hostile files: each a clear exit 2 naming the file, never 70, nothing written."""
 

@@ -1,5 +1,5 @@
 """`alma verify --out` where nothing can be written: a clear exit 2 naming the place, never a
-traceback (issue 22: `verify --absent --out <unwritable>` exited 70). Root can write anywhere,
+traceback (`verify --absent --out <unwritable>` exited 70). Root can write anywhere,
 so "unwritable" is a path under a regular file and a path that is a directory."""
 
 from __future__ import annotations

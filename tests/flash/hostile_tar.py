@@ -1,4 +1,4 @@
-"""Raw tar bytes, header by header, for the hostile bundles of issue 18 (a tar writer would
+"""Raw tar bytes, header by header, for hostile flash bundles (a tar writer would
 refuse to write most of them). Used by tests/flash/test_headers.py, the agreement test and
 bench/bench_flash_hostile.py.
 

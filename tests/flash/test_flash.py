@@ -95,7 +95,7 @@ def test_hang_waiting_for_storage_times_out_and_kills_the_script(station: Statio
     assert "mmcblk0 never appeared" in str(rec["reason"]) and "storage phase's limit (2 s)" in str(rec["reason"])
     assert "--erase-nvme" in str(rec["reason"]) and "vanished" not in str(rec["reason"])
     assert rec["phases"][-1] == {**rec["phases"][-1], "name": "storage", "result": "timeout"}  # type: ignore[index]
-    assert took < 30
+    assert took < 120  # the 1.5 s limit, not the storage phase's 180 s default (load allowed)
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the script's whole process group was stopped
@@ -107,7 +107,9 @@ def test_usb_write_timeout_is_named(station: Station) -> None:
     _ready(station, outcomes={"*": "usb-write-timeout"})
     t0 = time.monotonic()
     r = _flash(station, "--phase-timeout", "flashpkg=1.5")
-    assert time.monotonic() - t0 < 30
+    # the record names the short limit; the time only catches a hang far past it (flashpkg's
+    # own default is 120 s, so the CLI's start-up under load gets the rest)
+    assert time.monotonic() - t0 < 100
     assert r.returncode == 4, r.stderr
     rec = _only_record(station)
     assert rec["result"] == "TIMEOUT" and rec["final_status"] is None

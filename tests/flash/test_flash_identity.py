@@ -1,4 +1,4 @@
-"""`alma flash` naming boards (issue 14), through the real CLI, umockdev boards and the
+"""`alma flash` naming boards, through the real CLI, umockdev boards and the
 flash simulator, which plays the device: it copies flashpkg-extra/ into its flash package and
 runs the layer's real hook (dash) against each board's rootfs tree."""
 

@@ -42,12 +42,12 @@ def _write(tmp_path: Path, kind: str) -> Path:
 @pytest.mark.parametrize("kind", sorted(H.KINDS))
 def test_every_hostile_kind_is_refused_by_verify_and_by_flash(tmp_path: Path, kind: str) -> None:
     b = _write(tmp_path, kind)
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU, not wall: the machine's load does not count
     with pytest.raises(UserError) as by_verify:
         reader.scan(b)
     with pytest.raises(UserError) as by_flash:
         unpack(b, tmp_path / "work" / "bundle", None, budget=Budget(margin=0))
-    assert time.monotonic() - t0 < 30  # generous on a loaded machine; the bench measures < 2 s
+    assert time.process_time() - t0 < 30  # the bench measures < 2 s
     assert "refused" in by_verify.value.message and "refused" in by_flash.value.message
     assert sorted(os.listdir(tmp_path / "work")) == []  # nothing half-unpacked is left
 
@@ -80,10 +80,10 @@ def test_pax_redos_header_is_linear(tmp_path: Path) -> None:
     spends seconds per 64 KiB header here, quadratically more for bigger ones; the reader
     looks at each byte once."""
     data = b"0" * (1 << 20) + b"1 hdrcharset=" * 10_000
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU, not wall: the machine's load does not count
     with pytest.raises(hd.MalformedHeader):
         hd.parse_pax(data, 0)
-    assert time.monotonic() - t0 < 30  # quadratic: minutes; linear: well under 1 s, x30 for load
+    assert time.process_time() - t0 < 30  # quadratic: minutes; linear: well under 1 s
 
 
 def test_a_corrupt_header_mid_archive_is_refused_not_taken_as_the_end(tmp_path: Path) -> None:
@@ -200,70 +200,84 @@ def test_unpack_keeps_holes_of_every_sparse_format(tmp_path: Path) -> None:
         assert got.stat().st_blocks * 512 < 1 << 20, v  # holes stay holes
 
 
+FLOOD_HEADERS = 190_000
+
+
 @pytest.fixture(scope="module")
 def header_flood(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    many = H.header(b"d", 0, b"5") * 190_000  # one directory, again and again: legal, slow to work through
+    many = H.header(b"d", 0, b"5") * FLOOD_HEADERS  # one directory, again and again: legal, slow to work through
     b = tmp_path_factory.mktemp("flood") / "many.tegraflash.tar.gz"
     b.write_bytes(gzip.compress(H.bundle(many), compresslevel=1))
     return b
 
 
-def test_ctrl_c_is_honoured_within_a_second_while_verify_parses_headers(header_flood: Path) -> None:
-    """SIGINT reaches a verify that is parsing headers (tarfile's regex held it for minutes)."""
-    b = header_flood
+def test_ctrl_c_is_honoured_while_verify_parses_headers(header_flood: Path) -> None:
+    """SIGINT reaches a verify that is parsing headers (tarfile's regex held it for minutes).
+    Sent once the child is 1000 headers in; it must stop before the last header, whatever
+    the machine's speed or load (no sleep guessing how far the parse got)."""
     code = (
         "import sys; from pathlib import Path; from alma.tegraflash import reader\n"
-        "print('go', flush=True)\n"
-        "try:\n    reader.scan(Path(sys.argv[1]))\nexcept KeyboardInterrupt:\n    sys.exit(130)\n"
+        "inner, seen = reader.headers, [0]\n"
+        "def counted(stream):\n"
+        "    for ti in inner(stream):\n"
+        "        seen[0] += 1\n"
+        "        if seen[0] == 1000:\n"
+        "            print('go', flush=True)\n"
+        "        yield ti\n"
+        "reader.headers = counted\n"
+        "try:\n    reader.scan(Path(sys.argv[1]))\n"
+        "except KeyboardInterrupt:\n    print(seen[0], flush=True); sys.exit(130)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code, str(b)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(header_flood)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "go"
-    time.sleep(0.5)
-    assert proc.poll() is None, "the scan should still be parsing"
-    t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
-    assert time.monotonic() - t0 < 30  # the old regex held it for minutes; 30 s allows for load
+    assert proc.wait(timeout=120) == 130
+    assert int(proc.stdout.read()) < FLOOD_HEADERS  # interrupted mid-parse, not after it
 
 
-def test_the_flash_cancel_flag_is_honoured_within_a_second_while_parsing_headers(
-    tmp_path: Path, header_flood: Path
+def test_the_flash_cancel_flag_is_honoured_while_parsing_headers(
+    tmp_path: Path, header_flood: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The cancel flag, set 1000 headers in, stops the unpack within a few headers (a check
+    only after the parse would read all 190,000): counted, not timed."""
     from alma.errors import Interrupted
 
-    b = header_flood
     cancel = threading.Event()
-    fired: list[float] = []
+    seen = {"all": 0, "after": 0}
+    inner = reader.headers
 
-    def fire() -> None:
-        time.sleep(0.5)
-        fired.append(time.monotonic())
-        cancel.set()
+    def counted(stream):  # type: ignore[no-untyped-def]
+        for ti in inner(stream):
+            seen["all"] += 1
+            seen["after"] += cancel.is_set()
+            if seen["all"] == 1000:
+                cancel.set()
+            yield ti
 
-    threading.Thread(target=fire, daemon=True).start()
+    monkeypatch.setattr(reader, "headers", counted)
     with pytest.raises(Interrupted):
-        unpack(b, tmp_path / "work" / "bundle", None, budget=Budget(margin=0), cancel=cancel)
-    assert fired and time.monotonic() - fired[0] < 30  # not after the minutes of parsing; load allowed
+        unpack(header_flood, tmp_path / "work" / "bundle", None, budget=Budget(margin=0), cancel=cancel)
+    assert seen["after"] < 1000, seen
     assert os.listdir(tmp_path / "work") == []
 
 
 def test_global_pax_keys_are_bounded_over_the_archive(tmp_path: Path) -> None:
     """Each 'g' header under the per-header key cap, 300,000 keys together: refused at the
     2nd header (the reader copied every global key into each later member: minutes, 245 MB)."""
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU, not wall: the machine's load does not count
     with pytest.raises(UserError, match="more than 1024 keys"):
         reader.scan(_write(tmp_path, "pax-global-key-flood"))
-    assert time.monotonic() - t0 < 10
+    assert time.process_time() - t0 < 10
 
 
 def test_many_members_after_global_keys_cost_no_copy(tmp_path: Path) -> None:
     """1000 global keys (under the cap) and 20,000 members: linear, no per-member copy."""
     b = tmp_path / "g.tegraflash.tar.gz"
     b.write_bytes(H.gz(H.pax_global_key_flood(headers=1, members=20_000)))
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU, not wall: the machine's load does not count
     scan = reader.scan(b)
     assert "initrd-flash" in scan.members
-    assert time.monotonic() - t0 < 20  # the copying reader: 20,000 copies of 1000 keys
+    assert time.process_time() - t0 < 20  # the copying reader: 20,000 copies of 1000 keys
 
 
 def test_a_global_key_is_overridden_by_the_members_own_pax_header() -> None:

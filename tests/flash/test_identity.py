@@ -1,4 +1,4 @@
-"""Per-board identity at flash time (issue 14): names checked on the host and by the device
+"""Per-board identity at flash time: names checked on the host and by the device
 hook (run here under dash and bash against a temporary rootfs), the flashpkg-extra contract,
 and the board's console line parsed strictly."""
 
@@ -357,3 +357,19 @@ def test_console_parser_never_raises_and_yields_only_clean_fields(text):
         I.check_hostname(got.name)
         assert re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}", got.hostkey)
         assert all(re.fullmatch(r"[0-9a-f.:]+", a) for a in got.addresses)
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"1-1.2,edge-01\n1-1.3,caf\xe9\n", ":2: --hostnames CSV is not UTF-8 text (byte 0xe9"),
+        (b"x" * ((1 << 20) + 1), ": --hostnames CSV of 1048577 bytes, over the 1 MiB"),
+    ],
+)
+def test_a_hostnames_csv_is_read_as_every_input_file_is(tmp_path: Path, raw: bytes, why: str) -> None:
+    """Through the one reader: exit 2 naming the file (and the line of a non-UTF-8 byte)."""
+    f = tmp_path / "names.csv"
+    f.write_bytes(raw)
+    with pytest.raises(UserError) as e:
+        I.read_hostname_csv(f)
+    assert e.value.exit_code == 2 and str(e.value).startswith(f"{f}{why}"), str(e.value)

@@ -57,7 +57,7 @@ def test_a_bomb_is_refused_in_seconds_with_the_numbers(station: Station, tmp_pat
     b = _bomb(tmp_path / "bomb.tegraflash.tar.gz", 20 << 30)
     t0 = time.monotonic()
     r = _flash(station, str(b), "--sha256", sha256(b), "--unpack-cap", "5")
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 120  # refused up front: unpacking 20 GB takes far longer (load allowed)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "needs 21.5 GB, more than the unpack cap of 5.0 GB" in r.stderr
     assert station.leftovers() == []

@@ -1,4 +1,4 @@
-"""Issue 18's attacks on `alma flash` that are not about tar headers or other users: bundle
+"""Attacks on `alma flash` that are not about tar headers or other users: bundle
 text choosing a path, device/script text as rich markup or raw control sequences, a forged
 console identity, a scope-id address, a records disk that fills mid-flash, dense per-board
 copies of sparse images, leftovers of a killed run, FIFOs and devices as bundles, Ctrl-C

@@ -1,4 +1,4 @@
-"""Alerts and metrics (issue 21, operator features): state-change alerts with repeat and
+"""Alerts and metrics (operator features): state-change alerts with repeat and
 maintenance windows, delivered by a detached deliverer to a REAL local HTTP receiver that
 fails twice (retries with backoff) and to a command hook; Prometheus output checked by the
 official prometheus_client parser."""

@@ -120,7 +120,7 @@ def test_unwritable_state_is_a_warning_never_a_traceback(
 def test_non_finite_or_negative_numbers_are_exit_3_naming_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, line: int
 ) -> None:
-    """Issue 21 #11: `timeout = inf/nan` was exit 70; `stale_after = nan` disabled staleness."""
+    """`timeout = inf/nan` was exit 70; `stale_after = nan` disabled staleness."""
     from support import run_cli
 
     f = tmp_path / "fleet.toml"

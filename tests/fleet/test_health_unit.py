@@ -342,7 +342,7 @@ def test_desktop_rule_not_fooled_by_login_shell_noise() -> None:
     assert sev is Severity.CRITICAL and "ollama (pid 1901)" in summary
 
 
-# ---- issue 21: bounded in time, honest cells, bounded Nagios output ----------------------------
+# ---- bounded in time, honest cells, bounded Nagios output ----------------------------
 
 
 def many_checks(n: int) -> list[dict[str, Any]]:
@@ -353,7 +353,7 @@ def many_checks(n: int) -> list[dict[str, Any]]:
 
 
 def test_35000_checks_are_judged_well_within_the_per_node_deadline(tmp_path: Path) -> None:
-    """Issue 21 #1: names.count made a 1 MB report of 35,000 checks take 30-60 s, and the
+    """`names.count` made a 1 MB report of 35,000 checks take 30-60 s, and the
     per-node timeout did not cover judging. Now the one deadline covers connect, read and
     judge, and judging is linear: the run ends in a fraction of the 20 s deadline."""
     text = json.dumps(json.loads(report("OK", NOW, many_checks(35_000))), separators=(",", ":"))
@@ -389,7 +389,7 @@ def test_the_deadline_covers_judging_too(tmp_path: Path) -> None:
 
 
 def test_a_stale_reports_checks_are_stale_not_ok_everywhere() -> None:
-    """Issue 21 #2: a 27 h old report made the node UNKNOWN but left its cells green "OK"."""
+    """A 27 h old report made the node UNKNOWN but left its cells green "OK"."""
     old = H.parse_report(report("OK", NOW - timedelta(hours=27)), NODE, now=NOW, stale_after=300)
     assert old.status is Severity.UNKNOWN
     assert all(c.status is Severity.UNKNOWN and c.stale for c in old.checks)
@@ -408,7 +408,7 @@ def test_a_stale_reports_checks_are_stale_not_ok_everywhere() -> None:
 
 
 def test_the_terminal_table_has_the_projects_columns_only_and_cut_cells() -> None:
-    """Issue 21 #7: 40 invented checks made 40 columns ("WARNING" one letter per line)."""
+    """40 invented checks made 40 columns ("WARNING" one letter per line)."""
     from alma.fleet import table
 
     checks = [{"name": f"x{i}", "status": "WARNING", "summary": "s"} for i in range(40)]
@@ -431,7 +431,7 @@ def test_the_terminal_table_has_the_projects_columns_only_and_cut_cells() -> Non
 
 
 def test_nagios_output_is_bounded_and_keeps_perfdata_before_prose() -> None:
-    """Issue 21 #8: 30 nodes made 8.6 KB; a 200 KB summary pushed all perfdata past 8 KB."""
+    """30 nodes made 8.6 KB; a 200 KB summary pushed all perfdata past 8 KB."""
     nodes = []
     for i in range(30):
         r = H.parse_report(report("CRITICAL", NOW), Node(f"node-rack{i}", "x", "board"), now=NOW, stale_after=300)
@@ -451,7 +451,7 @@ def test_nagios_output_is_bounded_and_keeps_perfdata_before_prose() -> None:
 
 
 def test_perfdata_labels_cannot_collide_across_nodes() -> None:
-    """Issue 21 #8: node-rack1 + label b_response forged node-rack1_b's response time."""
+    """Metrics: node-rack1 + label b_response forged node-rack1_b's response time."""
     a = H.parse_report(report("OK", NOW, [{"name": "storm", "status": "OK", "perfdata": [
         {"label": "b_response", "value": 9.0}, {"label": "b_response", "value": 1.0}]}]),
         Node("node-rack1", "x", "board"), now=NOW, stale_after=300)  # fmt: skip

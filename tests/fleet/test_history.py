@@ -1,4 +1,4 @@
-"""The fleet history (issue 21 #3, #10, #11): a clock cannot erase it, uptime is incremental
+"""The fleet history: a clock cannot erase it, uptime is incremental
 (the same figures as the sample-by-sample definition), and a locked file is a retry, not a
 loss. See the invariants in alma/fleet/history.py."""
 
@@ -45,7 +45,7 @@ def reference_uptime(samples: list[tuple[float, str]], now: float, max_gap: floa
 
 
 def test_a_run_far_ahead_of_the_wall_clock_erases_nothing(tmp_path: Path) -> None:
-    """Issue 21 #3: one run 91 days ahead pruned 1153 runs to 1."""
+    """One run 91 days ahead pruned 1153 runs to 1."""
     db = tmp_path / "h.sqlite"
     now = datetime.now(UTC).replace(microsecond=0)
     for i in range(120):  # ten days, one run every two hours
@@ -80,7 +80,7 @@ def test_pruning_keeps_the_retention_window(tmp_path: Path) -> None:
 
 
 def test_a_locked_history_waits_then_says_retry_never_move_it_away(tmp_path: Path) -> None:
-    """Issue 21 #11: another run writing -> exit 2 advising to move the database away."""
+    """Another run writing -> exit 2 advising to move the database away."""
     db = tmp_path / "h.sqlite"
     Hist.append(db, run_at(datetime.now(UTC), {"n1": "OK"}))
     holder = sqlite3.connect(db)
@@ -150,7 +150,7 @@ def test_a_schema_1_history_is_folded_in_once(tmp_path: Path) -> None:
 
 
 def test_a_clock_that_stays_ahead_for_several_runs_erases_nothing(tmp_path: Path) -> None:
-    """Issue 21 #3, a new instance: the wall clock itself jumps 91 days ahead and STAYS there
+    """The wall clock itself jumps 91 days ahead and STAYS there
     for a few runs (a bad NTP answer, a wrong RTC). The first jumped run pruned nothing, but the
     second one was a step of minutes from it, counted as plausible, and pruned all 120 real runs.
     A new timeline prunes only once it has held for CONFIRM_S of runs."""

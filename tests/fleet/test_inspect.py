@@ -157,7 +157,7 @@ BANNER = "Welcome` ![x](http://evil.example/x.png) <img src=x onerror=alert(1)> 
 
 
 def test_a_login_banner_cannot_inject_markdown_or_html(fleet: Fleet) -> None:
-    """Issue 21 #6: a banner with a backtick broke out of its code span: live image links and
+    """A banner with a backtick broke out of its code span: live image links and
     raw <img onerror>. Rendered by a REAL CommonMark + GFM-table parser (markdown-it-py)."""
     from markdown_it import MarkdownIt
 

@@ -73,8 +73,8 @@ def test_good_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expect"),
     [
-        ('[[node]]\nname = "a1"\nrole = "board"\nssh = \n', r"fleet\.toml: invalid TOML: .*line 4"),
-        # deep enough to exhaust tomllib's recursion: was a RecursionError (exit 70; issue 22)
+        ('[[node]]\nname = "a1"\nrole = "board"\nssh = \n', r"fleet\.toml:4: invalid TOML: "),
+        # deep enough to exhaust tomllib's recursion: was a RecursionError (exit 70, a crash)
         ("x = " + "[" * 2000 + "]" * 2000 + "\n", r"fleet\.toml: invalid TOML: nested too deeply"),
         ('[[node]]\nname = "a1"\nrole = "toaster"\n', r"fleet\.toml:3: node 'a1': unknown role 'toaster'"),
         (

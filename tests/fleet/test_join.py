@@ -1,4 +1,4 @@
-"""`alma fleet add`, the [[node]] entry of a flashed board and pinned host keys (issue 14)."""
+"""`alma fleet add`, the [[node]] entry of a flashed board and pinned host keys."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_the_pin_hook_vouches_only_for_the_pinned_fingerprint(capsys):
 
 @pytest.mark.parametrize("path", ["/tmp/a b/k", '/tmp/q"uote', "/tmp/back\\slash", "/tmp/pct%d", "/tmp/tab\tx"])
 def test_paths_are_quoted_the_way_ssh_splits_them(path, tmp_path):
-    """Issue 21 #4: ssh splits UserKnownHostsFile on whitespace; a control dir with a space
+    """OpenSSH splits UserKnownHostsFile on whitespace; a control dir with a space
     made it read a second, planted file. Checked against ssh's own parser (ssh -G)."""
     require_tool("ssh")
     if "\t" in path:
@@ -154,7 +154,7 @@ def test_paths_are_quoted_the_way_ssh_splits_them(path, tmp_path):
 
 
 def test_concurrent_adds_all_land(tmp_path):
-    """Issue 21 #5: 10 parallel adds all exited 0 "added"; 6-8 survived."""
+    """10 parallel adds all exited 0 "added"; 6-8 survived."""
     import sys
 
     f = tmp_path / "fleet.toml"
@@ -167,7 +167,7 @@ def test_concurrent_adds_all_land(tmp_path):
 
 
 def test_a_symlinked_fleet_file_stays_a_symlink(tmp_path):
-    """Issue 21 #5: the symlink was replaced by a regular file (the real one left stale)."""
+    """The symlink was replaced by a regular file (the real one left stale)."""
     real = tmp_path / "repo" / "fleet.toml"
     real.parent.mkdir()
     real.write_text('[[node]]\nname = "a"\nssh = "h"\nrole = "board"\n')
@@ -187,7 +187,7 @@ def test_names_are_unique_ignoring_case(tmp_path):
 
 
 def test_a_scope_id_address_never_stops_the_other_boards(tmp_path):
-    """Issue 21 #5: a console address fe80::1%eth0 made make_entry raise out of after_flash."""
+    """A console address fe80::1%eth0 made make_entry raise out of after_flash."""
     boot = SimpleNamespace(board={"name": "edge-01", "addresses": ["fe80::1%eth0"], "hostkey": FP})
     good = SimpleNamespace(board={"name": "edge-02", "addresses": ["192.0.2.8"], "hostkey": FP})
 

@@ -1,4 +1,4 @@
-"""Flashed -> operated, on real parts (issue 14).
+"""Flashed -> operated, on real parts.
 
 The flash simulator (tests/flash/sim/initrd-flash) replays initrd-flash and, as the device,
 copies flashpkg-extra/ into its flash package and runs the layer's REAL device hook (dash)

@@ -395,11 +395,11 @@ def test_any_ip_in_published_text_is_refused(ip: str, before: str, after: str) -
         P.render(fl, snapshot(NOW), now=NOW)
 
 
-# ---- issue 21: honest cells, amber warnings, a leak scan that scales, operator text sanitized -----
+# ---- honest cells, amber warnings, a leak scan that scales, operator text sanitized -----
 
 
 def test_a_stale_nodes_checks_are_grey_stale_on_page_and_status_json(fleet: Fleet) -> None:
-    """Issue 21 #2: a 27 h old report: node UNKNOWN, but its check cells green "OK"."""
+    """A 27 h old report: node UNKNOWN, but its check cells green "OK"."""
     s = snapshot(NOW)
     s["nodes"][0]["status"] = "UNKNOWN"
     for c in s["nodes"][0]["checks"]:
@@ -437,7 +437,7 @@ def test_the_linear_leak_scan_finds_exactly_what_the_regex_scan_found(names: set
 
 
 def test_bidi_controls_in_title_and_figures_are_made_visible(tmp_path: Path) -> None:
-    """Issue 21 #11: title and figures passed U+202E (RIGHT-TO-LEFT OVERRIDE) to the page."""
+    """Title and figures passed U+202E (RIGHT-TO-LEFT OVERRIDE) to the page."""
     fl = parse_fleet(
         '[panel]\ntitle = "Lab \u202estatus"\n[[panel.figure]]\nlabel = "GPU \u202eh"\nvalue = "1\u202e2"\n'
         '[[node]]\nname = "n1"\nrole = "board"\nalias = "A"\n',

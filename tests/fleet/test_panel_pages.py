@@ -1,5 +1,5 @@
 """`alma panel`'s node pages (per-check perfdata sparklines from the history) and `/metrics`
-in `--serve` (issue 21): served by the real panel server, parsed by the official Prometheus
+in `--serve`: served by the real panel server, parsed by the official Prometheus
 parser, aliases only, and a node cannot stop the page being published with a perfdata label."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pins that hold (issue 21 #4), against a REAL sshd: the host key is checked by ssh itself,
+"""Pins that hold, against a REAL sshd: the host key is checked by ssh itself,
 through whatever path reaches the node, and no file on disk can widen what is trusted."""
 
 from __future__ import annotations

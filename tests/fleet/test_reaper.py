@@ -29,7 +29,7 @@ def _alive_sleeps(pids: list[int]) -> list[int]:
 
 
 def test_a_tree_that_ignores_sigterm_and_forks_in_a_loop_is_ended(tmp_path: Path) -> None:
-    """Issue 21 #9, a new instance: a child that ignores SIGTERM and forks without pause adds
+    """A child that ignores SIGTERM and forks without pause adds
     orphans between the reaper's scan and its SIGKILLs; one kill round left them behind (under
     init once the reaper exited). Every one of them must be gone when the reaper returns."""
     pids_file = tmp_path / "pids"

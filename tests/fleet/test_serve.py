@@ -1,4 +1,4 @@
-"""`alma panel --serve` under hostile clients (issue 21 #11): idle connections time out, the
+"""`alma panel --serve` under hostile clients: idle connections time out, the
 number of connections is bounded, a hang-up is no traceback, the Server header names no
 version. A real HTTP server on loopback, raw sockets as the clients."""
 

@@ -58,7 +58,7 @@ def test_remote_deadline_wrapper_keeps_the_command_exact(command: str, tmp_path:
 
     if command == "alma-health --json":
         wrapped = ssh_argv(Node("n", "n", "board"), command, SshConfig(), remote_timeout=7.2)[-1]
-        assert wrapped.startswith("if command -v python3")  # the subreaper first (issue 21 #9)
+        assert wrapped.startswith("if command -v python3")  # the subreaper first
         assert " 8 2 'alma-health --json'; elif command -v timeout" in wrapped
         assert "timeout -k 2 8 sh -c 'alma-health --json'" in wrapped  # else coreutils' process group
         return

@@ -300,7 +300,7 @@ def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> No
     assert out == ""  # no half table
 
 
-# ---- hostile nodes (issue 12) -------------------------------------------------------------
+# ---- hostile nodes -------------------------------------------------------------
 
 PEAK_RSS = """
 import json, resource, subprocess, sys, time
@@ -435,7 +435,7 @@ def _gone(pid: int, within: float) -> bool:
 
 
 def test_a_remote_child_that_calls_setsid_ends_at_the_deadline(sshd: Sshd, tmp_path: Path) -> None:
-    """Issue 21 #9: a remote child that called setsid() (or outlived its parent) escaped the
+    """A remote child that called setsid() (or outlived its parent) escaped the
     remote `timeout`. Over a REAL sshd: both end, by the deadline and when the command ends."""
     hang = tmp_path / "hang.pid"
     left = tmp_path / "left.pid"

@@ -72,7 +72,7 @@ def fleet(tmp_path: Path) -> Fleet:
     return parse_fleet(FLEET, tmp_path / "fleet.toml")
 
 
-# ---- panel honesty (each of these was wrong before issue 12) --------------------------------
+# ---- panel honesty (each of these pages once showed a wrong verdict) --------------------------------
 
 
 def test_future_dated_snapshot_is_stale_and_says_the_clocks_disagree(fleet: Fleet) -> None:

@@ -180,7 +180,7 @@ def test_repo_root_found_from_subdir(tmp_path: Path, monkeypatch: pytest.MonkeyP
     [
         (b"[build]\ndisk_gb = \xff\n", "not UTF-8"),
         (b"[build\n", "not valid TOML"),
-        # tomllib recurses per level: this was a RecursionError, exit 70 (issue 22, hostile input)
+        # tomllib recurses per level: this was a RecursionError, exit 70 (hostile input)
         (b"[build]\nx = " + b"[" * 2000 + b"]" * 2000 + b"\n", "not valid TOML: nested too deeply"),
         (b"x = " + b"{a = " * 2000 + b"1" + b"}" * 2000 + b"\n", "not valid TOML: nested too deeply"),
     ],

@@ -1,5 +1,5 @@
 """docs/cli.md's exit-code table (generated from each command's help) against the code that
-exits. Issue 22: the reference said the codes were "the same for every verb" while `alma flash`
+exits. The reference once said the codes were "the same for every verb" while `alma flash`
 exits 3/4/5, `alma boards --wait` 124 and `alma fleet inspect` 3.
 
 The code side is read from the source (AST): every ``sys.exit(...)`` of a verb's CLI module

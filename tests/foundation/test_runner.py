@@ -64,19 +64,19 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import subprocess, sys, time
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open({str(pidfile)!r}, "w").write(str(p.pid))
         print("waiting for USB storage device", flush=True)
-        time.sleep(60)
+        time.sleep(600)
         """
     )
     t0 = time.monotonic()
     with pytest.raises(ToolTimeout) as ei:
         runner.run([PY, "-c", script], timeout=runner.Deadline(1.0, phase="wait-board"))
-    assert time.monotonic() - t0 < 45  # cut at 1 s, not the script's 60 s (load allowed)
+    assert time.monotonic() - t0 < 120  # cut at 1 s, not the script's 600 s (load allowed)
     assert "wait-board" in ei.value.message
     grandchild = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # killed at once; reaped when the machine gets to it
     while time.monotonic() < deadline:
         try:
             os.kill(grandchild, 0)
@@ -181,7 +181,7 @@ def test_bad_stderr_mode_is_rejected() -> None:
         runner.run([PY, "-c", "pass"], stderr="discard")
 
 
-# ---- bounded, deadline-true reads (issue 12) ---------------------------------------------
+# ---- bounded, deadline-true reads ---------------------------------------------
 
 
 def isolated(code: str, hard_limit: float = 40.0) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """The flashing station's packages are an extra (`pip install -e '.[flash]'`): without them
 `alma boards` and `alma flash` stop with exit 2 and the install command, never an ImportError
-traceback (issue 22: pyudev/pyserial were required for build-only use)."""
+traceback (pyudev/pyserial were required for build-only use)."""
 
 from __future__ import annotations
 

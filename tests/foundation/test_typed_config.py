@@ -212,3 +212,34 @@ def test_update_records_refuse_hostile_fields_cleanly(tmp_path: Path, key: str, 
         assert exc.exit_code == 2 and str(rec) in exc.message
         return
     assert getattr(got, key) == value and type(getattr(got, key)) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "line", "why"),
+    [
+        (b'a = 1\nb = "x"\nc = \n', 3, "not valid TOML: Invalid value"),
+        (b"a = 1\nb = caf\xe9\n", 2, "TOML file is not UTF-8 text (byte 0xe9"),
+        (b"a = " + b"[" * 2000 + b"]" * 2000 + b"\n", 0, "not valid TOML: nested too deeply"),
+    ],
+)
+def test_host_and_board_read_a_broken_toml_file_alike(tmp_path: Path, raw: bytes, line: int, why: str) -> None:
+    """One reader: the host's loader and the board's layered config name the same file:line."""
+    from almaboard.config import load_layers
+
+    from alma import loader
+
+    path = tmp_path / "guard.toml"
+    path.write_bytes(raw)
+    where = f"{path}:{line}: " if line else f"{path}: "
+    with pytest.raises(ConfigError) as host:
+        loader.load_toml(path)
+    with pytest.raises(ConfigError) as board:
+        load_layers(path, dropins=False)
+    assert str(host.value).startswith(where + why) and str(board.value).startswith(where + why)
+
+
+def test_board_config_tolerates_a_bom_as_the_host_does(tmp_path: Path) -> None:
+    from almaboard.config import load_layers
+
+    (tmp_path / "guard.toml").write_bytes(b"\xef\xbb\xbfmargin_c = 5\n")
+    assert load_layers(tmp_path / "guard.toml", dropins=False).data == {"margin_c": 5}

@@ -1,6 +1,6 @@
 """Front matter is the other YAML path of the loader (aliases refused outright): tags, deep
 nesting and a recursive anchor are each a clear exit 2 naming the document, and the good
-document is still judged (issue 22: hostile-YAML tests for every loader path)."""
+document is still judged (hostile-YAML tests for every loader path)."""
 
 from __future__ import annotations
 

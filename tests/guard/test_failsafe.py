@@ -1,4 +1,4 @@
-"""The guard's invariants under the faults issue 11 found (each test failed on the old code).
+"""The guard's invariants under faults found by attacking it (each test failed on the old code).
 
 (1) it never kills work; (2) it never resumes while a zone is hot, or was hot and is now
 unreadable or implausible (a SIGTERM then leaves the work paused); (3) work any guard paused

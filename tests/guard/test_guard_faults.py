@@ -150,7 +150,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
             return orig_step(self, now)
 
         monkeypatch.setattr(g.Guard, "step", step2)
-    elif name == "zones-by-type":  # issue 19: the old discover, keyed by the type-derived name
+    elif name == "zones-by-type":  # the old discover, keyed by the type-derived name
         import almaboard.thermal as th2
 
         def discover(self: g.Guard, now: float) -> None:
@@ -202,7 +202,7 @@ def apply_mutant(name: str, monkeypatch: Any) -> None:
         import erangrid.thermal as et
 
         monkeypatch.setattr(et, "state_age", state_age)
-    elif name == "blind-is-not-hot":  # issue 19: tj or a majority unreadable keeps going
+    elif name == "blind-is-not-hot":  # tj or a majority unreadable keeps going
         monkeypatch.setattr(g.Guard, "_blind", lambda self, unreadable: "")
     elif name == "critical-zones-ignored":
         orig_blind = g.Guard._blind
@@ -249,7 +249,7 @@ MUTANTS = (
     "state-errors-raise",
     "sigterm-resumes-when-blind",
     "forget-vanished-zones",
-    # issue 19's invariants (caught by this machine or by tests/guard/test_guard_trust.py)
+    # the trust invariants (caught by this machine or by tests/guard/test_guard_trust.py)
     "zones-by-type",
     "no-thaw-retry",
     "thaw-forgotten",
@@ -354,8 +354,9 @@ class GuardFaults(RuleBasedStateMachine):
         self.calm_since = self.t if self.truth.calm() else None
 
     def _states(self, want_stopped: bool) -> list[str]:
-        """The workers' states, allowing signal delivery a moment (it is asynchronous)."""
-        deadline = time.monotonic() + 2.0
+        """The workers' states, once all are as wanted or after a deadline: signal delivery is
+        asynchronous, and a stopped worker shows T only once the loaded machine runs it."""
+        deadline = time.monotonic() + 20.0
         while True:
             states = [proc_state(w.pid) for w in self.workers]
             if all((s == "T") == want_stopped for s in states) or time.monotonic() > deadline:

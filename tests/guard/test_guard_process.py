@@ -20,6 +20,7 @@ from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.guard import Guard
 from almaguard.pause import Pauser
+from support import wait_for
 from support_guard import ALMA_GUARD, FakeBoard, orin_zones, proc_state, spawn_worker, wait_state
 
 FAST = """[guard]
@@ -170,7 +171,16 @@ def test_forensics_after_kill_9_while_hot(
     notify.wait_for("READY=1")
     board.set_temp("tj-thermal", 93.0)
     notify.wait_for("STATUS=shedding")
-    time.sleep(0.5)  # a few ring flushes while hot
+    ring = board.p("/var/lib/alma-guard/ring.json")
+
+    def hot_on_disk() -> bool:  # a ring flush while hot and shedding reached the disk
+        try:
+            last = json.loads(ring.read_text())["samples"][-1]
+        except (OSError, ValueError, KeyError, IndexError):
+            return False
+        return bool(last["max_c"] == 93.0 and last["shedding"])
+
+    wait_for(hot_on_disk, what="a ring flush while hot")
     guard.send_signal(signal.SIGKILL)  # no chance to write anything
     guard.wait(timeout=5)
     assert not board.p("/var/lib/alma-guard/clean-shutdown").exists()

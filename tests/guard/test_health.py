@@ -357,7 +357,7 @@ def test_state_not_saved_is_said(board: FakeBoard, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_huge_kernel_log_file_is_streamed_in_bounded_memory(board: FakeBoard) -> None:
-    """Issue 11: a 173 MB kmsg file was read whole (458 MB RSS). Streamed, RSS stays small."""
+    """A 173 MB kmsg file was read whole (458 MB RSS). Streamed, RSS stays small."""
     healthy(board)
     line = "6,{seq},{seq}000,-;usb 1-1: " + "x" * 150 + "\n SUBSYSTEM=usb\n"
     with board.p("/dev/kmsg").open("w") as fh:

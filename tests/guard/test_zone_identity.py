@@ -8,18 +8,7 @@ from __future__ import annotations
 import shutil
 
 from almaboard.thermal import Reader, discover
-from support_guard import ORIN_TRIPS, Clock, FakeBoard, _put, make_guard, orin_zones
-
-
-def polls(guard, clock: Clock, seconds: float) -> list[str]:
-    out = []
-    end = clock.t + seconds
-    while clock.t < end:
-        clock.t += 1.0
-        a = guard.step(clock.t)
-        if a:
-            out.append(a)
-    return out
+from support_guard import ORIN_TRIPS, Clock, FakeBoard, _put, make_guard, orin_zones, polls
 
 
 def _replace_zone_dir(board: FakeBoard, key: str, kind: str, temp_c: float) -> None:

@@ -1,4 +1,4 @@
-"""ERAN-GRID never leaves an orphan and never re-runs a finished job (issue 11).
+"""ERAN-GRID never leaves an orphan and never re-runs a finished job.
 
 Real agents (`eran-grid run`, killed with real signals), real jobs with grandchildren, the
 real SQLite queue; "no process of the old job remains" is checked in /proc. Malformed queue

@@ -66,7 +66,7 @@ def test_zone_over_its_limit_is_hot_and_named(machine):
 
 @pytest.mark.parametrize("garbage", ["garbage\n", "-273150\n", "-2147483648\n", "2147483647\n", "\n"])
 def test_unreadable_or_implausible_zone_counts_as_hot(machine, garbage):
-    """Issue 11: an impossible reading was skipped (= cool); it must hard-pause instead."""
+    """An impossible reading was skipped (= cool); it must hard-pause instead."""
     (machine.thermal / "thermal_zone1" / "temp").write_text(garbage)
     heat = thermal.zone_heat(thermal.ZoneWatch(machine.thermal).read(0.0), 80.0, {})
     assert heat.hot and "tj-thermal" in heat.reason and "counts as hot" in heat.reason

@@ -1,4 +1,4 @@
-"""Borrowed work runs as a stranger (issue 19), each attack as a hostile tester ran it; every
+"""Borrowed work runs as a stranger, each attack as a hostile tester ran it; every
 test failed on the code before the fix.
 
 (1) a job id is a path only after it matched its grammar: "/abs/dir" or ".." from a queue is

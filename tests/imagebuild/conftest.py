@@ -22,7 +22,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(autouse=True)
 def admin_key() -> Path:
-    """The test HOME's default public key: a release build needs an admin key (issue 14)."""
+    """The test HOME's default public key: a release build needs an admin key."""
     return install_default_admin_key(Path.home())
 
 

@@ -1,4 +1,4 @@
-"""Admin access for release images (issue 14): keys decided offline by the plan, refused
+"""Admin access for release images: keys decided offline by the plan, refused
 when missing or unusable, never a private key read or echoed."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def keygen(tmp_path: Path, kind: str, bits: int | None = None, comment: str = "k
 
 def test_release_build_without_any_key_is_refused_by_the_plan(project, fakes, alma, admin_key):
     admin_key.unlink()
-    for argv in (("build",), ("build", "--check")):  # one of the preflight problems (issue 22)
+    for argv in (("build",), ("build", "--check")):  # one of the preflight problems
         code, out, err = alma(*argv)
         assert code == 2, argv
         assert "a release image needs an admin key" in err and "nobody can ever log into the board" in err

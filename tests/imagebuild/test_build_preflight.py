@@ -167,7 +167,7 @@ def test_readme_main_command_offline_ends_with_an_actionable_statement(tmp_path)
     assert not (tmp_path / "build" / "jetson-orin-nano-devkit" / "alma-build.conf").exists()
 
 
-# --- an honest preflight (issue 13) ---------------------------------------------------------
+# --- an honest preflight ---------------------------------------------------------
 
 
 def test_disk_estimate_knows_rm_work_and_names_the_override(project, fakes, probes, alma):

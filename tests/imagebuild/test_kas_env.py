@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,10 +26,6 @@ AGX = "jetson-agx-orin-devkit"
 NANO = "jetson-orin-nano-devkit"
 
 
-def _bitbake_calls(tmp_path: Path) -> list[dict[str, Any]]:
-    return [c for c in read_record(tmp_path / "record.jsonl") if c["tool"] == "bitbake" and "argv" in c]
-
-
 def _postread(call: dict[str, Any]) -> list[str]:
     """The files bitbake reads after local.conf: -R arguments and BBPOSTCONF (bitbake main.py)."""
     argv = call["argv"]
@@ -35,31 +33,48 @@ def _postread(call: dict[str, Any]) -> list[str]:
     return files + ([call["bbpostconf"]] if call.get("bbpostconf") else [])
 
 
-def _env(monkeypatch: pytest.MonkeyPatch, probes, **env: str) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.delenv("TMPDIR", raising=False)  # a login's TMPDIR moves bitbake's output (its own test below)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    probes(ls_remote=pf._ls_remote, env=dict(os.environ))  # the environment alma plans with is kas's
+@dataclass
+class RealKas:
+    """A project built by the real kas (``real_kas_project``), and the environment it sees."""
+
+    root: Path
+    tmp: Path
+    monkeypatch: pytest.MonkeyPatch
+    probes: Callable[..., pf.Probes]
+
+    def export(self, **env: str) -> None:
+        """Export ``env`` to alma and kas alike: the environment alma plans with is kas's."""
+        self.monkeypatch.delenv("TMPDIR", raising=False)  # a login's TMPDIR moves bitbake's output (its own test below)
+        for k, v in env.items():
+            self.monkeypatch.setenv(k, v)
+        self.probes(ls_remote=pf._ls_remote, env=dict(os.environ))
+
+    def bitbake_calls(self) -> list[dict[str, Any]]:
+        return [c for c in read_record(self.tmp / "record.jsonl") if c["tool"] == "bitbake" and "argv" in c]
+
+    def remote_urls(self) -> str:
+        """Point the kas files at an unreachable https host; the local repositories become its mirror."""
+        base = self.root / "kas" / "alma.yml"
+        base.write_text(base.read_text().replace(f"file://{self.tmp / 'upstream'}/", "https://git.example.invalid/"))
+        return "https://git.example.invalid/"
 
 
 @pytest.fixture
-def agx_file(real_kas_project: Path) -> Path:  # noqa: F811
-    f = real_kas_project / "kas" / "machines" / f"{AGX}.yml"
+def real_kas(real_kas_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probes) -> RealKas:  # type: ignore[no-untyped-def]  # noqa: F811
+    return RealKas(real_kas_project, tmp_path, monkeypatch, probes)
+
+
+@pytest.fixture
+def agx_file(real_kas: RealKas) -> Path:
+    f = real_kas.root / "kas" / "machines" / f"{AGX}.yml"
     f.write_text(f"header:\n  version: 14\n  includes:\n    - kas/alma.yml\nmachine: {AGX}\n")
     return f
 
 
 @pytest.mark.slow
-def test_exported_kas_machine_is_what_the_plan_and_the_build_use(
-    real_kas_project: Path,  # noqa: F811
-    agx_file: Path,
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
-    root = real_kas_project
-    _env(monkeypatch, probes, KAS_MACHINE=AGX)
+def test_exported_kas_machine_is_what_the_plan_and_the_build_use(real_kas: RealKas, agx_file: Path, alma) -> None:  # type: ignore[no-untyped-def]
+    root = real_kas.root
+    real_kas.export(KAS_MACHINE=AGX)
     code, out, err = alma("build", "--dry-run", "--json")
     assert code == 0, err
     plan = json.loads(out)
@@ -70,7 +85,7 @@ def test_exported_kas_machine_is_what_the_plan_and_the_build_use(
     assert f"MACHINE {AGX}  (environment KAS_MACHINE)" in out and NANO not in out
     code, out, err = alma("build")
     assert code == 0, out + err
-    [bb] = _bitbake_calls(tmp_path)
+    [bb] = real_kas.bitbake_calls()
     assert bb["cwd"] == str(root / "build" / AGX)
     local = (root / "build" / AGX / "conf" / "local.conf").read_text()
     assert f'MACHINE ??= "{AGX}"' in local  # what real kas wrote for bitbake
@@ -80,48 +95,32 @@ def test_exported_kas_machine_is_what_the_plan_and_the_build_use(
 
 
 @pytest.mark.slow
-def test_exported_kas_distro_other_than_the_kas_files_is_refused_with_the_reason(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
-    _env(monkeypatch, probes, KAS_DISTRO="poky")
+def test_exported_kas_distro_other_than_the_kas_files_is_refused_with_the_reason(real_kas: RealKas, alma) -> None:  # type: ignore[no-untyped-def]
+    real_kas.export(KAS_DISTRO="poky")
     code, out, err = alma("build", "--dry-run")
     assert code == 2 and "DISTRO poky  (environment KAS_DISTRO)" in out
     assert "KAS_DISTRO=poky is exported: kas would build DISTRO 'poky' instead of the kas files' 'alma'" in err
     code, _, err = alma("build")
-    assert code == 2 and "unset KAS_DISTRO" in err and _bitbake_calls(tmp_path) == []
-    _env(monkeypatch, probes, KAS_DISTRO="alma")  # the same distro: nothing to refuse
+    assert code == 2 and "unset KAS_DISTRO" in err and real_kas.bitbake_calls() == []
+    real_kas.export(KAS_DISTRO="alma")  # the same distro: nothing to refuse
     code, out, _ = alma("build", "--dry-run")
     assert code == 0 and "DISTRO alma  (environment KAS_DISTRO)" in out
 
 
 @pytest.mark.slow
-def test_kas_target_and_task_from_the_environment_reach_bitbake(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
-    _env(monkeypatch, probes, KAS_TARGET="core-image-minimal alma-image", KAS_TASK="fetch")
+def test_kas_target_and_task_from_the_environment_reach_bitbake(real_kas: RealKas, alma) -> None:  # type: ignore[no-untyped-def]
+    real_kas.export(KAS_TARGET="core-image-minimal alma-image", KAS_TASK="fetch")
     code, out, err = alma("build")
     assert code == 0, out + err
-    [bb] = _bitbake_calls(tmp_path)
+    [bb] = real_kas.bitbake_calls()
     assert bb["argv"][2:] == ["-c", "fetch", "core-image-minimal", "alma-image"]
 
 
 @pytest.mark.slow
-def test_alma_shell_and_alma_build_give_bitbake_the_same_configuration(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-) -> None:
+def test_alma_shell_and_alma_build_give_bitbake_the_same_configuration(real_kas: RealKas, alma) -> None:  # type: ignore[no-untyped-def]
     # oe-core reads site.conf, auto.conf, local.conf, then -R files: a config the shell put in
     # auto.conf would lose to the kas file's BB_NUMBER_THREADS where the build's -R wins
-    root = real_kas_project
+    root = real_kas.root
     (root / "kas" / "threads.yml").write_text(
         'header:\n  version: 14\nlocal_conf_header:\n  threads: |\n    BB_NUMBER_THREADS = "1"\n'
     )
@@ -129,7 +128,7 @@ def test_alma_shell_and_alma_build_give_bitbake_the_same_configuration(
     assert code == 0, out + err
     code, out, err = alma("build", "--kas-file", "kas/threads.yml")
     assert code == 0, out + err
-    shell_bb, build_bb = _bitbake_calls(tmp_path)
+    shell_bb, build_bb = real_kas.bitbake_calls()
     conf = root / "build" / NANO / "alma-build.conf"
     assert _postread(shell_bb) == _postread(build_bb) == [str(conf)]
     assert "BB_NUMBER_THREADS" not in conf.read_text()  # the kas file chose: local.conf's "1" stands in both
@@ -187,18 +186,15 @@ def test_the_view_resolves_as_kas_own_getters_do(env, data, monkeypatch) -> None
 
 @pytest.mark.slow
 def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_and_the_plan_disk_check_and_verify_follow_it(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
+    real_kas: RealKas,
+    alma,  # type: ignore[no-untyped-def]
 ) -> None:
     from artefacts.alma_deployfix import build_deploy
 
-    root = real_kas_project
-    login_tmp = tmp_path / "user" / "tmp"  # bitbake's TMPDIR: <it>-glibc, beside it
+    root = real_kas.root
+    login_tmp = real_kas.tmp / "user" / "tmp"  # bitbake's TMPDIR: <it>-glibc, beside it
     login_tmp.mkdir(parents=True)
-    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    real_kas.export(TMPDIR=str(login_tmp))
     # the fact the plan rests on: real kas hands bitbake the exported TMPDIR, listed for its datastore
     kas = Path(sys.executable).parent / "kas"
     res = subprocess.run(
@@ -210,7 +206,7 @@ def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_and_the_plan_disk_c
             'echo "T=$TMPDIR"; echo "P=$BB_ENV_PASSTHROUGH_ADDITIONS"',
         ],
         cwd=root,
-        env={**os.environ, "KAS_WORK_DIR": str(root / "build"), "KAS_BUILD_DIR": str(tmp_path / "kb")},
+        env={**os.environ, "KAS_WORK_DIR": str(root / "build"), "KAS_BUILD_DIR": str(real_kas.tmp / "kb")},
         capture_output=True,
         text=True,
         timeout=600,
@@ -225,19 +221,23 @@ def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_and_the_plan_disk_c
     code, out, _ = alma("build", "--dry-run")
     assert f"TMPDIR (bitbake's build output, deploy dir under it): {bb_tmp}" in out and "env -u TMPDIR" in out
     # the disk check measures bitbake's TMPDIR's filesystem when it is another than the build tree's
-    small = {str(tmp_path / "user"): 3 * pf.GB}
-    probes(ls_remote=pf._ls_remote, env=dict(os.environ), device=lambda p: 2 if str(p).startswith(bb_tmp) else 1,
-           disk_free=lambda p: small.get(str(pf._existing_parent(p)), 500 * pf.GB))  # fmt: skip
+    small = {str(real_kas.tmp / "user"): 3 * pf.GB}
+    real_kas.probes(
+        ls_remote=pf._ls_remote,
+        env=dict(os.environ),
+        device=lambda p: 2 if str(p).startswith(bb_tmp) else 1,
+        disk_free=lambda p: small.get(str(pf._existing_parent(p)), 500 * pf.GB),
+    )
     code, _, err = alma("build")
-    assert code == 2 and f"free disk at {tmp_path / 'user'}: 3.0 GB, bitbake's TMPDIR {bb_tmp}" in err, err
-    assert "env -u TMPDIR alma build" in err and _bitbake_calls(tmp_path) == []
-    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    assert code == 2 and f"free disk at {real_kas.tmp / 'user'}: 3.0 GB, bitbake's TMPDIR {bb_tmp}" in err, err
+    assert "env -u TMPDIR alma build" in err and real_kas.bitbake_calls() == []
+    real_kas.export(TMPDIR=str(login_tmp))
     code, out, err = alma("build")
     assert code == 0, out + err
-    [bb] = _bitbake_calls(tmp_path)
+    [bb] = real_kas.bitbake_calls()
     # verify looks where the build put it, whatever the environment verify runs in
-    monkeypatch.delenv("TMPDIR")
-    d = build_deploy(root, topdir=tmp_path / "user")
+    real_kas.monkeypatch.delenv("TMPDIR")
+    d = build_deploy(root, topdir=real_kas.tmp / "user")
     assert str(d.dir).startswith(bb_tmp)
     code, out, err = alma("verify", "--root", str(root))
     assert code == 0, out + err
@@ -246,7 +246,7 @@ def test_an_exported_tmpdir_reaches_bitbake_through_real_kas_and_the_plan_disk_c
     (root / "kas" / "tmp.yml").write_text(
         'header:\n  version: 14\nlocal_conf_header:\n  tmp: |\n    TMPDIR = "${TOPDIR}/bbtmp"\n'
     )
-    _env(monkeypatch, probes, TMPDIR=str(login_tmp))
+    real_kas.export(TMPDIR=str(login_tmp))
     code, out, err = alma("build", "--dry-run", "--json", "--kas-file", "kas/tmp.yml")
     assert json.loads(out)["tmpdir"] == {
         "value": str(root / "build" / NANO / "bbtmp-glibc"),
@@ -265,14 +265,10 @@ def test_a_login_tmpdir_whose_parent_is_not_writable_is_refused_with_the_fix(pro
 
 
 @pytest.mark.slow
-def test_a_dirty_or_moved_repository_is_in_the_plan_and_force_checkout_reaches_kas(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-) -> None:
+def test_a_dirty_or_moved_repository_is_in_the_plan_and_force_checkout_reaches_kas(real_kas: RealKas, alma) -> None:  # type: ignore[no-untyped-def]
     from imagebuild.test_build_real_kas import git
 
-    root = real_kas_project
+    root = real_kas.root
     code, out, err = alma("build")  # real kas clones and checks out the pins
     assert code == 0, out + err
     oe = root / "build" / "openembedded-core"
@@ -293,48 +289,29 @@ def test_a_dirty_or_moved_repository_is_in_the_plan_and_force_checkout_reaches_k
     assert "repository openembedded-core:" not in out  # clean at its pin again
 
 
-def _remote_urls(root: Path, tmp_path: Path) -> str:
-    """Point the kas files at an unreachable https host; the local repositories become its mirror."""
-    base = root / "kas" / "alma.yml"
-    base.write_text(base.read_text().replace(f"file://{tmp_path / 'upstream'}/", "https://git.example.invalid/"))
-    return "https://git.example.invalid/"
-
-
 @pytest.mark.slow
-def test_kas_premirrors_make_the_reachability_check_and_kas_work_offline(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
-    remote = _remote_urls(real_kas_project, tmp_path)
-    _env(monkeypatch, probes)
+def test_kas_premirrors_make_the_reachability_check_and_kas_work_offline(real_kas: RealKas, alma) -> None:  # type: ignore[no-untyped-def]
+    remote = real_kas.remote_urls()
+    real_kas.export()
     code, _, err = alma("build")
     assert code == 2 and f"repository bitbake ({remote}bitbake)" in err and "KAS_PREMIRRORS=" in err
-    _env(monkeypatch, probes, KAS_PREMIRRORS=f"https://git\\.example\\.invalid/(.*) file://{tmp_path / 'upstream'}/\\1")
+    real_kas.export(KAS_PREMIRRORS=f"https://git\\.example\\.invalid/(.*) file://{real_kas.tmp / 'upstream'}/\\1")
     code, out, err = alma("build")
     assert code == 0, out + err  # the preflight asked the mirror, as kas then cloned from it
-    assert [c["tool"] for c in read_record(tmp_path / "record.jsonl")].count("bitbake") == 1
+    assert [c["tool"] for c in read_record(real_kas.tmp / "record.jsonl")].count("bitbake") == 1
 
 
 @pytest.mark.slow
-def test_an_insteadof_rule_only_in_the_users_gitconfig_is_refused_with_gitconfig_file(
-    real_kas_project: Path,  # noqa: F811
-    tmp_path: Path,
-    alma,
-    monkeypatch,
-    probes,
-) -> None:
-    remote = _remote_urls(real_kas_project, tmp_path)
+def test_an_insteadof_rule_only_in_the_users_gitconfig_is_refused_with_gitconfig_file(real_kas: RealKas, alma) -> None:  # type: ignore[no-untyped-def]
+    remote = real_kas.remote_urls()
     home = Path(os.environ["HOME"])  # the per-test HOME of the autouse fixture
     cfg = home / ".gitconfig"
-    cfg.write_text(f'[url "file://{tmp_path / "upstream"}/"]\n\tinsteadOf = {remote}\n')
-    _env(monkeypatch, probes)
+    cfg.write_text(f'[url "file://{real_kas.tmp / "upstream"}/"]\n\tinsteadOf = {remote}\n')
+    real_kas.export()
     # git as the user passes; kas's git (its own HOME) would not see the rule: refused up front
     code, _, err = alma("build")
     assert code == 2 and f"export GITCONFIG_FILE={cfg}" in err, err
-    _env(monkeypatch, probes, GITCONFIG_FILE=str(cfg))
+    real_kas.export(GITCONFIG_FILE=str(cfg))
     code, out, err = alma("build")
     assert code == 0, out + err  # kas took the rule into its HOME, as the preflight did
 

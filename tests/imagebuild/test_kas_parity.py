@@ -1,4 +1,4 @@
-"""What a kas user expects from `alma build` (issue 22): a target, a task, -k, bitbake
+"""What a kas user expects from `alma build`: a target, a task, -k, bitbake
 arguments after `--`, extra kas files with kas's colon semantics through the same checks,
 `alma shell` (kas shell with the plan) and `alma dump` (the merged config, --lock)."""
 

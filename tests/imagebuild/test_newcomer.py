@@ -1,4 +1,4 @@
-"""What a kas user meets on a fresh machine (issue 22): one list of problems, the environment
+"""What a kas user meets on a fresh machine: one list of problems, the environment
 winning over the default tree, a checkout without .git found where kas would fail, NO_COLOR."""
 
 from __future__ import annotations

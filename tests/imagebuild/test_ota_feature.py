@@ -1,4 +1,4 @@
-"""Feature ota on the build side (issue 23): the signing certificate decided offline (a release
+"""Feature ota on the build side: the signing certificate decided offline (a release
 without one is refused like a missing admin key), never a private key, and the hawkBit
 client config the image gets, read by the REAL SWUpdate."""
 
@@ -44,7 +44,7 @@ def test_release_with_ota_and_no_cert_is_refused_before_anything_runs(project, f
     code, _, err = alma("build", "--feature", "ota")
     assert code == 2
     assert "needs the OTA signing certificate" in err and "--ota-key" in err
-    # --dry-run still shows the plan, with the missing certificate among its problems (issue 22)
+    # --dry-run still shows the plan, with the missing certificate among its problems
     code, out, err = alma("build", "--dry-run", "--feature", "ota")
     assert code == 2, err
     assert "needs the OTA signing certificate" in out + err and "--ota-key" in out + err

@@ -1,4 +1,4 @@
-"""The layer's admin access (issue 14): the release check run on generated rootfs trees, the
+"""The layer's admin access: the release check run on generated rootfs trees, the
 alma-access recipe's key handling, and the keys-only sshd drop-in checked with the real sshd."""
 
 from __future__ import annotations

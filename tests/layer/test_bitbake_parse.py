@@ -1,4 +1,4 @@
-"""Real bitbake (2.8, scarthgap) parses alma-image with an admin key set (issue 14).
+"""Real bitbake (2.8, scarthgap) parses alma-image with an admin key set.
 
 Runs the script $ALMA_CHECK_LAYER names (arguments: <checkout> <machine> <extra .conf>): stage 1
 of docs/layer.md, "Checked with real bitbake" (bitbake -p and -g alma-image against oe-core,

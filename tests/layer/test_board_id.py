@@ -1,4 +1,4 @@
-"""The board's console identity line (issue 14): the oneshot unit checked and scored by the
+"""The board's console identity line: the oneshot unit checked and scored by the
 real systemd-analyze, its script run under dash and bash against a real host key, and the
 line rendered by the real agetty exactly as alma flash then parses it."""
 

@@ -1,4 +1,4 @@
-"""The release image's CVE gate (issue 22, classes/alma-release-check.bbclass alma_cve_gate),
+"""The release image's CVE gate (classes/alma-release-check.bbclass alma_cve_gate),
 run on cve-check reports in the shape oe-core writes (tests/artefacts/sbomfix.py): an
 Unpatched CVE with CVSS v3/v4 >= 9.0 fails a release; a waiver (CVE_STATUS -> Ignored with a
 detail), a development build or the gate off lets it through."""

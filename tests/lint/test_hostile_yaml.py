@@ -1,6 +1,6 @@
 """Hostile YAML on every path the loader reads kas files by: the base file, a machine file, a
 feature, an included file, a lock file and a --kas-file overlay, through `alma lint` and `alma build --dry-run`.
-Issue 22: an alias bomb whose shared node is reached first from another branch crashed the
+An alias bomb whose shared node is reached first from another branch crashed the
 loader's node count (KeyError, exit 70). Each case must be a clear exit (lint 1 or 2, build 2)
 naming the file, never a traceback; the loader itself is exercised with generated trees."""
 

@@ -1,4 +1,4 @@
-"""`alma lint` says what it is doing before the slow parts (issue 22 finding 4: it printed
+"""`alma lint` says what it is doing before the slow parts (it printed
 nothing for ~20 s while oelint-adv ran, and looked hung). The real CLI in its own process, its
 stderr read line by line as it arrives: the first progress line must come within 1 s of the
 interpreter's own start-up (measured in the same test: `alma --version`), and the line naming

@@ -136,6 +136,16 @@ class _Collect:
     def dangling(self, link: Path) -> None:
         self.problems.append(f"dangling symlink: {link.name} -> {os.readlink(link)} (target missing)")
 
+    def present(self, found: dp.Located | None, missing: str) -> dp.Located | None:
+        """``found`` if it is there; else the problem: ``missing``, or its dangling link."""
+        if found is None:
+            self.problems.append(missing)
+        elif found.dangling:
+            self.dangling(found.link)
+        else:
+            return found
+        return None
+
 
 def verify(
     deploy: Path | None,
@@ -192,14 +202,11 @@ def _only_image(deploy: Path, machine: str) -> str:
 def _bundle_facts(c: _Collect) -> None:
     """The flashable bundle: the fingerprint of the build, and its .env.initrd-flash."""
     m, image, machine = c.m, c.image, c.machine
-    b = dp.find_bundle(c.deploy, image, machine)
+    found = dp.find_bundle(c.deploy, image, machine)
+    stamped = dp.stamped_siblings(c.deploy, image, machine) if found is None else []
+    note = f"; timestamped files without a link: {', '.join(p.name for p in stamped)}" if stamped else ""
+    b = c.present(found, f"no bundle: {c.link}.tegraflash.tar.gz is missing{note}")
     if b is None:
-        stamped = dp.stamped_siblings(c.deploy, image, machine)
-        note = f"; timestamped files without a link: {', '.join(p.name for p in stamped)}" if stamped else ""
-        c.problems.append(f"no bundle: {c.link}.tegraflash.tar.gz is missing{note}")
-        return
-    if b.dangling:
-        c.dangling(b.link)
         return
     assert b.real is not None
     scan, hit = _cached_bundle(b.real, c.cache, c.rehash, c.progress)
@@ -247,12 +254,8 @@ def _bundle_env_facts(c: _Collect, scan: BundleScan, real: Path) -> None:
 
 
 def _rootfs_facts(c: _Collect) -> None:
-    r = dp.locate(c.deploy / (c.link + ".ext4"))
-    if r is None:
-        c.problems.append(f"no rootfs: {c.link}.ext4 is missing")
-    elif r.dangling:
-        c.dangling(r.link)
-    else:
+    r = c.present(dp.locate(c.deploy / (c.link + ".ext4")), f"no rootfs: {c.link}.ext4 is missing")
+    if r is not None:
         c.m.set("rootfs_bytes", r.path.stat().st_size, f"{r.path}: file size")
         c.m.set("rootfs_path", str(r.path), f"{r.link}")
 
@@ -260,12 +263,8 @@ def _rootfs_facts(c: _Collect) -> None:
 def _image_manifest_facts(c: _Collect) -> None:
     """The image manifest: packages, components, the kernel package (for the kernel check)."""
     m = c.m
-    mf = dp.locate(c.deploy / (c.link + ".manifest"))
+    mf = c.present(dp.locate(c.deploy / (c.link + ".manifest")), f"no image manifest: {c.link}.manifest is missing")
     if mf is None:
-        c.problems.append(f"no image manifest: {c.link}.manifest is missing")
-        return
-    if mf.dangling:
-        c.dangling(mf.link)
         return
     try:
         rm = read_rootfs_manifest(mf.path)
@@ -288,13 +287,9 @@ def _image_manifest_facts(c: _Collect) -> None:
 
 def _kernel_facts(c: _Collect) -> None:
     """The kernel, from the image itself; it must be the release the image manifest installs."""
-    k = dp.find_kernel(c.deploy, c.machine)
+    names = ", ".join(n.format(machine=c.machine) for n in dp.KERNEL_NAMES)
+    k = c.present(dp.find_kernel(c.deploy, c.machine), f"no kernel image: none of {names}")
     if k is None:
-        names = ", ".join(n.format(machine=c.machine) for n in dp.KERNEL_NAMES)
-        c.problems.append(f"no kernel image: none of {names}")
-        return
-    if k.dangling:
-        c.dangling(k.link)
         return
     try:
         kf = _cached_kernel(k.path, c.cache, c.rehash)

@@ -170,14 +170,14 @@ def build(
     from alma.errors import Interrupted, ToolError
     from alma.imagebuild import engine
     from alma.imagebuild import preflight as pf
-    from alma.imagebuild.plan import BuildRequest, make_plan
-    from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, Project
+    from alma.imagebuild.plan import cli_request, make_plan
+    from alma.imagebuild.project import Project
     from alma.settings import repo_root
 
     probes = pf.default_probes()
-    req = BuildRequest(
-        machine=machine or DEFAULT_MACHINE,
-        image=image or DEFAULT_IMAGE,
+    req = cli_request(
+        machine,
+        image,
         features=features,
         check=check,
         sstate_mirror=sstate_mirror,
@@ -189,8 +189,6 @@ def build(
         ota_cert=ota_cert,
         targets=targets,
         task=task,
-        machine_given=machine is not None,
-        image_given=image is not None,
         keep_going=keep_going,
         bitbake_args=bitbake_args,
         kas_files=kas_files,

@@ -339,7 +339,7 @@ class _Display:
 
 
 def _join_fleet(runs: list[BoardRun], fleet_file: Path | None, ssh_user: str) -> list[dict[str, Any]]:
-    """Boards seen booting join the fleet (issue 14), one at a time: an identity problem of one
+    """Boards seen booting join the fleet, one at a time: an identity problem of one
     board (ambiguous, a bad address) is its own reason, never the exit code, never another's."""
     from alma.errors import UserError
     from alma.fleet.join import after_flash

@@ -51,22 +51,20 @@ def shell(
     from alma.errors import ToolError
     from alma.imagebuild import engine
     from alma.imagebuild import preflight as pf
-    from alma.imagebuild.plan import BuildRequest, make_plan
-    from alma.imagebuild.project import DEFAULT_IMAGE, DEFAULT_MACHINE, Project
+    from alma.imagebuild.plan import cli_request, make_plan
+    from alma.imagebuild.project import Project
     from alma.settings import repo_root
 
     probes = pf.default_probes()
-    req = BuildRequest(
-        machine=machine or DEFAULT_MACHINE,
-        image=image or DEFAULT_IMAGE,
+    req = cli_request(
+        machine,
+        image,
         features=features,
         kas_files=kas_files,
         build_dir=build_dir,
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
         shell=command or "",
-        machine_given=machine is not None,
-        image_given=image is not None,
     )
     plan = make_plan(req, Project(repo_root()), probes)
     engine.require_preflight(plan, probes)

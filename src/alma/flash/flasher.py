@@ -208,6 +208,63 @@ class InitrdFlasher:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
+    def _run_script(
+        self,
+        argv: list[str],
+        bundle_dir: Path,
+        deadline: _CancellableDeadline,
+        on_line: Callable[[str], None],
+        lines: list[str],
+        transcript: Path,
+        pass_fds: tuple[int, ...],
+    ) -> tuple[str, int | None, str | None, float | None]:
+        """Run the flash script to its end, its timeout or a stop: (result so far, its exit
+        code, the phase that timed out and that phase's limit). A script that could not start
+        at all adds its error to ``lines``."""
+        result = "FAILED"
+        exit_code: int | None = None
+        timed_out: str | None = None
+        timeout_s: float | None = None
+        pid_box: list[int] = []
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
+            pid_box.append(proc.pid)
+            self._started(proc)
+
+        if self._program is not None:
+            self._program.reverify()  # the inode and bytes that were checked, right before the exec
+        try:
+            res = runner.run(
+                argv,
+                cwd=bundle_dir,
+                env=self.env,
+                timeout=deadline,
+                on_line=on_line,
+                log_path=transcript,
+                check=False,
+                what="initrd-flash",
+                flush_partial_after=PARTIAL_AFTER_S,
+                on_start=started,
+                stop_grace=STOP_GRACE_S,
+                pass_fds=pass_fds,
+            )
+            exit_code = res.returncode
+        except ToolTimeout:
+            if self.cancel.is_set():
+                result = "INTERRUPTED"
+            else:
+                timed_out, timeout_s = deadline.phase, deadline.seconds
+                result = "TIMEOUT"
+        except ToolError as exc:  # could not start it at all
+            lines.append(f"ERR: {exc.message}")
+            exit_code = exc.returncode
+        finally:
+            with self._pids_lock:
+                self._pids.difference_update(pid_box)
+        if result == "FAILED" and self.cancel.is_set():
+            result = "INTERRUPTED"  # it ended while being stopped
+        return result, exit_code, timed_out, timeout_s
+
     def flash(
         self,
         bundle_dir: Path,
@@ -241,49 +298,9 @@ class InitrdFlasher:
 
         transcript = transcript_path(bundle_dir)
         _create_private(transcript)  # alma's own file, new, outside the bundle's tree
-        result = "FAILED"
-        exit_code: int | None = None
-        timed_out: str | None = None
-        timeout_s: float | None = None
-        pid_box: list[int] = []
-
-        def started(proc: subprocess.Popen[bytes]) -> None:
-            pid_box.append(proc.pid)
-            self._started(proc)
-
-        argv = self.command(bundle_dir, usb_instance)
-        if self._program is not None:
-            self._program.reverify()  # the inode and bytes that were checked, right before the exec
-        try:
-            res = runner.run(
-                argv,
-                cwd=bundle_dir,
-                env=self.env,
-                timeout=deadline,
-                on_line=on_line,
-                log_path=transcript,
-                check=False,
-                what="initrd-flash",
-                flush_partial_after=PARTIAL_AFTER_S,
-                on_start=started,
-                stop_grace=STOP_GRACE_S,
-                pass_fds=pass_fds,
-            )
-            exit_code = res.returncode
-        except ToolTimeout:
-            if self.cancel.is_set():
-                result = "INTERRUPTED"
-            else:
-                timed_out, timeout_s = deadline.phase, deadline.seconds
-                result = "TIMEOUT"
-        except ToolError as exc:  # could not start it at all
-            lines.append(f"ERR: {exc.message}")
-            exit_code = exc.returncode
-        finally:
-            with self._pids_lock:
-                self._pids.difference_update(pid_box)
-        if result == "FAILED" and self.cancel.is_set():
-            result = "INTERRUPTED"  # it ended while being stopped
+        result, exit_code, timed_out, timeout_s = self._run_script(
+            self.command(bundle_dir, usb_instance), bundle_dir, deadline, on_line, lines, transcript, pass_fds
+        )
 
         host_log, device_logs = collect_logs(bundle_dir)
         all_lines = list(lines)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alma import loader
 from alma.errors import UserError
 from alma.ground import write_atomic
 from alma.sshkeys import FINGERPRINT, PublicKey, read_public_key_file
@@ -96,16 +97,9 @@ def _check_pattern(pattern: str) -> None:
 
 def read_hostname_csv(path: Path) -> dict[str, str]:
     """``usb_instance,hostname`` rows (a header row ``usb_instance,hostname`` is allowed)."""
-    try:
-        raw = path.read_bytes()[: MAX_CSV_BYTES + 1]
-    except OSError as exc:
-        raise UserError(f"--hostnames {path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_CSV_BYTES:
-        raise UserError(f"--hostnames {path}: larger than {MAX_CSV_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"--hostnames {path}: not UTF-8 text") from None
+    text = loader.read_text(
+        path, what="--hostnames CSV", hint="a UTF-8 CSV of USB_INSTANCE,HOSTNAME rows", max_bytes=MAX_CSV_BYTES
+    )
     out: dict[str, str] = {}
     for no, row in enumerate(csv.reader(io.StringIO(text)), 1):
         cells = [c.strip() for c in row]

@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,22 +129,23 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _size(path: Path) -> int:
-    total = 0
+def _file_stats(path: Path) -> Iterator[os.stat_result]:
+    """lstat of every file below ``path``; one that vanishes meanwhile is skipped."""
     for dirpath, _dirs, files in os.walk(path):
         for f in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-    return total
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            yield st
+
+
+def _size(path: Path) -> int:
+    return sum(st.st_blocks * 512 for st in _file_stats(path))
 
 
 def _last_write(path: Path) -> float:
-    latest = 0.0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                latest = max(latest, os.lstat(os.path.join(dirpath, f)).st_mtime)
-    return latest
+    return max((st.st_mtime for st in _file_stats(path)), default=0.0)
 
 
 def clean_stale_runs(base: Path, on_killed: Callable[[KilledFlash], None] | None = None) -> list[str]:

@@ -392,7 +392,7 @@ def run_fleet_health(
 
 
 def _mark_updating(results: list[NodeResult]) -> None:
-    """issue 23: a board `alma update` is rebooting or judging is WARNING "mid-update", not CRITICAL."""
+    """A board `alma update` is rebooting or judging is WARNING "mid-update", not CRITICAL."""
     from alma.update.records import updating
 
     busy = updating()

@@ -136,28 +136,18 @@ def _gib(n: int) -> str:
     return f"{n / 1024**3:.1f} GiB"
 
 
-def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeInspection:
-    out = NodeInspection(node.name, node.role)
-    times = []
-    for cmd in ALLOWED_COMMANDS:
-        res, at = answers[cmd]
-        out.commands.append({"command": cmd, "returncode": res.returncode, "duration_s": round(res.duration_s, 3)})
-        if res.error is None:
-            times.append(at)
-    out.verified_at = max(times) if times else None
+class _Answers:
+    """One node's answers, read into ``out``: a failed, missing or unparsable command is a
+    skipped item naming it (and the command), never an exception."""
 
-    def get(cmd: str) -> RemoteResult:
-        return answers[cmd][0]
+    def __init__(self, out: NodeInspection, answers: dict[str, tuple[RemoteResult, str]]) -> None:
+        self.out, self.answers = out, answers
 
-    unreachable = all(get(c).error in ("unreachable", "timeout", "ssh-missing") for c in ALLOWED_COMMANDS)
-    if unreachable:
-        why = get(DATE).why()
-        out.failed(get(DATE))
-        out.skip("everything", f"node not reached: {why}")
-        return out
+    def get(self, cmd: str) -> RemoteResult:
+        return self.answers[cmd][0]
 
-    def usable(item: str, cmd: str, *, allow_rc: tuple[int, ...] = (0,)) -> RemoteResult | None:
-        res = get(cmd)
+    def usable(self, item: str, cmd: str, *, allow_rc: tuple[int, ...] = (0,)) -> RemoteResult | None:
+        out, res = self.out, self.get(cmd)
         if res.error:
             out.skip(item, f"`{cmd}` {out.failed(res)}")
             return None
@@ -170,76 +160,92 @@ def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeI
             return None
         return res
 
-    def parsed(item: str, cmd: str, fn: Callable[[str, list[str]], Any]) -> Any:
+    def parsed(self, item: str, cmd: str, fn: Callable[[str, list[str]], Any]) -> Any:
         noise: list[str] = []
         try:
-            value = fn(get(cmd).text, noise)
+            value = fn(self.get(cmd).text, noise)
             if noise:
-                out.ignored_output.append({"command": cmd, "lines": noise})
+                self.out.ignored_output.append({"command": cmd, "lines": noise})
             return value
         except P.ParseError as exc:
-            out.skip(item, f"could not parse `{cmd}` output: {exc}")
-            out.failed_commands.append({"command": cmd, "why": f"unparsable output: {exc}"})
+            self.out.skip(item, f"could not parse `{cmd}` output: {exc}")
+            self.out.failed_commands.append({"command": cmd, "why": f"unparsable output: {exc}"})
             return None
 
-    if (r := usable("node clock", DATE)) is not None:
+    def read(
+        self, item: str, cmd: str, fn: Callable[[str, list[str]], Any], *, allow_rc: tuple[int, ...] = (0,)
+    ) -> Any:
+        """The parsed answer of a usable command, else None (the item skipped with the reason)."""
+        return self.parsed(item, cmd, fn) if self.usable(item, cmd, allow_rc=allow_rc) is not None else None
+
+
+def interpret(node: Node, answers: dict[str, tuple[RemoteResult, str]]) -> NodeInspection:
+    out = NodeInspection(node.name, node.role)
+    times = []
+    for cmd in ALLOWED_COMMANDS:
+        res, at = answers[cmd]
+        out.commands.append({"command": cmd, "returncode": res.returncode, "duration_s": round(res.duration_s, 3)})
+        if res.error is None:
+            times.append(at)
+    out.verified_at = max(times) if times else None
+    a = _Answers(out, answers)
+
+    unreachable = all(a.get(c).error in ("unreachable", "timeout", "ssh-missing") for c in ALLOWED_COMMANDS)
+    if unreachable:
+        why = a.get(DATE).why()
+        out.failed(a.get(DATE))
+        out.skip("everything", f"node not reached: {why}")
+        return out
+
+    if (r := a.usable("node clock", DATE)) is not None:
         stamps = [ln.strip() for ln in r.lines if _ISO.match(ln.strip())]
         out.node_clock = stamps[-1] if stamps else None
         if out.node_clock is None:
             out.skip("node clock", f"`{DATE}` printed no UTC time")
 
-    mem = None
-    if usable("memory", FREE) is not None:
-        mem = parsed("memory", FREE, lambda t, _n: P.parse_free(t))
-    if mem is not None:
-        out.verified["memory"] = {
-            "total_bytes": mem.total,
-            "used_bytes": mem.used,
-            "available_bytes": mem.available,
-            "capacity_bytes": mem.available,  # available RAM IS the capacity; no GPU figure added
-        }
-        out.verified["swap"] = {"total_bytes": mem.swap_total, "used_bytes": mem.swap_used}
-        budget = mem.available - node.reserve_bytes
-        out.verified["budget"] = {
-            "available_bytes": mem.available,
-            "reserve_bytes": node.reserve_bytes,
-            "budget_bytes": budget,
-            "note": "this node only; budgets are never summed across nodes",
-        }
-    else:
-        out.skip("budget", "memory not verified")
+    _memory(node, out, a.read("memory", FREE, lambda t, _n: P.parse_free(t)))
 
-    if usable("swap devices", SWAPON) is not None:
-        devs = parsed("swap devices", SWAPON, P.parse_swapon)
-        if devs is not None:
-            out.verified.setdefault("swap", {})["devices"] = [d.__dict__ for d in devs]
+    if (devs := a.read("swap devices", SWAPON, P.parse_swapon)) is not None:
+        out.verified.setdefault("swap", {})["devices"] = [d.__dict__ for d in devs]
 
-    if usable("GPU compute processes", GPU_APPS_COMMAND) is not None:
-        apps = parsed("GPU compute processes", GPU_APPS_COMMAND, P.parse_compute_apps)
-        if apps is not None:
-            out.verified["gpu_processes"] = [
-                {"pid": a.pid, "name": a.name, "used_bytes": a.used_bytes, "reported_as": a.used_raw} for a in apps
-            ]
+    if (apps := a.read("GPU compute processes", GPU_APPS_COMMAND, P.parse_compute_apps)) is not None:
+        out.verified["gpu_processes"] = [
+            {"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes, "reported_as": p.used_raw} for p in apps
+        ]
 
     # `systemctl is-active` exits 3 for inactive/failed: a valid answer, not a failure.
-    if usable("earlyoom", EARLYOOM, allow_rc=(0, 3)) is not None:
-        rc = get(EARLYOOM).returncode
-        state = parsed("earlyoom", EARLYOOM, lambda t, n: P.parse_is_active(t, rc, n))
-        if state is not None:
-            out.verified["earlyoom"] = state
+    rc = a.get(EARLYOOM).returncode
+    if (state := a.read("earlyoom", EARLYOOM, lambda t, n: P.parse_is_active(t, rc, n), allow_rc=(0, 3))) is not None:
+        out.verified["earlyoom"] = state
 
-    if usable("IPv4 addresses", IP_BRIEF) is not None:
-        addrs = parsed("IPv4 addresses", IP_BRIEF, P.parse_ip_brief)
-        if addrs is not None:
-            out.verified["addresses"] = [a.__dict__ for a in addrs]
+    if (addrs := a.read("IPv4 addresses", IP_BRIEF, P.parse_ip_brief)) is not None:
+        out.verified["addresses"] = [x.__dict__ for x in addrs]
 
-    if usable("RDMA links", RDMA) is not None:
-        links = parsed("RDMA links", RDMA, P.parse_rdma_links)
-        if links is not None:
-            out.verified["rdma_links"] = [rl.__dict__ for rl in links]
+    if (links := a.read("RDMA links", RDMA, P.parse_rdma_links)) is not None:
+        out.verified["rdma_links"] = [rl.__dict__ for rl in links]
 
-    _fabric(node, out, get(PORTS))
+    _fabric(node, out, a.get(PORTS))
     return out
+
+
+def _memory(node: Node, out: NodeInspection, mem: P.Memory | None) -> None:
+    """RAM, swap totals and this node's budget (available less its reserve), from `free -b`."""
+    if mem is None:
+        out.skip("budget", "memory not verified")
+        return
+    out.verified["memory"] = {
+        "total_bytes": mem.total,
+        "used_bytes": mem.used,
+        "available_bytes": mem.available,
+        "capacity_bytes": mem.available,  # available RAM IS the capacity; no GPU figure added
+    }
+    out.verified["swap"] = {"total_bytes": mem.swap_total, "used_bytes": mem.swap_used}
+    out.verified["budget"] = {
+        "available_bytes": mem.available,
+        "reserve_bytes": node.reserve_bytes,
+        "budget_bytes": mem.available - node.reserve_bytes,
+        "note": "this node only; budgets are never summed across nodes",
+    }
 
 
 def _fabric(node: Node, out: NodeInspection, res: RemoteResult) -> None:

@@ -28,7 +28,7 @@ A TOML file (default ``~/.config/alma/fleet.toml``, or ``$ALMA_FLEET``)::
     reserve = "4GiB"                 # inspect: budget = available - reserve
     links = [{ iface = "eth1", speed = 10000 }]
 
-Errors name the file and line (tomllib's own position for syntax errors, the line of the
+Errors name the file and line (tomllib's line for syntax errors, the line of the
 offending ``name =`` for semantic ones) and exit 2 through ``ConfigError``.
 """
 
@@ -289,7 +289,7 @@ def _parse_ssh(raw: Any, src: _Source, base: Path) -> SshConfig:
 
 def parse_fleet(text: str, path: Path) -> Fleet:
     src = _Source(path, text)
-    # tomllib's message already carries "(at line N, column M)"; deep nesting is refused too
+    # a syntax error names tomllib's line (file:line:); deep nesting is refused too
     data = loader.loads_toml(text, path, hint=f"fix the TOML syntax in {path}", label="invalid TOML")
 
     known_top = {"ssh", "health", "panel", "node", "alert"}
@@ -316,61 +316,7 @@ def parse_fleet(text: str, path: Path) -> Fleet:
     seen: dict[str, int | None] = {}
     aliases: dict[str, int | None] = {}
     for i, raw in enumerate(raw_nodes):
-        line = src.node_line(i)
-        name = _str(raw, "name", src, line)
-        if not name:
-            raise src.error(line, f"node #{i + 1} has no name")
-        if not _NAME_RE.match(name):
-            raise src.error(src.key_line(i, "name"), f"node name {name!r}: use letters, digits, '.', '_' or '-'")
-        if name.lower() in seen:  # hostnames (and ssh's HostKeyAlias) ignore case
-            first = seen[name.lower()]
-            raise src.error(
-                src.key_line(i, "name"),
-                f"duplicate node name {name!r}" + (f" (first declared at line {first})" if first else ""),
-                hint="give every [[node]] a unique name",
-            )
-        seen[name.lower()] = src.key_line(i, "name")
-        role = _str(raw, "role", src, line)
-        if role not in ROLES:
-            raise src.error(
-                src.key_line(i, "role"),
-                f"node {name!r}: unknown role {role!r}" if role is not None else f"node {name!r} has no role",
-                hint="role must be one of: " + ", ".join(ROLES),
-            )
-        dest = _str(raw, "ssh", src, line, default=name) or name
-        if dest.startswith("-"):
-            # Would be parsed by ssh as an option.
-            raise src.error(src.key_line(i, "ssh"), f"node {name!r}: ssh destination may not start with '-'")
-        cmd = _str(raw, "health_command", src, line, default=default_cmd) or default_cmd
-        alias = _str(raw, "alias", src, line)
-        if alias is not None:  # the public panel's and /metrics' node identity: one node each
-            key = " ".join(alias.split()).casefold()
-            if key in aliases:
-                first = aliases[key]
-                where = f" at line {first}" if first else ""
-                raise src.error(src.key_line(i, "alias"), f"node {name!r}: alias {alias!r} is already used{where}",
-                                hint="give every node its own alias: the panel tells nodes apart by it")  # fmt: skip
-            aliases[key] = src.key_line(i, "alias")
-        unknown_keys = sorted(
-            set(raw) - {"name", "ssh", "role", "alias", "health_command", "reserve", "links", "host_key"}
-        )
-        if unknown_keys:
-            raise src.error(line, f"node {name!r}: unknown key(s) {', '.join(unknown_keys)}")
-        nodes.append(
-            Node(
-                name=name,
-                ssh=dest,
-                role=role,
-                alias=alias,
-                health_command=cmd,
-                reserve_bytes=parse_size(raw.get("reserve", default_reserve), f"{path}:{line}: node {name!r} reserve")
-                if "reserve" in raw
-                else default_reserve,
-                links=_parse_links(raw.get("links"), src, line, name),
-                line=line,
-                host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),
-            )
-        )
+        nodes.append(_parse_node(i, raw, src, default_cmd, default_reserve, seen, aliases))
     return Fleet(
         path=path,
         nodes=tuple(nodes),
@@ -380,6 +326,71 @@ def parse_fleet(text: str, path: Path) -> Fleet:
         panel=_parse_panel(data.get("panel"), src),
         max_output=_max_output(health, src),
         alerts=_alerts(data.get("alert"), src),
+    )
+
+
+def _parse_node(
+    i: int,
+    raw: Any,
+    src: _Source,
+    default_cmd: str,
+    default_reserve: int,
+    seen: dict[str, int | None],
+    aliases: dict[str, int | None],
+) -> Node:
+    """The ``i``-th [[node]]; ``seen`` and ``aliases`` (names and aliases so far, with their
+    lines) are updated: a second node of either is refused at its line."""
+    path = src.path
+    line = src.node_line(i)
+    name = _str(raw, "name", src, line)
+    if not name:
+        raise src.error(line, f"node #{i + 1} has no name")
+    if not _NAME_RE.match(name):
+        raise src.error(src.key_line(i, "name"), f"node name {name!r}: use letters, digits, '.', '_' or '-'")
+    if name.lower() in seen:  # hostnames (and ssh's HostKeyAlias) ignore case
+        first = seen[name.lower()]
+        raise src.error(
+            src.key_line(i, "name"),
+            f"duplicate node name {name!r}" + (f" (first declared at line {first})" if first else ""),
+            hint="give every [[node]] a unique name",
+        )
+    seen[name.lower()] = src.key_line(i, "name")
+    role = _str(raw, "role", src, line)
+    if role not in ROLES:
+        raise src.error(
+            src.key_line(i, "role"),
+            f"node {name!r}: unknown role {role!r}" if role is not None else f"node {name!r} has no role",
+            hint="role must be one of: " + ", ".join(ROLES),
+        )
+    dest = _str(raw, "ssh", src, line, default=name) or name
+    if dest.startswith("-"):
+        # Would be parsed by ssh as an option.
+        raise src.error(src.key_line(i, "ssh"), f"node {name!r}: ssh destination may not start with '-'")
+    cmd = _str(raw, "health_command", src, line, default=default_cmd) or default_cmd
+    alias = _str(raw, "alias", src, line)
+    if alias is not None:  # the public panel's and /metrics' node identity: one node each
+        key = " ".join(alias.split()).casefold()
+        if key in aliases:
+            first = aliases[key]
+            where = f" at line {first}" if first else ""
+            raise src.error(src.key_line(i, "alias"), f"node {name!r}: alias {alias!r} is already used{where}",
+                            hint="give every node its own alias: the panel tells nodes apart by it")  # fmt: skip
+        aliases[key] = src.key_line(i, "alias")
+    unknown_keys = sorted(set(raw) - {"name", "ssh", "role", "alias", "health_command", "reserve", "links", "host_key"})
+    if unknown_keys:
+        raise src.error(line, f"node {name!r}: unknown key(s) {', '.join(unknown_keys)}")
+    return Node(
+        name=name,
+        ssh=dest,
+        role=role,
+        alias=alias,
+        health_command=cmd,
+        reserve_bytes=parse_size(raw.get("reserve", default_reserve), f"{path}:{line}: node {name!r} reserve")
+        if "reserve" in raw
+        else default_reserve,
+        links=_parse_links(raw.get("links"), src, line, name),
+        line=line,
+        host_key=_host_key(raw, src, src.key_line(i, "host_key"), name),
     )
 
 

@@ -151,7 +151,7 @@ class Row:
     name: str = ""  # internal: joins the history; never rendered
     uptime: dict[str, str] | None = None  # window -> "99.5 %" / "no data"
     uptime_raw: dict[str, float | None] | None = None
-    updating: bool = False  # issue 23: mid-update (alma update), shown beside the status
+    updating: bool = False  # mid-update (alma update), shown beside the status
     slug: str = ""  # nodes/<slug>.html, from the public label
     perf: list[Spark] = field(default_factory=list)  # public perfdata series (node page)
     perf_now: list[tuple[str, str, str, float]] = field(default_factory=list)  # (check, label, unit, value)
@@ -227,6 +227,32 @@ def _uptime_words(v: float | None) -> str:
     return "no data" if v is None else f"{v:.2f} %".replace(".00 %", " %")
 
 
+def _reported(node: dict[str, Any]) -> tuple[dict[Any, Severity], set[Any]]:
+    """Each check's status as the node reported it (an unknown word: UNKNOWN), and the checks
+    whose report is too old to vouch for them (UNKNOWN too, shown grey "stale")."""
+    got: dict[Any, Severity] = {}
+    stale: set[Any] = set()
+    for ch in _checks_of(node):
+        try:
+            got[ch.get("name")] = Severity.parse(ch.get("status"))
+        except ValueError:
+            got[ch.get("name")] = Severity.UNKNOWN
+        if ch.get("stale") is True:
+            stale.add(ch.get("name"))
+            got[ch.get("name")] = Severity.UNKNOWN
+    return got, stale
+
+
+def _cell(check: str, got: dict[Any, Severity], stale: set[Any], role: str) -> Cell:
+    if check in stale:
+        return Cell(check, "stale", "st-unknown")
+    if check in got:
+        return Cell(check, got[check].name, CSS_CLASS[got[check]])
+    if check == DESKTOP_CHECK and role != "desktop":
+        return Cell(check, "n/a", "st-na")  # the lab rule applies to desktops only
+    return Cell(check, "not reported", "st-unknown")
+
+
 def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None = None,
                now_hour: int | None = None, forbidden: set[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything the template shows, already reduced to public data.
@@ -252,16 +278,7 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
             st = Severity.parse(n.get("status"))
         except ValueError:
             st = Severity.UNKNOWN
-        got = {}
-        stale_checks = set()
-        for ch in _checks_of(n):
-            try:
-                got[ch.get("name")] = Severity.parse(ch.get("status"))
-            except ValueError:
-                got[ch.get("name")] = Severity.UNKNOWN
-            if ch.get("stale") is True:  # the report is too old to vouch for it: grey "stale"
-                stale_checks.add(ch.get("name"))
-                got[ch.get("name")] = Severity.UNKNOWN
+        got, stale_checks = _reported(n)
         updating = n.get("updating") is True
         if updating:  # rebooting into a new slot or being judged: amber "updating", not red or grey
             st = Severity.WARNING if st in (Severity.CRITICAL, Severity.UNKNOWN) else st
@@ -271,16 +288,7 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
         role = cfg.role if cfg else str(n.get("role", "node"))
         if role not in ROLES:
             role = "node"
-        cells = []
-        for c in checks:
-            if c in stale_checks:
-                cells.append(Cell(c, "stale", "st-unknown"))
-            elif c in got:
-                cells.append(Cell(c, got[c].name, CSS_CLASS[got[c]]))
-            elif c == DESKTOP_CHECK and role != "desktop":
-                cells.append(Cell(c, "n/a", "st-na"))  # the lab rule applies to desktops only
-            else:
-                cells.append(Cell(c, "not reported", "st-unknown"))
+        cells = [_cell(c, got, stale_checks, role) for c in checks]
         name = str(n.get("name"))
         h = history.nodes.get(name) if history else None
         raw_up = dict(h.uptime) if h else dict.fromkeys(WINDOWS)

@@ -339,6 +339,18 @@ def bitbake_command(req: BuildRequest, view: KasView, conf_path: Path) -> str:
     return " ".join([bb, *opts, *(shlex.quote(t) for t in targets), *extra])
 
 
+def cli_request(machine: str | None, image: str | None, **options: Any) -> BuildRequest:
+    """The request of `alma build` / `alma shell`: the project's default machine and image
+    where none was given, and whether each was (else KAS_MACHINE or the kas files choose)."""
+    return BuildRequest(
+        machine=machine or DEFAULT_MACHINE,
+        image=image or DEFAULT_IMAGE,
+        machine_given=machine is not None,
+        image_given=image is not None,
+        **options,
+    )
+
+
 def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None) -> BuildPlan:
     """Validate everything offline and compute the exact command. Raises UserError/ConfigError.
 

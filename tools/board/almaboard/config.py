@@ -1,4 +1,9 @@
-"""Layered TOML configuration with ``file:line`` errors.
+"""The one TOML reader of host and board, and layered configuration with ``file:line`` errors.
+
+:func:`read_text` / :func:`decode` / :func:`loads_toml` turn a file into data or into a
+:class:`LoadError` (a ConfigError, exit 2) naming ``file:line``: unreadable, over a size
+limit, not UTF-8, not TOML, nested deeply enough to exhaust tomllib's recursion. The host's
+``alma.loader`` reads every TOML file (and the text of its YAML and JSON) through these.
 
 ``/etc/alma/guard.toml`` then ``/etc/alma/guard.d/*.toml`` in name order (per-board measured
 values go in a drop-in such as ``guard.d/50-board.toml``); later files override earlier
@@ -9,6 +14,7 @@ parses but is wrong (an unknown key, a negative hold-off) is reported at its lin
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -18,9 +24,80 @@ from typing import Any
 
 from .errors import ConfigError
 
+# A config file bigger than this is no honest one (the largest of this project is ~4 KB):
+# refused before it is read, so a huge scalar costs nothing.
+MAX_CONFIG_BYTES = 4 << 20
+
+
+class LoadError(ConfigError):
+    """An input file that cannot be used; ``path``, ``line`` (0: unknown) and ``why`` apart."""
+
+    def __init__(self, path: Path | str, line: int | None, why: str, hint: str | None = None) -> None:
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {why}", hint=hint or f"fix {path}")
+        self.path, self.line, self.why = Path(path), line or 0, why
+
+
+def read_text(path: Path, *, what: str = "file", hint: str | None = None, max_bytes: int | None = None) -> str:
+    """The file's text. Missing, unreadable, over ``max_bytes`` or not UTF-8 -> LoadError naming it."""
+    try:
+        with Path(path).open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise LoadError(
+                    path, None, f"{what} of {size} bytes, over the {max_bytes >> 20} MiB a {what} may have", hint
+                )
+            data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:  # grew while read
+            raise LoadError(path, None, f"{what} over the {max_bytes >> 20} MiB a {what} may have", hint)
+    except FileNotFoundError:
+        raise LoadError(path, None, f"{what} not found", hint) from None
+    except IsADirectoryError:
+        raise LoadError(path, None, f"{what} is a directory", hint) from None
+    except OSError as exc:
+        raise LoadError(path, None, f"cannot read {what}: {exc.strerror}", hint) from None
+    return decode(data, path, what=what, hint=hint)
+
+
+def decode(data: bytes, path: Path | str, *, what: str = "file", hint: str | None = None) -> str:
+    """UTF-8 text (a BOM is tolerated); another encoding -> LoadError naming the line and byte."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise LoadError(
+            path,
+            line,
+            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            hint or f"save {path} as UTF-8 (iconv -f LATIN1 -t UTF-8), then run again",
+        ) from None
+
+
+_LINE = re.compile(r"\s*\(at line (\d+), column (\d+)\)")
+
+
+def loads_toml(
+    text: str, path: Path | str, *, hint: str | None = None, label: str = "not valid TOML"
+) -> dict[str, Any]:
+    """tomllib on decoded text; a syntax error (at tomllib's line) or nesting deep enough to
+    exhaust tomllib's recursion (``a = [[[[...``: a few hundred levels) -> LoadError."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = _LINE.search(str(exc))  # the line goes in front (file:line:), the column stays
+        why = _LINE.sub("", str(exc)).strip() + (f" (column {m.group(2)})" if m else "")
+        raise LoadError(path, int(m.group(1)) if m else None, f"{label}: {why}", hint) from None
+    except RecursionError:
+        raise LoadError(path, None, f"{label}: nested too deeply", hint or "flatten the structure") from None
+
+
+def load_toml(path: Path, *, hint: str | None = None) -> dict[str, Any]:
+    """A whole TOML file, at most :data:`MAX_CONFIG_BYTES`, read and parsed as above."""
+    return loads_toml(read_text(path, what="TOML file", hint=hint, max_bytes=MAX_CONFIG_BYTES), path, hint=hint)
+
+
 _TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 _KEY = re.compile(r"""^\s*("(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_.\-"' ]+?)\s*=""")
-_LINE = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 
 def _split_key(text: str) -> tuple[str, ...]:
@@ -110,26 +187,9 @@ def load_layers(main: Path, *, dropins: bool = True) -> Layers:
     for path in [main, *extra]:
         if not path.is_file():
             continue
-        try:
-            raw = path.read_bytes()
-            text = raw.decode("utf-8")
-            data = tomllib.loads(text)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}", hint=f"check the permissions of {path}") from exc
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise ConfigError(f"{path}:{line}: not UTF-8", hint=f"save {path} as UTF-8") from exc
-        except RecursionError:  # `a = [[[[...`: a few hundred levels exhaust tomllib's recursion
-            raise ConfigError(
-                f"{path}: not valid TOML: nested too deeply", hint=f"flatten {path} (or move it away to use defaults)"
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            m = _LINE.search(str(exc))
-            where = f"{path}:{m.group(1)}" if m else str(path)
-            msg = _LINE.sub("", str(exc)).strip()
-            raise ConfigError(
-                f"{where}: not valid TOML: {msg}", hint=f"fix the TOML in {path} (or move it away to use defaults)"
-            ) from exc
+        text = read_text(path, what="TOML file", hint=f"fix {path} (or move it away to use defaults)",
+                         max_bytes=MAX_CONFIG_BYTES)  # fmt: skip
+        data = loads_toml(text, path, hint=f"fix the TOML in {path} (or move it away to use defaults)")
         _merge(layers.data, data)
         layers.files.append(path)
         for key, line in key_lines(text).items():

@@ -604,21 +604,7 @@ class Coordinator:
         st["applied"].update({f"{a['round']}.{a['worker']}": a["sha256"] for a in applied})
         st["model_history"] = {k: v for k, v in st["model_history"].items() if int(k) >= keep_from}
         st["model_history"][str(r)] = st["model_sha256"]
-        outliers = st.setdefault("outliers", {})
-        for a in applied:
-            st["last_push"][a["worker"]] = r
-            if a["verdict"] == "applied":
-                outliers.pop(a["worker"], None)
-                continue
-            # Only opposed rounds (trimmed, or pointing against the coordinator's own update) count
-            # towards "suspect": an honest worker the model drifted away from is clipped for a
-            # while, and one near convergence sends noise: neither must be branded for it.
-            before = outliers.get(a["worker"], {})
-            streak = int(before.get("streak", 0)) + 1 if isinstance(before, dict) else 1
-            streak = streak if a["opposed"] else 0
-            outliers[a["worker"]] = {"verdict": a["verdict"], "norm": a["norm"], "round": r, "streak": streak}
-            self.log(f"round {r}: the delta of {a['worker']} was {a['verdict']} (norm {a['norm']:.3g}, "
-                     f"{streak} round(s) running)")  # fmt: skip
+        outliers = self._track_outliers(st, applied, r)
         st["accuracy"] = [*st["accuracy"], [r, accuracy, len(applied)]][-100:]
         st.update(
             round=r + 1,
@@ -649,6 +635,26 @@ class Coordinator:
             self.log(f"registration of {w} expired: no delta applied for {self.cfg.expire_rounds} rounds")
         await self._prune(r + 1)
         self.write_status()
+
+    def _track_outliers(self, st: dict[str, Any], applied: list[dict[str, Any]], r: int) -> dict[str, Any]:
+        """Each applied delta's worker: its last push, and its outlier row (kept while its deltas
+        are clipped or trimmed, dropped once one is applied as sent). The rows, in ``st``."""
+        outliers: dict[str, Any] = st.setdefault("outliers", {})
+        for a in applied:
+            st["last_push"][a["worker"]] = r
+            if a["verdict"] == "applied":
+                outliers.pop(a["worker"], None)
+                continue
+            # Only opposed rounds (trimmed, or pointing against the coordinator's own update) count
+            # towards "suspect": an honest worker the model drifted away from is clipped for a
+            # while, and one near convergence sends noise: neither must be branded for it.
+            before = outliers.get(a["worker"], {})
+            streak = int(before.get("streak", 0)) + 1 if isinstance(before, dict) else 1
+            streak = streak if a["opposed"] else 0
+            outliers[a["worker"]] = {"verdict": a["verdict"], "norm": a["norm"], "round": r, "streak": streak}
+            self.log(f"round {r}: the delta of {a['worker']} was {a['verdict']} (norm {a['norm']:.3g}, "
+                     f"{streak} round(s) running)")  # fmt: skip
+        return outliers
 
     async def _reference(self, round_no: int) -> tuple[np.ndarray, str]:
         """The coordinator's own update for round ``round_no`` (the workers' local steps from

@@ -243,44 +243,10 @@ class Guard:
         st.zones = ok
         st.unreadable = unreadable
         changed = unreadable != self._last_unreadable
-        if problems != self._problems:
-            new = sorted(set(problems) - set(self._problems))
-            if new:
-                log.warning("sensor(s) unreadable: %s", ", ".join(f"{n} ({problems[n]})" for n in new))
-            if not problems:
-                log.info("all sensors readable again")
-        self._problems = problems
+        self._note_problems(problems)
         self._last_unreadable = unreadable
-        if problems or "fds" in self._io_errors:
-            out = [n for n, p in problems.items() if "Too many open files" in p]
-            if out:
-                self._io_error("fds", f"out of file descriptors: {len(out)} zone(s) unreadable (EMFILE)")
-            else:
-                self._io_ok("fds")
 
-        action: str | None = None
-        blind = self._blind(unreadable) if unreadable else ""
-        if not ok and not hot:
-            why = "no thermal zone found" if not self.zones else "no thermal sensor readable"
-            if not st.shedding:
-                action = self._shed(now, f"{why} (fail closed)")
-            self._cool_since = None
-        elif blind and not hot:
-            if not st.shedding:
-                action = self._shed(now, f"{blind} (fail closed)")
-            self._cool_since = None
-        elif not st.shedding:
-            if hot:
-                n, t, th = max(hot, key=lambda x: x[1] - x[2].shed_c)
-                action = self._shed(now, f"{n} {t:.1f} C >= shed {th.shed_c:.1f} C")
-        else:
-            cool = not problems and all(t < self.thresholds[n].resume_c for n, t in ok.items())
-            if not cool:
-                self._cool_since = None
-            elif self._cool_since is None:
-                self._cool_since = now
-            elif now - self._cool_since >= self.cfg.holdoff_s:
-                action = self._resume(now)
+        action = self._decide(now, ok, hot, problems, self._blind(unreadable) if unreadable else "")
         if st.shedding and action is None:
             res = self.pauser.refresh()
             if res is not None:
@@ -307,6 +273,57 @@ class Guard:
             self._io_error("notify", f"cannot notify systemd at {self.notifier.address!r}")
         elif self._io_errors:
             self._io_ok("notify")
+        return action
+
+    def _note_problems(self, problems: dict[str, str]) -> None:
+        """Log sensors that became unreadable (once) or all readable again; EMFILE is an I/O error."""
+        if problems != self._problems:
+            new = sorted(set(problems) - set(self._problems))
+            if new:
+                log.warning("sensor(s) unreadable: %s", ", ".join(f"{n} ({problems[n]})" for n in new))
+            if not problems:
+                log.info("all sensors readable again")
+        self._problems = problems
+        if problems or "fds" in self._io_errors:
+            out = [n for n, p in problems.items() if "Too many open files" in p]
+            if out:
+                self._io_error("fds", f"out of file descriptors: {len(out)} zone(s) unreadable (EMFILE)")
+            else:
+                self._io_ok("fds")
+
+    def _decide(
+        self,
+        now: float,
+        ok: dict[str, float],
+        hot: list[tuple[str, float, Thresholds]],
+        problems: dict[str, str],
+        blind: str,
+    ) -> str | None:
+        """The rule of one poll: blind or sensorless sheds (fail closed), heat sheds, and only
+        a cool, fully readable board resumes, after the hold-off. "shed", "resume" or None."""
+        st = self.status
+        action: str | None = None
+        if not ok and not hot:
+            why = "no thermal zone found" if not self.zones else "no thermal sensor readable"
+            if not st.shedding:
+                action = self._shed(now, f"{why} (fail closed)")
+            self._cool_since = None
+        elif blind and not hot:
+            if not st.shedding:
+                action = self._shed(now, f"{blind} (fail closed)")
+            self._cool_since = None
+        elif not st.shedding:
+            if hot:
+                n, t, th = max(hot, key=lambda x: x[1] - x[2].shed_c)
+                action = self._shed(now, f"{n} {t:.1f} C >= shed {th.shed_c:.1f} C")
+        else:
+            cool = not problems and all(t < self.thresholds[n].resume_c for n, t in ok.items())
+            if not cool:
+                self._cool_since = None
+            elif self._cool_since is None:
+                self._cool_since = now
+            elif now - self._cool_since >= self.cfg.holdoff_s:
+                action = self._resume(now)
         return action
 
     # -- invariant 4: I/O errors on our own paths are reported, never fatal -------------

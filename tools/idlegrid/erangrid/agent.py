@@ -275,6 +275,23 @@ def hold_instance_lock(state_dir: Path) -> int:
     return fd
 
 
+def _job_env(job: Job, home: Path, ckpt: Path) -> dict[str, str]:
+    """The job's whole environment: a few of the agent's (locale, PATH) and its own."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")}
+    env.update(
+        {
+            "ERAN_GRID_JOB_ID": job.id,
+            "ERAN_GRID_INPUT": str(home / "input"),
+            "ERAN_GRID_ATTEMPT": str(job.attempts),
+            "HOME": str(home),
+            "TMPDIR": str(home),
+        }
+    )
+    if job.checkpoint:
+        env["ERAN_GRID_CHECKPOINT_DIR"] = str(ckpt)
+    return env
+
+
 class Agent:
     def __init__(
         self,
@@ -495,15 +512,9 @@ class Agent:
             return f"job {lease.job.id} could not start (recorded as a failure)"
         return f"running job {lease.job.id}"
 
-    def _start(self, lease: Lease, now: float) -> None:
-        job = lease.job
-        self.lease = lease
-        why = job_id_problem(job.id)  # the backends check it too; no path from unchecked text
-        if why:
-            self.proc = None
-            self._fail(why)
-            return
-        workdir = job_dir(self.cfg.state_dir, job.id)
+    def _fresh_workdir(self, job_id: str) -> Path:
+        """The job's directory, emptied, with its HOME (``home``) inside."""
+        workdir = job_dir(self.cfg.state_dir, job_id)
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         home = workdir / "home"
@@ -515,6 +526,18 @@ class Agent:
             os.chmod(workdir, 0o711)
             os.chown(home, -1, self.stranger.gid)
             os.chmod(home, 0o770)
+        return workdir
+
+    def _start(self, lease: Lease, now: float) -> None:
+        job = lease.job
+        self.lease = lease
+        why = job_id_problem(job.id)  # the backends check it too; no path from unchecked text
+        if why:
+            self.proc = None
+            self._fail(why)
+            return
+        workdir = self._fresh_workdir(job.id)
+        home = workdir / "home"
         ckpt = home / "checkpoint"
         try:
             restored = unpack_checkpoint(lease.checkpoint, ckpt)
@@ -527,18 +550,7 @@ class Agent:
             for path in (ckpt, *ckpt.iterdir(), home / "input"):
                 os.chown(path, -1, self.stranger.gid)
                 os.chmod(path, 0o770 if path.is_dir() else 0o660 if path.parent == ckpt else 0o640)
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")}
-        env.update(
-            {
-                "ERAN_GRID_JOB_ID": job.id,
-                "ERAN_GRID_INPUT": str(home / "input"),
-                "ERAN_GRID_ATTEMPT": str(job.attempts),
-                "HOME": str(home),
-                "TMPDIR": str(home),
-            }
-        )
-        if job.checkpoint:
-            env["ERAN_GRID_CHECKPOINT_DIR"] = str(ckpt)
+        env = _job_env(job, home, ckpt)
         self.ckpt_digest = hashlib.sha256(lease.checkpoint or b"").hexdigest()
         self.last_hb = now
         self.lease_valid_until = now + self.cfg.lease_ttl

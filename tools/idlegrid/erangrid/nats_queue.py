@@ -421,15 +421,19 @@ class NatsQueue:
 
         return self._run(go())
 
+    async def _give_back(self, lease: Lease, checkpoint: bytes | None, counter: str) -> None:
+        """A job handed back unfinished: its checkpoint kept, one more ``counter`` in its state."""
+        await self._connect()
+        if checkpoint is not None:
+            await self._put_checkpoint(lease, checkpoint)
+        key = f"job.{_key(lease.job.id)}"
+        st = await self._get_json(key)
+        st[counter] = st.get(counter, 0) + 1
+        await self._put_json(key, st)
+
     def yield_(self, lease: Lease, checkpoint: bytes | None) -> None:
         async def go() -> None:
-            await self._connect()
-            if checkpoint is not None:
-                await self._put_checkpoint(lease, checkpoint)
-            key = f"job.{_key(lease.job.id)}"
-            st = await self._get_json(key)
-            st["yields"] = st.get("yields", 0) + 1
-            await self._put_json(key, st)
+            await self._give_back(lease, checkpoint, "yields")
             await lease.handle.nak()
             await self._forget(lease)
 
@@ -437,13 +441,7 @@ class NatsQueue:
 
     def fail(self, lease: Lease, error: str, checkpoint: bytes | None) -> str:
         async def go() -> str:
-            await self._connect()
-            if checkpoint is not None:
-                await self._put_checkpoint(lease, checkpoint)
-            key = f"job.{_key(lease.job.id)}"
-            st = await self._get_json(key)
-            st["failures"] = st.get("failures", 0) + 1
-            await self._put_json(key, st)
+            await self._give_back(lease, checkpoint, "failures")
             await self._forget(lease)
             if lease.job.failures + 1 >= self.max_failures:
                 lease.job.failures += 1

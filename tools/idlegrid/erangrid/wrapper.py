@@ -331,6 +331,20 @@ def _opt(opts: list[str], name: str) -> str | None:
     return opts[opts.index(name) + 1] if name in opts and opts.index(name) + 1 < len(opts) else None
 
 
+def _write_exit(workdir: str, exit_code: int, out: _Sink, limit: str = "") -> None:
+    """exit.json: how the job ended, what it printed (size, sha256) and any limit that ended it."""
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "exit_code": exit_code,
+        "stdout_bytes": out.size,
+        "stdout_sha256": out.sha.hexdigest(),
+        "finished": time.time(),
+    }
+    if limit:
+        record["limit"] = limit
+    _write_atomic(os.path.join(workdir, "exit.json"), json.dumps(record).encode())
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv[:1] != ["--dir"]:
         print(
@@ -395,28 +409,13 @@ def main(argv: list[str]) -> int:
         if limit:
             with contextlib.suppress(OSError):
                 err.take(f"\neran-grid: {limit}\n".encode())
-            record = {
-                "schema": SCHEMA,
-                "exit_code": -signal.SIGKILL,
-                "stdout_bytes": out.size,
-                "stdout_sha256": out.sha.hexdigest(),
-                "finished": time.time(),
-                "limit": limit,
-            }
-            _write_atomic(os.path.join(workdir, "exit.json"), json.dumps(record).encode())
+            _write_exit(workdir, -signal.SIGKILL, out, limit)
             _kill_everything()  # the record is written: the job, its children and this wrapper go
         rc = job.wait()
     _kill_leftovers()
     if uid >= 0:
         _as_job(uid, gid, home)
-    record = {
-        "schema": SCHEMA,
-        "exit_code": rc,
-        "stdout_bytes": out.size,
-        "stdout_sha256": out.sha.hexdigest(),
-        "finished": time.time(),
-    }
-    _write_atomic(os.path.join(workdir, "exit.json"), json.dumps(record).encode())
+    _write_exit(workdir, rc, out)
     if rc < 0:  # mirror the job's death to the agent's wait(): the same signal
         signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
