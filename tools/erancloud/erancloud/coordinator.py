@@ -53,8 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from . import PROTOCOL, data, protocol, status, wire
+from . import PROTOCOL, data, inner, protocol, status, wire
 from .errors import BadBlob, CloudError, IntegrityError
+from .inner import InnerOpt
 from .model import MLP, hash_worker, train_local
 from .outer import Outer
 from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Disconnected, Outage, Store, dump_row, parse_row
@@ -102,6 +103,9 @@ class Config:
     shards: int = 4
     h_steps: int = 20
     lr: float = 0.1
+    inner: str = "sgd"  # inner.py: sgd | nesterov | adamw
+    warmup: int = 0  # inner steps of linear lr warmup (global steps: round x H + local step)
+    schedule: str = "constant"  # or "cosine" to 0 at the last round's last step
     batch: int = 32
     hidden: int = 32
     seed: int = 0
@@ -224,6 +228,10 @@ class Coordinator:
             "train": {
                 "h": cfg.h_steps,
                 "lr": cfg.lr,
+                "inner": cfg.inner,
+                "warmup": cfg.warmup,
+                "schedule": cfg.schedule,
+                "total_steps": cfg.rounds * cfg.h_steps,
                 "batch": cfg.batch,
                 "hidden": cfg.hidden,
                 "seed": cfg.seed,
@@ -663,9 +671,11 @@ class Coordinator:
             sha = self.state["model_history"].get(str(round_no))
             params = await self._load_vector(protocol.model_key(round_no), "model", str(sha))
         train = self.state["train"]
+        kind, schedule = inner.from_train(train)
         local, _, _ = train_local(
             self.model, params, *self.root, steps=int(train["h"]), lr=float(train["lr"]),
             batch=int(train["batch"]), seed=int(train["seed"]) * 1000 + hash_worker(ROOT_SEED), round_no=round_no,
+            opt=InnerOpt(kind), schedule=schedule,  # a fresh state: the same model gives the same update
         )  # fmt: skip
         update = local - params
         blob = wire.encode_vector("delta", update, worker="coordinator", round=round_no)

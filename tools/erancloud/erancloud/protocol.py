@@ -189,7 +189,9 @@ def check_state(row: dict[str, Any]) -> str | None:
             return f"train.{key} = {str(value)[:20]!r} is outside [{low:g}, {high:g}]"
         if key != "lr" and not isinstance(value, int):
             return f"train.{key} is not an integer"
-    return None
+    from .inner import check_train
+
+    return check_train(train)
 
 
 def _int(value: Any, low: int = 0, high: int = 2**62) -> bool:
