@@ -116,7 +116,8 @@ def test_the_coordinator_s_flags_reach_the_round_state_and_a_worker_trains_with_
     url = nats_server.url
     procs.start("coord", "coordinator", "--nats", url, "--rounds", "3", "--min-deltas", "1", "--round-timeout", "5",
                 "--inner", "adamw", "--lr", "0.004", "--warmup-steps", "10", "--schedule", "cosine",
-                "--outer-lr", "1.0", "--outer-momentum", "0.5", "--status-file", str(tmp_path / "status.json"))  # fmt: skip
+                "--outer-lr", "1.0", "--outer-momentum", "0.5",
+                "--status-file", str(tmp_path / "status.json"))  # fmt: skip
     wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
     procs.start("w", "client", "--nats", url, "--worker-id", "w")
     assert procs.wait("coord", 240) == 0, procs.log("coord")[-2000:]

@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "it waits as long again as the quorum took, if that is longer)")  # fmt: skip
     co.add_argument("--min-deltas", type=_count(1), default=3,
                     help="deltas a round needs to close (default 3: with two, one of them sets half the round)")
+    co.add_argument("--quorum-share", type=float, default=0.5,
+                    help="a round also needs this share of the eligible workers' deltas (registered or active within "
+                         "--live-window rounds, not suspect, not past this round's deadline; default 0.5)")  # fmt: skip
+    co.add_argument("--content-rounds", type=_count(1), default=500,
+                    help="rounds the duplicate-delta guard remembers an applied delta's values (default 500)")
     co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
     co.add_argument("--h-steps", type=_count(1), default=20, help="local steps per round (default 20)")
     co.add_argument("--lr", type=_positive_float, default=0.1, help="inner lr (its peak; default 0.1)")
@@ -195,6 +200,8 @@ def _coordinator(args: argparse.Namespace) -> int:
 
     extra = {"staleness_weight": args.staleness_weight, "max_staleness": args.max_staleness,
              "aggregate": args.aggregate, "clip": args.clip, "trim": args.trim}  # fmt: skip
+    if not 0.0 <= args.quorum_share <= 1.0:
+        raise UserError(f"--quorum-share {args.quorum_share:g} is not a share in [0, 1]")
     if args.outer_momentum is not None and not 0.0 <= args.outer_momentum < 1.0:
         raise UserError(f"--outer-momentum {args.outer_momentum:g} is not in [0, 1)")
     if args.outer == "fedavg" and (args.outer_lr is not None or args.outer_momentum is not None):
@@ -210,7 +217,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         batch=args.batch, seed=args.seed, outer=outer,
         live_window=args.live_window, max_workers=args.max_workers, max_delta_norm=args.max_delta_norm,
         expire_rounds=args.expire_rounds, suspect_after=args.suspect_after, outage_window=args.outage_window,
-        min_grace=args.min_grace,
+        min_grace=args.min_grace, quorum_share=args.quorum_share, content_rounds=args.content_rounds,
         status_path=args.status_file,
         dry_run_dir=args.dry_run_dir if args.dry_run_dir is not None else args.status_file.parent,
     )  # fmt: skip
