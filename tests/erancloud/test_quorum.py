@@ -12,7 +12,7 @@ import pytest
 from erancloud import protocol
 from erancloud.coordinator import Config, Coordinator
 from erancloud.model import MLP
-from support_erancloud import AuthClient, ask, wait_for
+from support_erancloud import AuthClient, ask, push_delta, wait_for
 
 REGISTRATION = json.dumps({"v": 1, "capabilities": {"cpus": 1}}).encode()
 
@@ -41,19 +41,6 @@ def test_the_quorum_is_the_larger_of_min_deltas_and_the_share_of_eligible_worker
     assert _coordinator(min_deltas=1, share=0.0).quorum() == 1
 
 
-def _push(client: AuthClient, worker: str, round_no: int, delta: np.ndarray) -> None:
-    from erancloud import wire
-
-    state, _ = client.run(client.store.get_json("state"))
-    base = state["model_sha256"]
-    blob = wire.encode_vector("delta", delta, worker=worker, round=round_no, base_sha256=base)
-    sha = wire.sha256(blob)
-    name = protocol.delta_object(round_no, worker, sha)
-    client.run(client.store.put_blob(name, blob, bucket=protocol.inbox_bucket(worker)))
-    record = protocol.push_record(worker, round_no, base, name, sha, 100, 20)
-    assert client.run(client.store.create_json(protocol.push_key(round_no, worker), record))
-
-
 def _status(path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -78,12 +65,12 @@ def test_the_first_round_waits_for_a_share_of_the_registered_workers(nats_server
     c, status, count = _setup(nats_server, procs, tmp_path, "600")
     rng = np.random.default_rng(3)
     try:
-        _push(c, "w1", 0, rng.normal(0, 0.01, count).astype(np.float32))
+        push_delta(c, "w1", 0, rng.normal(0, 0.01, count).astype(np.float32))
         wait_for(lambda: c.run(c.store.get_json(protocol.verdict_key(0, "w1")))[0], 120, "w1's verdict")
         # Four registered, --min-deltas 1: the round needs two deltas and says so.
         wait_for(lambda: _status(status).get("quorum") == 2, 60, "quorum 2 in status")
         assert _status(status)["round"] == 0
-        _push(c, "w2", 0, rng.normal(0, 0.01, count).astype(np.float32))
+        push_delta(c, "w2", 0, rng.normal(0, 0.01, count).astype(np.float32))
         record = wait_for(lambda: c.run(c.store.get_json(protocol.round_key(0)))[0], 120, "round 0 closed")
         assert sorted(a["worker"] for a in record["applied"]) == ["w1", "w2"]
     finally:
@@ -94,7 +81,7 @@ def test_the_first_round_waits_for_a_share_of_the_registered_workers(nats_server
 def test_workers_that_let_the_deadline_pass_stop_counting_towards_the_quorum(nats_server, procs, tmp_path) -> None:
     c, status, count = _setup(nats_server, procs, tmp_path, "3")
     try:
-        _push(c, "w1", 0, np.random.default_rng(4).normal(0, 0.01, count).astype(np.float32))
+        push_delta(c, "w1", 0, np.random.default_rng(4).normal(0, 0.01, count).astype(np.float32))
         record = wait_for(lambda: c.run(c.store.get_json(protocol.round_key(0)))[0], 180, "round 0 closed")
         assert [a["worker"] for a in record["applied"]] == ["w1"]
         assert "(quorum) at the deadline" in procs.log("coord")
