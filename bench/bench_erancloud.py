@@ -1,7 +1,7 @@
 """ERANCLOUD: Local-SGD (outer Nesterov over pseudo-gradients, DiLoCo) against a FAIR
 synchronous data-parallel baseline, side by side in one run, at an equal number of samples.
 
-    nice -n 10 .venv/bin/python bench/bench_erancloud.py [--steps 2000] [--inner sgd|adamw]
+    nice -n 10 .venv/bin/python bench/bench_erancloud.py [--steps 2000] [--inner nesterov|adamw]
         [--seeds 0,1,2] [--only sync,h50,h500,late,byz] [--jobs 2]
 
 Fairness (what the first version of this benchmark got wrong: plain SGD at an untuned lr for
@@ -9,18 +9,19 @@ the baseline, Nesterov only on the Local-SGD side, settings picked on the split 
 
 * three splits of every shard's text: train (first 95 %), tuning (next 2.5 %), report (last
   2.5 %). Every learning rate is chosen on the tuning split, every figure is on the report split;
-* the same inner optimizer on both sides (``--inner``): SGD with Nesterov momentum 0.9, or
-  AdamW (DiLoCo's inner optimizer: betas 0.9/0.95, weight decay 0.1); the synchronous
+* the same inner optimizer on both sides (``--inner``, the product's erancloud.inner): SGD
+  with Nesterov momentum 0.9, or AdamW (DiLoCo's: betas 0.9/0.95, weight decay 0.1); the synchronous
   baseline applies it to the gradient averaged over the four workers (same total batch, 128);
   a Local-SGD worker keeps its own optimizer state across rounds;
-* the same lr grid (factor 2 apart) for the baseline and for each Local-SGD H, the same
-  schedule (linear warmup over the first 5 % of the steps, then cosine to 0); Local-SGD's
-  outer (lr, momentum) is tuned too, per H, on the tuning split, at its tuned inner lr (with
-  ``--retune`` its inner lr is then re-checked at the grid points next to it);
+* equal tuning budgets: every line picks its settings among the same number of
+  configurations (8), on the tuning split, all printed: the same lr grid (factor 2 apart) for
+  the baseline and for each Local-SGD H, the same schedule (linear warmup over the first 5 %
+  of the steps, then cosine to 0); then three more each: the baseline its lr x 1/sqrt 2 and
+  x sqrt 2 and a warmup twice as long, each Local-SGD H three outer (lr, momentum) settings;
 * every Local-SGD run has whole rounds only: with the default 2,000 steps, H = 500 has four
   outer rounds, H = 50 forty;
 * every reported figure is the mean over ``--seeds`` (>= 3) with min and max; samples and
-  characters seen are printed per line.
+  characters seen are printed per line, the loss gap with the perplexity ratio exp(loss gap).
 
 Lines: (a) digits, 12 rounds: the Byzantine rows (a sign-flip x99 first in line, -mean at the
 clip, a zero delta, 2 of 5 and 3 of 7 colluding), each beside its all-honest and
@@ -40,7 +41,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 # One BLAS thread: the four "workers" are simulated in turn, and on a loaded 2-core machine
 # BLAS threads spinning against each other cost far more than they give on these small matrices.
@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools" / "erancloud"))
 
 from erancloud import data, wire  # noqa: E402
+from erancloud.inner import InnerOpt, Schedule, local_steps  # noqa: E402
 from erancloud.model import MLP, train_local  # noqa: E402
 from erancloud.outer import Outer  # noqa: E402
 
@@ -142,31 +143,10 @@ def windows(text: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ctx, text[idx + CONTEXT]
 
 
-class Inner:
-    """One worker's (or the baseline's) inner optimizer: SGD with Nesterov momentum 0.9, or
-    AdamW (betas 0.9/0.95, decoupled weight decay 0.1). Its state lives across rounds."""
-
-    def __init__(self, kind: str, count: int) -> None:
-        self.kind = kind
-        self.m = np.zeros(count, np.float32)
-        self.v = np.zeros(count, np.float32)
-        self.t = 0
-
-    def step(self, p: np.ndarray, g: np.ndarray, lr: float) -> None:
-        if self.kind == "sgd":
-            self.m = np.float32(0.9) * self.m + g
-            p -= np.float32(lr) * (g + np.float32(0.9) * self.m)
-            return
-        self.t += 1
-        b1, b2 = 0.9, 0.95
-        self.m = np.float32(b1) * self.m + np.float32(1 - b1) * g
-        self.v = np.float32(b2) * self.v + np.float32(1 - b2) * g * g
-        mh = self.m / np.float32(1 - b1**self.t)
-        vh = self.v / np.float32(1 - b2**self.t)
-        p -= np.float32(lr) * (mh / (np.sqrt(vh) + np.float32(1e-8)) + np.float32(0.1) * p)
-
-
 class Lm:
+    """Both sides of (b) run the product's inner optimizer and schedule (erancloud.inner) and
+    Local-SGD the product's outer step (erancloud.outer): what is measured is what ships."""
+
     def __init__(self, steps: int, inner: str, warmup: float) -> None:
         self.shards, tune, report, vocab = load_text()
         self.model = CharMLP(vocab)
@@ -178,13 +158,9 @@ class Lm:
             "report": windows(report, rng.integers(0, len(report) - CONTEXT - 1, 10_000)),
         }
 
-    def lr_at(self, lr: float, step: int) -> float:
-        """Linear warmup over the first ``warmup`` steps, then cosine decay to 0 at the run's
-        last step (DiLoCo's schedule; the same for every line)."""
-        if step < self.warmup:
-            return lr * (step + 1) / self.warmup
-        done = min(step - self.warmup, self.steps - self.warmup) / max(self.steps - self.warmup, 1)
-        return float(lr * 0.5 * (1 + np.cos(np.pi * done)))
+    def schedule(self, lr: float, warmup: int | None = None) -> Schedule:
+        """Linear warmup, then cosine decay to 0 at the run's last step (DiLoCo's schedule)."""
+        return Schedule(lr, self.warmup if warmup is None else warmup, "cosine", self.steps)
 
     def batch(self, seed: int, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         text = self.shards[worker]
@@ -194,14 +170,16 @@ class Lm:
     def loss(self, p: np.ndarray, split: str) -> float:
         return self.model.loss(p, *self.split[split])
 
-    def sync(self, lr: float, seed: int, split: str) -> float:
+    def sync(self, lr: float, seed: int, split: str, warmup: int | None = None) -> float:
         p = self.model.init(seed)
-        opt = Inner(self.inner, self.model.count)
-        for step in range(self.steps):
+
+        def grad(q: np.ndarray, step: int) -> np.ndarray:
             # The four workers' batches as one batch of 128: its gradient is the mean of theirs.
             parts = [self.batch(seed, w, step) for w in range(WORKERS)]
             ctx, nxt = np.concatenate([c for c, _ in parts]), np.concatenate([n for _, n in parts])
-            opt.step(p, self.model.grad(p, ctx, nxt), self.lr_at(lr, step))
+            return self.model.grad(q, ctx, nxt)
+
+        local_steps(p, grad, InnerOpt(self.inner), self.schedule(lr, warmup).at, 0, self.steps)
         return self.loss(p, split)
 
     def local(self, lr: float, seed: int, split: str, h: int, outer: Outer, late: str = "",
@@ -211,7 +189,8 @@ class Lm:
         p = self.model.init(seed)
         mom = np.zeros_like(p)
         prev = p.copy()
-        opts = [Inner(self.inner, self.model.count) for _ in range(WORKERS)]
+        opts = [InnerOpt(self.inner) for _ in range(WORKERS)]  # each worker's state kept across rounds
+        sched = self.schedule(lr)
         for r in range(self.steps // h):
             deltas = []
             for w in range(WORKERS):
@@ -220,9 +199,11 @@ class Lm:
                     continue
                 base = prev if is_late else p
                 q = base.copy()
-                for k in range(h):
-                    step = r * h + k
-                    opts[w].step(q, self.model.grad(q, *self.batch(seed, w, step)), self.lr_at(lr, step))
+
+                def grad(x: np.ndarray, step: int, w: int = w) -> np.ndarray:
+                    return self.model.grad(x, *self.batch(seed, w, step))
+
+                local_steps(q, grad, opts[w], sched.at, r * h, (r + 1) * h)
                 d = q - base
                 if byzantine and w == 3:
                     d = -d * np.float32(99.0 / max(float(np.linalg.norm(d)), 1e-12))
@@ -337,17 +318,19 @@ def digits_table(seeds: list[int]) -> None:
     print(f"    target (every row >= 90 % with 'reference', every attacker suspect): {'met' if met else 'NOT met'}")
 
 
-# The inner-lr grid, the same for both sides (factor 2 apart; the first run's grid was
-# factor ~3 apart). The outer (lr, momentum) grid is searched for each Local-SGD H at its
-# tuned inner lr (--retune: then that H's inner lr once more at its tuned outer setting, the
-# grid points next to it): Local-SGD has two knobs where the baseline has one. (0.7, 0.9) is
-# DiLoCo's setting; the steady-state step is lr / (1 - momentum) times the mean delta: 7, 2,
-# 3.3, 5 for these four.
+# Equal tuning budgets: every line chooses its settings among the same number of
+# configurations (BUDGET), all on the tuning split with TUNE_SEED, every one printed.
+# Stage 1, both sides: the inner lr grid (factor 2 apart), Local-SGD at DiLoCo's outer 0.7/0.9.
+# Stage 2, three more each: the baseline refines its lr (x 1/sqrt 2, x sqrt 2) and tries twice the
+# warmup at its best lr; each Local-SGD H tries three more outer (lr, momentum) at its best inner lr.
+# The steady-state outer step is lr / (1 - momentum) times the mean delta: 7, 2, 3.3, 2.8 for
+# these four; the first round's is lr (1 + momentum): 1.33, 1.5, 1.7, 2.1.
 GRIDS = {
-    "sgd": (0.025, 0.05, 0.1, 0.2, 0.4),
+    "nesterov": (0.025, 0.05, 0.1, 0.2, 0.4),
     "adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2),
 }
-OUTER_GRID = ((0.7, 0.9), (1.0, 0.5), (1.0, 0.7), (1.0, 0.8))
+OUTER_GRID = ((0.7, 0.9), (1.0, 0.5), (1.0, 0.7), (1.4, 0.5))
+BUDGET = len(GRIDS["nesterov"]) + len(OUTER_GRID) - 1
 TUNE_SEED = 1000  # tuning runs use their own seed (init and batches), not a report seed
 H_OF = {"sync": 1, "h50": 50, "h500": 500, "late": 50, "byz": 50}
 NAMES = {
@@ -358,32 +341,37 @@ NAMES = {
     "byz": "H=50, 1 of 4 Byzantine, robust aggregation",
 }
 _LM: Lm | None = None  # set before the process pool forks: every run reads the same data
+Task = tuple[str, float, tuple[float, float], str, int, float]  # line, inner lr, outer, split, seed, warmup
 
 
-def _run(task: tuple[str, float, tuple[float, float], str, int]) -> float:
-    """One training run: (line, inner lr, outer (lr, momentum), split, seed) -> loss on split."""
-    key, lr, o, split, seed = task
+def _run(task: Task) -> float:
+    """One training run -> its loss on the task's split."""
+    key, lr, o, split, seed, warmup = task
     assert _LM is not None
     if key == "sync":
-        return _LM.sync(lr, seed, split)
+        return _LM.sync(lr, seed, split, int(_LM.steps * warmup))
     # The honest lines combine with the plain mean (a trusted setup, as DiLoCo); the
-    # Byzantine line with the default robust aggregation.
+    # Byzantine line with the trimmed aggregation.
     outer = Outer(lr=o[0], momentum=o[1], aggregate="trimmed" if key == "byz" else "mean")
     late = "late" if key == "late" else ""
     return _LM.local(lr, seed, split, H_OF[key], outer, late=late, byzantine=key == "byz")
+
+
+def _setting(t: Task) -> str:
+    key, lr, o, _, _, warmup = t
+    return f"lr {lr:.4g}" + (f" outer {o[0]:g}/{o[1]:g}" if key != "sync" else f" warmup {100 * warmup:g} %")
 
 
 def main() -> int:
     global _LM
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000, help="steps of 128 samples (default 2000: H=500 has 4 rounds)")
-    ap.add_argument("--inner", choices=("sgd", "adamw"), default="sgd", help="inner optimizer, both sides")
+    ap.add_argument("--inner", choices=("nesterov", "adamw"), default="nesterov", help="inner optimizer, both sides")
     ap.add_argument("--warmup", type=float, default=0.05, help="linear warmup, fraction of the steps (default 0.05)")
     ap.add_argument("--seeds", default="0,1,2", help="report seeds (default 0,1,2)")
     ap.add_argument("--only", default="", help="comma list of lines: sync,h50,h500,late,byz")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (independent runs; default 2)")
     ap.add_argument("--no-digits", action="store_true", help="skip (a)")
-    ap.add_argument("--retune", action="store_true", help="re-tune Local-SGD's inner lr at its tuned outer setting")
     ap.add_argument("--cache", type=Path, default=None,
                     help="JSON-lines file of finished runs (keyed by every setting): a run interrupted on a loaded "
                          "machine resumes where it stopped; each figure is still computed once")  # fmt: skip
@@ -396,22 +384,22 @@ def main() -> int:
     _LM = lm = Lm(args.steps, args.inner, args.warmup)
     count = lm.model.count
     samples = args.steps * BATCH * WORKERS
-    print(f"(b) char-LM: {count} parameters; inner {args.inner}, total batch {BATCH * WORKERS}, {args.steps} steps "
-          f"(warmup {lm.warmup}, then cosine); {samples} samples = {samples * (CONTEXT + 1)} characters read per "
-          f"line; tuning split (seed {TUNE_SEED}): inner lr grid {GRIDS[args.inner]}, then outer (lr, momentum) "
-          f"grid {OUTER_GRID} per H; report split: seeds {seeds}", flush=True)  # fmt: skip
+    print(f"(b) char-LM: {count} parameters; inner {args.inner} (erancloud.inner), total batch {BATCH * WORKERS}, "
+          f"{args.steps} steps (warmup {lm.warmup}, then cosine); {samples} samples = {samples * (CONTEXT + 1)} "
+          f"characters read per line; tuning split (seed {TUNE_SEED}), {BUDGET} configurations per line; "
+          f"report split: seeds {seeds}", flush=True)  # fmt: skip
     wanted = [k for k in NAMES if not only or k in only]
     tuned_as = {k: ("h50" if k in ("late", "byz") else k) for k in wanted}  # whose settings a line uses
     to_tune = [k for k in ("sync", "h50", "h500") if k in tuned_as.values()]
-    first = OUTER_GRID[0]
+    first, wf = OUTER_GRID[0], args.warmup
     done: dict[str, float] = {}
     if args.cache is not None and args.cache.exists():
         for line in args.cache.read_text().splitlines():
             row = json.loads(line)
             done[row["key"]] = float(row["loss"])
 
-    def run_all(pool: concurrent.futures.Executor, tasks: list[Any]) -> list[float]:
-        keys = {t: json.dumps([args.steps, args.inner, args.warmup, *t]) for t in tasks}
+    def run_all(pool: concurrent.futures.Executor, tasks: list[Task]) -> list[float]:
+        keys = {t: json.dumps([args.steps, args.inner, *t]) for t in tasks}
         futures = {pool.submit(_run, t): t for t in tasks if keys[t] not in done}
         for fut in concurrent.futures.as_completed(futures):
             key = keys[futures[fut]]
@@ -421,68 +409,54 @@ def main() -> int:
                     f.write(json.dumps({"key": key, "loss": done[key]}) + "\n")
         return [done[keys[t]] for t in tasks]
 
+    tried: dict[str, dict[Task, float]] = {k: {} for k in to_tune}
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=mp.get_context("fork")) as pool:
-        # 1. the inner lr of every line, all on the tuning split, at DiLoCo's outer setting
-        tasks = [(k, lr, first, "tune", TUNE_SEED) for k in to_tune for lr in GRIDS[args.inner]]
-        got = dict(zip(tasks, run_all(pool, tasks), strict=True))
-        inner_lr: dict[str, float] = {}
-        outer_of: dict[str, tuple[float, float]] = {}
+        # 1. the inner lr of every line, at DiLoCo's outer setting for Local-SGD
+        tasks = [(k, lr, first, "tune", TUNE_SEED, wf) for k in to_tune for lr in GRIDS[args.inner]]
+        for t, v in zip(tasks, run_all(pool, tasks), strict=True):
+            tried[t[0]][t] = v
+        best = {k: min(tried[k], key=lambda t: tried[k][t]) for k in to_tune}
+        # 2. three more configurations per line around its best
+        tasks = []
         for k in to_tune:
-            scores = {lr: got[(k, lr, first, "tune", TUNE_SEED)] for lr in GRIDS[args.inner]}
-            inner_lr[k] = min(scores, key=lambda lr: scores[lr])
-            grid = "  ".join(f"{lr:g}: {v:.3f}" for lr, v in scores.items())
-            print(f"    tuning {NAMES[k][:20]:<20} inner lr: {grid}  -> {inner_lr[k]:g}", flush=True)
-        # 2. the outer (lr, momentum) of every Local-SGD H, at its tuned inner lr (and, in the same
-        # batch of runs, the baseline's report runs: its one knob is tuned already)
-        tasks = [(k, inner_lr[k], o, "tune", TUNE_SEED) for k in to_tune if k != "sync" for o in OUTER_GRID[1:]]
-        early = [("sync", inner_lr["sync"], first, "report", s) for s in seeds] if "sync" in wanted else []
-        got.update(zip(tasks + early, run_all(pool, tasks + early), strict=True))
-        for k in to_tune:
+            lr = best[k][1]
             if k == "sync":
-                continue
-            scores = {o: got[(k, inner_lr[k], o, "tune", TUNE_SEED)] for o in OUTER_GRID}
-            outer_of[k] = min(scores, key=lambda o: scores[o])
-            print(f"    tuning {NAMES[k][:20]:<20} outer (lr, momentum): "
-                  + "  ".join(f"{o[0]:g}/{o[1]:g}: {v:.3f}" for o, v in scores.items())
-                  + f"  -> {outer_of[k][0]:g}/{outer_of[k][1]:g}", flush=True)  # fmt: skip
-        # 3. (--retune) the inner lr once more, at the tuned outer setting: the grid points next to it
-        grid = list(GRIDS[args.inner])
-        local_keys = [k for k in to_tune if k != "sync"] if args.retune else []
-        near = {k: [grid[i] for i in (grid.index(inner_lr[k]) - 1, grid.index(inner_lr[k]) + 1) if 0 <= i < len(grid)]
-                for k in local_keys}  # fmt: skip
-        tasks = [(k, lr, outer_of[k], "tune", TUNE_SEED) for k in local_keys for lr in near[k]
-                 if (k, lr, outer_of[k], "tune", TUNE_SEED) not in got]  # fmt: skip
-        got.update(zip(tasks, run_all(pool, tasks), strict=True))
-        for k in local_keys:
-            scores = {lr: got[(k, lr, outer_of[k], "tune", TUNE_SEED)] for lr in sorted([inner_lr[k], *near[k]])}
-            inner_lr[k] = min(scores, key=lambda lr: scores[lr])
-            grid_s = "  ".join(f"{lr:g}: {v:.3f}" for lr, v in scores.items())
-            print(f"    tuning {NAMES[k][:20]:<20} inner lr at outer {outer_of[k][0]:g}/{outer_of[k][1]:g}: {grid_s}"
-                  f"  -> {inner_lr[k]:g}", flush=True)  # fmt: skip
-        # 4. every line on the report split, each seed
-        tasks = [
-            (k, inner_lr[tuned_as[k]], outer_of.get(tuned_as[k], first), "report", s) for k in wanted for s in seeds
-        ]
+                tasks += [(k, round(lr / 2**0.5, 6), first, "tune", TUNE_SEED, wf),
+                          (k, round(lr * 2**0.5, 6), first, "tune", TUNE_SEED, wf),
+                          (k, lr, first, "tune", TUNE_SEED, 2 * wf)]  # fmt: skip
+            else:
+                tasks += [(k, lr, o, "tune", TUNE_SEED, wf) for o in OUTER_GRID[1:]]
+        for t, v in zip(tasks, run_all(pool, tasks), strict=True):
+            tried[t[0]][t] = v
+        chosen = {}
+        for k in to_tune:
+            chosen[k] = min(tried[k], key=lambda t: tried[k][t])
+            print(f"    tuning {NAMES[k][:20]:<20} ({len(tried[k])} configurations): "
+                  + "  ".join(f"{_setting(t)}: {v:.3f}" for t, v in tried[k].items())
+                  + f"  -> {_setting(chosen[k])}", flush=True)  # fmt: skip
+        # 3. every line on the report split, each seed, at the settings of the line it is tuned as
+        tasks = [(k, *chosen[tuned_as[k]][1:3], "report", s, chosen[tuned_as[k]][5]) for k in wanted for s in seeds]
         got = dict(zip(tasks, run_all(pool, tasks), strict=True))
     results: dict[str, float] = {}
-    print("    report split:")
+    print(f"    report split, seeds {seeds} (loss: mean, min, max; gap and perplexity ratio against the baseline):")
     for key in wanted:
-        h, lr, o = H_OF[key], inner_lr[tuned_as[key]], outer_of.get(tuned_as[key], first)
-        vals = [got[(key, lr, o, "report", s)] for s in seeds]
+        h = H_OF[key]
+        vals = [got[(key, *chosen[tuned_as[key]][1:3], "report", s, chosen[tuned_as[key]][5])] for s in seeds]
         results[key] = float(np.mean(vals))
         base = results.get("sync")
-        rel = f"{100 * (results[key] / base - 1):+.1f} %" if base else ""
+        rel = f"{100 * (results[key] / base - 1):+.1f} %  ppl x{np.exp(results[key] - base):.3f}" if base else ""
         bps = bytes_per_sample(count, h)
         ratio = f"{bytes_per_sample(count, 1) / bps:.0f}x fewer B/sample" if h > 1 else ""
-        setting = f"lr {lr:g}" + (f" outer {o[0]:g}/{o[1]:g}" if key != "sync" else "")
-        print(f"    {NAMES[key]:<48} {setting:<22} loss {np.mean(vals):.3f} (min {min(vals):.3f} max {max(vals):.3f}) "
-              f"{rel:>8}  {bps:>9.1f} B/sample {ratio}", flush=True)  # fmt: skip
+        print(f"    {NAMES[key]:<48} {_setting(chosen[tuned_as[key]]):<26} loss {np.mean(vals):.3f} "
+              f"(min {min(vals):.3f} max {max(vals):.3f}) {rel:>20}  {bps:>9.1f} B/sample {ratio}",
+              flush=True)  # fmt: skip
     print("targets (against the fair baseline):")
     for key, limit, what in (("h50", 3, "H=50 within +3 %"), ("h500", 6, "H=500 within +6 % at >= 500x fewer bytes"),
                              ("late", 6, "one of four yielding every round within +6 %")):  # fmt: skip
         if key in results and "sync" in results:
             gap = 100 * (results[key] / results["sync"] - 1)
-            print(f"    {what}: {'met' if gap <= limit else 'NOT met'} ({gap:+.1f} %)")
+            ppl = float(np.exp(results[key] - results["sync"]))
+            print(f"    {what}: {'met' if gap <= limit else 'NOT met'} ({gap:+.1f} % loss, perplexity x{ppl:.3f})")
     if "byz" in results and "h50" in results:
         gap = 100 * (results["byz"] / results["h50"] - 1)
         print(f"    one Byzantine worker of four within +3 % of the honest run: {'met' if gap <= 3 else 'NOT met'} "

@@ -154,6 +154,25 @@ class AuthClient:
         self.thread.join(10)
 
 
+def push_delta(client: AuthClient, worker: str, round_no: int, delta: Any, *, rewrite: bool = False) -> str:
+    """What a worker's client does for a push: the delta into its own bucket, then the push row."""
+    from erancloud import protocol, wire
+
+    state, _ = client.run(client.store.get_json("state"))
+    base = state["model_sha256"]
+    blob = wire.encode_vector("delta", delta, worker=worker, round=round_no, base_sha256=base)
+    sha = wire.sha256(blob)
+    name = protocol.delta_object(round_no, worker, sha)
+    client.run(client.store.put_blob(name, blob, bucket=protocol.inbox_bucket(worker)))
+    record = protocol.push_record(worker, round_no, base, name, sha, 100, 20)
+    key = protocol.push_key(round_no, worker)
+    if rewrite:
+        client.run(client.store.put_json(key, record))  # a plain put: allowed on its own key
+    else:
+        assert client.run(client.store.create_json(key, record))
+    return sha
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition", poll: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

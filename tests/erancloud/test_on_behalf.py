@@ -27,7 +27,7 @@ from erancloud import protocol, wire
 from erancloud.model import MLP
 from erancloud.store import PUSH_BUCKET, Creds
 from nats.js import api
-from support_erancloud import ERANCLOUD, AuthClient, ask, wait_for
+from support_erancloud import ERANCLOUD, AuthClient, ask, push_delta, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,23 +59,6 @@ def _register(client: AuthClient, worker: str) -> dict:
     reply = json.loads(msg.data)
     assert reply["accepted"], reply
     return reply
-
-
-def _push(client: AuthClient, worker: str, round_no: int, delta: np.ndarray, *, rewrite: bool = False) -> str:
-    """What a worker's client does for a push: the delta into its own bucket, then the push row."""
-    state, _ = client.run(client.store.get_json("state"))
-    base = state["model_sha256"]
-    blob = wire.encode_vector("delta", delta, worker=worker, round=round_no, base_sha256=base)
-    sha = wire.sha256(blob)
-    name = protocol.delta_object(round_no, worker, sha)
-    client.run(client.store.put_blob(name, blob, bucket=protocol.inbox_bucket(worker)))
-    record = protocol.push_record(worker, round_no, base, name, sha, 100, 20)
-    key = protocol.push_key(round_no, worker)
-    if rewrite:
-        client.run(client.store.put_json(key, record))  # a plain put: allowed on its own key
-    else:
-        assert client.run(client.store.create_json(key, record))
-    return sha
 
 
 def _verdict(client: AuthClient, round_no: int, worker: str, timeout: float = 60) -> dict:
@@ -192,16 +175,16 @@ def test_a_judged_push_stands_across_a_restart_and_values_are_accepted_once(auth
     state, _ = w1.run(w1.store.get_json("state"))
     count = MLP(hidden=int(state["train"]["hidden"])).count
     rng = np.random.default_rng(7)
-    first = _push(mallory, "mallory", 0, rng.normal(0, 0.01, count).astype(np.float32))
+    first = push_delta(mallory, "mallory", 0, rng.normal(0, 0.01, count).astype(np.float32))
     verdict = _verdict(w1, 0, "mallory")
     assert verdict["accepted"] and verdict["sha256"] == first
 
     # The coordinator dies; mallory rewrites its judged push, after reading what it liked.
     procs.procs["coord"].send_signal(signal.SIGKILL)
     procs.wait("coord")
-    _push(mallory, "mallory", 0, rng.normal(0, 0.5, count).astype(np.float32), rewrite=True)
+    push_delta(mallory, "mallory", 0, rng.normal(0, 0.5, count).astype(np.float32), rewrite=True)
     _start_coordinator(procs, server.url, tmp_path, *args, creds=creds)
-    honest = _push(w1, "w1", 0, rng.normal(0, 0.01, count).astype(np.float32))
+    honest = push_delta(w1, "w1", 0, rng.normal(0, 0.01, count).astype(np.float32))
     record = wait_for(lambda: w1.run(w1.store.get_json(protocol.round_key(0)))[0], 120, "round 0 closed")
     applied = {a["worker"]: a["sha256"] for a in record["applied"]}
     assert applied == {"mallory": first, "w1": honest}
@@ -210,7 +193,7 @@ def test_a_judged_push_stands_across_a_restart_and_values_are_accepted_once(auth
     # Round 1: w1's accepted delta of round 0, re-sent by mallory as its own.
     blob = w1.run(w1.store.get_blob(protocol.delta_object(0, "w1", honest)))
     stolen, _ = wire.decode_vector(blob, "delta", count)
-    _push(mallory, "mallory", 1, stolen)
+    push_delta(mallory, "mallory", 1, stolen)
     again = _verdict(w1, 1, "mallory")
     assert not again["accepted"] and "duplicate delta" in again["reason"] and "w1" in again["reason"]
     for c in (w1, mallory):

@@ -105,13 +105,28 @@ def build_parser() -> argparse.ArgumentParser:
                          "it waits as long again as the quorum took, if that is longer)")  # fmt: skip
     co.add_argument("--min-deltas", type=_count(1), default=3,
                     help="deltas a round needs to close (default 3: with two, one of them sets half the round)")
+    co.add_argument("--quorum-share", type=float, default=0.5,
+                    help="a round also needs this share of the eligible workers' deltas (registered or active within "
+                         "--live-window rounds, not suspect, not past this round's deadline; default 0.5)")  # fmt: skip
+    co.add_argument("--content-rounds", type=_count(1), default=500,
+                    help="rounds the duplicate-delta guard remembers an applied delta's values (default 500)")
     co.add_argument("--round-timeout", type=_positive_float, default=30.0, help="seconds per round (default 30)")
     co.add_argument("--h-steps", type=_count(1), default=20, help="local steps per round (default 20)")
-    co.add_argument("--lr", type=_positive_float, default=0.1, help="inner SGD learning rate (default 0.1)")
+    co.add_argument("--lr", type=_positive_float, default=0.1, help="inner lr (its peak; default 0.1)")
+    co.add_argument("--inner", choices=("sgd", "nesterov", "adamw"), default="sgd",
+                    help="inner optimizer each worker keeps across rounds (default sgd; DiLoCo uses adamw)")
+    co.add_argument("--warmup-steps", type=_count(0), default=0,
+                    help="linear warmup of the inner lr over this many global steps (round x H + step; default 0)")
+    co.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                    help="inner lr after the warmup: constant, or cosine to 0 at the last round (default constant)")
     co.add_argument("--batch", type=_count(1), default=32, help="inner minibatch (default 32)")
     co.add_argument("--shards", type=_count(1), default=4, help="non-IID data shards (default 4)")
     co.add_argument("--outer", choices=("nesterov", "fedavg"), default="nesterov",
                     help="outer step: Nesterov momentum lr 0.7 / 0.9 (DiLoCo) or plain averaging (FedAvg)")  # fmt: skip
+    co.add_argument("--outer-lr", type=_positive_float, default=None,
+                    help="the Nesterov outer step's lr (default 0.7, DiLoCo's)")  # fmt: skip
+    co.add_argument("--outer-momentum", type=float, default=None,
+                    help="the Nesterov outer step's momentum, 0 <= m < 1 (default 0.9, DiLoCo's)")  # fmt: skip
     co.add_argument("--max-staleness", type=_count(0), default=1,
                     help="rounds a late delta may be behind and still count (default 1; 0: none)")  # fmt: skip
     co.add_argument("--staleness-weight", type=_positive_float, default=0.75,
@@ -185,13 +200,24 @@ def _coordinator(args: argparse.Namespace) -> int:
 
     extra = {"staleness_weight": args.staleness_weight, "max_staleness": args.max_staleness,
              "aggregate": args.aggregate, "clip": args.clip, "trim": args.trim}  # fmt: skip
+    if not 0.0 <= args.quorum_share <= 1.0:
+        raise UserError(f"--quorum-share {args.quorum_share:g} is not a share in [0, 1]")
+    if args.outer_momentum is not None and not 0.0 <= args.outer_momentum < 1.0:
+        raise UserError(f"--outer-momentum {args.outer_momentum:g} is not in [0, 1)")
+    if args.outer == "fedavg" and (args.outer_lr is not None or args.outer_momentum is not None):
+        raise UserError("--outer-lr and --outer-momentum are the Nesterov step's; --outer fedavg has neither")
+    if args.outer_lr is not None:
+        extra["lr"] = args.outer_lr
+    if args.outer_momentum is not None:
+        extra["momentum"] = args.outer_momentum
     outer = Outer(**extra) if args.outer == "nesterov" else Outer.fedavg(**extra)
     cfg = Config(
         rounds=args.rounds, min_deltas=args.min_deltas, round_timeout=args.round_timeout, shards=args.shards,
-        h_steps=args.h_steps, lr=args.lr, batch=args.batch, seed=args.seed, outer=outer,
+        h_steps=args.h_steps, lr=args.lr, inner=args.inner, warmup=args.warmup_steps, schedule=args.schedule,
+        batch=args.batch, seed=args.seed, outer=outer,
         live_window=args.live_window, max_workers=args.max_workers, max_delta_norm=args.max_delta_norm,
         expire_rounds=args.expire_rounds, suspect_after=args.suspect_after, outage_window=args.outage_window,
-        min_grace=args.min_grace,
+        min_grace=args.min_grace, quorum_share=args.quorum_share, content_rounds=args.content_rounds,
         status_path=args.status_file,
         dry_run_dir=args.dry_run_dir if args.dry_run_dir is not None else args.status_file.parent,
     )  # fmt: skip

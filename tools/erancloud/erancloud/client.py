@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import PROTOCOL, protocol, wire
+from . import PROTOCOL, inner, protocol, wire
 from .errors import (
     EX_TEMPFAIL,
     BadBlob,
@@ -34,6 +34,7 @@ from .errors import (
     RegistrationRefused,
     UserError,
 )
+from .inner import InnerOpt
 from .model import MLP, hash_worker, train_local
 from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row, write_atomic
 
@@ -236,6 +237,8 @@ class Worker:
         st = await self.state()
         train = st["train"]
         model = MLP(inputs=int(train["inputs"]), hidden=int(train["hidden"]), classes=int(train["classes"]))
+        kind, schedule = inner.from_train(train)
+        opt = InnerOpt(kind)  # its state is kept across rounds (DiLoCo), in this process only
         await self.pull_shard(reply, train)
         assert self.shard is not None
         x, y = self.shard
@@ -285,7 +288,7 @@ class Worker:
             local, step, loss = train_local(
                 model, params, x, y, steps=h, lr=float(train["lr"]), batch=int(train["batch"]),
                 seed=int(train["seed"]) * 1000 + hash_worker(self.opts.worker), round_no=r, start=start,
-                stop=lambda: self.term,
+                stop=lambda: self.term, opt=opt, schedule=schedule,
             )  # fmt: skip
             if step < h:  # vacated mid-round: keep the work for the next attempt
                 self.ckpt.save(

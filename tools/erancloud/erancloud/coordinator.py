@@ -2,14 +2,15 @@
 
 Round state machine (one ``state`` row, updated compare-and-set):
 
-    open(r) --[accepted >= min_deltas and (deadline passed or every expected worker pushed
+    open(r) --[accepted >= quorum and (deadline passed or every expected worker pushed
                or the grace after the quorum passed)]-->
         commit: model.{r+1}, momentum.{r+1}, round.{r} written, then state -> open(r+1)
 
-The grace: once ``min_deltas`` deltas are in, the round waits as long again as the quorum
+The quorum: ``max(min_deltas, ceil(quorum_share x eligible workers))`` (``Coordinator.quorum``).
+The grace: once the quorum is in, the round waits as long again as the quorum
 took to gather (at least ``--min-grace``, default 0.5 s), then closes without the stragglers: a worker
 that registers and never pushes cannot hold every round to its deadline.
-    open(r) --[deadline passed, accepted < min_deltas]--> open(r), deadline extended (BOINC: wait)
+    open(r) --[deadline passed, accepted < quorum]--> open(r), deadline extended (BOINC: wait)
     open(r) --[r == rounds]--> finished
 
 Invariants (tested under injected faults):
@@ -19,8 +20,9 @@ Invariants (tested under injected faults):
 * a push is judged once: its verdict row is created, never overwritten, and names the
   accepted delta's object and sha256; a later revision of a judged push key is ignored, and a
   verdict read back after a restart restores that delta, never the push row's current text;
-* a delta whose values were accepted before (from any worker, in any round) is refused:
-  ``content.<sha256 of the values>`` rows, created once per accepted delta;
+* a delta whose values were accepted before (from any worker, within ``content_rounds``
+  rounds) is refused: ``content.<sha256 of the values>`` rows, created once per accepted
+  delta, pruned through the ``contents.<r>`` index of the round that applied it;
 * the coordinator acts for a worker only with the worker's own rights: registrations are
   answered over a second connection that may publish to inboxes alone (auth.py), and only on
   the requester's own inbox (``protocol.reply_subject_ok``); requests are rate-limited per
@@ -45,6 +47,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,8 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from . import PROTOCOL, data, protocol, status, wire
+from . import PROTOCOL, data, inner, protocol, status, wire
 from .errors import BadBlob, CloudError, IntegrityError
+from .inner import InnerOpt
 from .model import MLP, hash_worker, train_local
 from .outer import Outer
 from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Disconnected, Outage, Store, dump_row, parse_row
@@ -66,6 +70,13 @@ Log = Callable[[str], None]
 # by the rounds run so far.)
 VERDICTS_AHEAD = 8
 MIN_GRACE = 0.5  # seconds a round waits after its quorum, at least (see the module docstring)
+# A round closes on at least this share of the eligible workers' deltas (and never fewer than
+# --min-deltas): the first workers to arrive cannot close the first rounds among themselves.
+QUORUM_SHARE = 0.5
+# The duplicate-delta guard (content.<sha256 of the values> rows) holds for this many rounds
+# after a delta was applied: ten times as long as the coordinator publishes accepted deltas
+# (keep_rounds), at ~200 bytes a row: 64 workers x 500 rounds ~ 6 MB of the 64 MiB bucket.
+CONTENT_ROUNDS = 500
 # Registrations a worker may send: a burst, then one per REGISTER_EVERY seconds. A worker
 # registers once per job; a flood of them took the coordinator's lock and wrote its row each time.
 REGISTER_BURST = 5
@@ -75,6 +86,11 @@ RATE_TABLE_MAX = 4096  # workers tracked by the rate limiter (the oldest entries
 # accuracy is reported on). 150 rows measured best of 100/150 (bench/bench_erancloud.py (a)).
 ROOT_ROWS = 150
 ROOT_SEED = "coordinator-root"  # the root run's batch order, as a worker's comes from its id
+
+
+def values_sha256(delta: np.ndarray) -> str:
+    """The sha256 of a delta's float32 values (little-endian): its content, whoever sends it."""
+    return hashlib.sha256(np.ascontiguousarray(delta, dtype="<f4").tobytes()).hexdigest()
 
 
 class RateLimit:
@@ -102,6 +118,9 @@ class Config:
     shards: int = 4
     h_steps: int = 20
     lr: float = 0.1
+    inner: str = "sgd"  # inner.py: sgd | nesterov | adamw
+    warmup: int = 0  # inner steps of linear lr warmup (global steps: round x H + local step)
+    schedule: str = "constant"  # or "cosine" to 0 at the last round's last step
     batch: int = 32
     hidden: int = 32
     seed: int = 0
@@ -110,10 +129,12 @@ class Config:
     max_workers: int = 64
     max_delta_norm: float = 100.0
     keep_rounds: int = 50
+    content_rounds: int = CONTENT_ROUNDS  # rounds a content.<sha256> row is kept after its delta was applied
     expire_rounds: int = 10  # a registration with no delta applied for this many rounds expires
     suspect_after: int = 3  # trimmed rounds running that flag a worker "suspect"
     outage_window: float = 60.0  # NATS unreachable for longer than this: exit 4
     min_grace: float = MIN_GRACE  # seconds a round waits after its quorum, at least
+    quorum_share: float = QUORUM_SHARE  # of the eligible workers (Coordinator.quorum)
     poll: float = 0.05
     status_path: Path = Path("status.json")
     dry_run_dir: Path | None = None
@@ -141,6 +162,7 @@ class Coordinator:
         self.quorum_at: float | None = None  # when the open round reached min_deltas
         self.limits = RateLimit()
         self.unconfirmed: list[dict[str, Any] | None] = []  # state writes whose outcome is unknown
+        self.missed: set[str] = set()  # workers the open round expected that let a deadline pass
 
     # -- start ----------------------------------------------------------------------------
     async def load_or_init(self) -> None:
@@ -173,7 +195,8 @@ class Coordinator:
         self.params = await self._load_vector(protocol.model_key(r), "model", row["model_sha256"])
         self.momentum = await self._load_vector(protocol.momentum_key(r), "momentum", row["momentum_sha256"])
         # The latest coordinator's flags win for these (the rest is fixed when training starts).
-        row.update(rounds=self.cfg.rounds, min_deltas=self.cfg.min_deltas, round_timeout=self.cfg.round_timeout)
+        row.update(rounds=self.cfg.rounds, min_deltas=self.cfg.min_deltas, round_timeout=self.cfg.round_timeout,
+                   quorum_share=self.cfg.quorum_share)  # fmt: skip
         row.setdefault("outliers", {})
         row["suspect_after"] = self.cfg.suspect_after
         # The deadline continues on the monotonic clock, never longer than one round timeout.
@@ -215,6 +238,7 @@ class Coordinator:
             "round": 0,
             "rounds": cfg.rounds,
             "min_deltas": cfg.min_deltas,
+            "quorum_share": cfg.quorum_share,
             "round_timeout": cfg.round_timeout,
             "opened": now,
             "deadline": now + cfg.round_timeout,
@@ -224,6 +248,10 @@ class Coordinator:
             "train": {
                 "h": cfg.h_steps,
                 "lr": cfg.lr,
+                "inner": cfg.inner,
+                "warmup": cfg.warmup,
+                "schedule": cfg.schedule,
+                "total_steps": cfg.rounds * cfg.h_steps,
                 "batch": cfg.batch,
                 "hidden": cfg.hidden,
                 "seed": cfg.seed,
@@ -381,10 +409,10 @@ class Coordinator:
         reason, weight, delta, blob = await self._check(round_no, worker, record)
         if reason or delta is None or record is None:
             return reason, weight, None, ""
-        values = hashlib.sha256(np.ascontiguousarray(delta, dtype="<f4").tobytes()).hexdigest()
+        values = values_sha256(delta)
         first = {"v": PROTOCOL, "worker": worker, "round": round_no}
-        if not await self.store.create_json(f"content.{values}", first):
-            seen, _ = await self.store.get_json(f"content.{values}")
+        if not await self.store.create_json(protocol.content_key(values), first):
+            seen, _ = await self.store.get_json(protocol.content_key(values))
             owner = (seen.get("worker"), seen.get("round")) if seen else None
             if owner != (worker, round_no):  # ours: this very push, accepted before a crash
                 who = f"{owner[0]}'s delta of round {owner[1]}" if owner else "a delta accepted before"
@@ -485,7 +513,7 @@ class Coordinator:
             self._note_quorum()
 
     def _note_quorum(self) -> None:
-        if self.quorum_at is None and len(self.accepted) >= int(self.state["min_deltas"]):
+        if self.quorum_at is None and len(self.accepted) >= self.quorum():
             self.quorum_at = time.monotonic()
 
     def _count(self, why: str) -> None:
@@ -493,12 +521,23 @@ class Coordinator:
         rej[why] = int(rej.get(why, 0)) + 1
 
     # -- rounds ---------------------------------------------------------------------------
-    def expected_workers(self) -> set[str]:
+    def expected_workers(self, state: dict[str, Any] | None = None) -> set[str]:
         """Workers the round waits for before its deadline: live ones and recent registrations."""
-        r, window = int(self.state["round"]), int(self.state["live_window"])
-        live = set(status.live_workers(self.state))
+        state = self.state if state is None else state
+        r, window = int(state["round"]), int(state["live_window"])
+        live = set(status.live_workers(state))
         recent = {w for w, row in self.registry.items() if int(row.get("seen_round", -1)) >= r - window}
-        return (live | recent) - set(status.suspects(self.state))  # a suspect's pushes are refused anyway
+        return (live | recent) - set(status.suspects(state))  # a suspect's pushes are refused anyway
+
+    def quorum(self, state: dict[str, Any] | None = None) -> int:
+        """The deltas the open round needs: ``max(min_deltas, ceil(share x eligible))``, eligible
+        being the expected workers (registered or delta applied within the live window, not
+        suspect) that have not let this round's deadline pass: a worker that vanished stops
+        counting after one round timeout, so it cannot hold training for ever."""
+        state = self.state if state is None else state
+        eligible = len(self.expected_workers(state) - self.missed)
+        share = float(state.get("quorum_share", self.cfg.quorum_share))
+        return max(int(state["min_deltas"]), math.ceil(share * eligible - 1e-9))
 
     async def tick(self) -> None:
         async with self.lock:
@@ -507,16 +546,20 @@ class Coordinator:
             now = time.monotonic()
             r = int(self.state["round"])
             fresh = {w for (w, rr) in self.accepted if rr == r}
-            enough = len(self.accepted) >= int(self.state["min_deltas"])
+            quorum = self.quorum()
+            enough = len(self.accepted) >= quorum
+            if enough and self.quorum_at is None:
+                self.quorum_at = now  # reached by the eligible set shrinking, not by a new delta
             if enough and (now >= self.deadline or fresh >= self.expected_workers() or self._grace_over(now)):
                 await self._commit()
             elif now >= self.deadline:
+                self.missed |= self.expected_workers() - fresh
                 timeout = float(self.state["round_timeout"])
                 state = {**self.state, "deadline": time.time() + timeout}
                 await self._save_state(state)
                 self.deadline = now + timeout
                 self.log(
-                    f"round {r}: {len(self.accepted)} of {self.state['min_deltas']} deltas at the deadline; "
+                    f"round {r}: {len(self.accepted)} of {quorum} deltas (quorum) at the deadline; "
                     "waiting another round timeout"
                 )
 
@@ -537,6 +580,7 @@ class Coordinator:
         running?" with only one running.)"""
         state = self.state if state is None else state
         state["registered"] = len(self.registry)
+        state["quorum"] = self.quorum(state)
         for _ in range(2):
             written = parse_row(dump_row(state))
             self.unconfirmed = [*self.unconfirmed[-15:], written]
@@ -598,6 +642,9 @@ class Coordinator:
                 "test_accuracy": accuracy,
             },
         )
+        # The index of this round's content rows, so they can be pruned without a scan.
+        contents = {"v": PROTOCOL, "round": r, "content": sorted({values_sha256(d) for _, (d, _, _) in items})}
+        await self.store.put_json(protocol.contents_key(r), contents)
         st = json.loads(dump_row(self.state))  # a copy: self.state changes only once this is stored
         keep_from = r + 1 - outer.max_staleness - 1
         st["applied"] = {k: v for k, v in st["applied"].items() if int(k.split(".")[0]) >= keep_from}
@@ -622,6 +669,7 @@ class Coordinator:
         # Expected workers whose delta did not make this round: shown by status.
         pushed = {a["worker"] for a in applied}
         st["silent"] = sorted(w for w in self.expected_workers() if w not in pushed and w not in expired)[:64]
+        self.missed = set()  # a new round: every expected worker counts again
         await self._save_state(st)
         self.deadline = time.monotonic() + float(st["round_timeout"])
         self.opened, self.quorum_at = time.monotonic(), None
@@ -669,9 +717,11 @@ class Coordinator:
             sha = self.state["model_history"].get(str(round_no))
             params = await self._load_vector(protocol.model_key(round_no), "model", str(sha))
         train = self.state["train"]
+        kind, schedule = inner.from_train(train)
         local, _, _ = train_local(
             self.model, params, *self.root, steps=int(train["h"]), lr=float(train["lr"]),
             batch=int(train["batch"]), seed=int(train["seed"]) * 1000 + hash_worker(ROOT_SEED), round_no=round_no,
+            opt=InnerOpt(kind), schedule=schedule,  # a fresh state: the same model gives the same update
         )  # fmt: skip
         update = local - params
         blob = wire.encode_vector("delta", update, worker="coordinator", round=round_no)
@@ -691,7 +741,16 @@ class Coordinator:
         )  # fmt: skip
 
     async def _prune(self, now: int) -> None:
-        """Drop what is older than ``keep_rounds``: JetStream is a store, not an archive."""
+        """Drop what is older than ``keep_rounds`` (and the duplicate-delta guard's rows older
+        than ``content_rounds``): JetStream is a store, not an archive."""
+        gone = now - 1 - self.cfg.content_rounds  # the round whose content rows now expire
+        if gone >= 0:
+            index, _ = await self.store.get_json(protocol.contents_key(gone))
+            shas = index.get("content") if index is not None else None
+            for sha in shas if isinstance(shas, list) else []:
+                if isinstance(sha, str) and protocol.HEX64.match(sha):
+                    await self.store.delete(protocol.content_key(sha), no_marker=True)
+            await self.store.delete(protocol.contents_key(gone), no_marker=True)
         old = now - self.cfg.keep_rounds
         if old < 0:
             return
@@ -706,7 +765,8 @@ class Coordinator:
                 await self.store.delete_blob(name)
 
     def write_status(self) -> None:
-        fig = status.figures(self.state, len(self.registry), status.count_dry_runs(self.cfg.dry_run_dir))
+        state = {**self.state, "quorum": self.quorum()} if self.state.get("phase") == "open" else self.state
+        fig = status.figures(state, len(self.registry), status.count_dry_runs(self.cfg.dry_run_dir))
         status.write_atomic(self.cfg.status_path, fig)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .inner import InnerOpt, Schedule, local_steps
+
 
 @dataclass(frozen=True)
 class MLP:
@@ -90,17 +92,22 @@ def train_local(
     round_no: int,
     start: int = 0,
     stop: Callable[[], bool] = lambda: False,
+    opt: InnerOpt | None = None,
+    schedule: Schedule | None = None,
 ) -> tuple[np.ndarray, int, float]:
-    """Plain SGD from step ``start`` to ``steps``; returns (params, steps done, last loss).
-    ``stop()`` is checked before every step: a vacated job stops between steps, never inside one."""
+    """The inner optimizer ``opt`` (default plain SGD) from local step ``start`` to ``steps``;
+    returns (params, steps done, last loss). The lr is ``schedule`` at the global step
+    ``round_no * steps + step`` (default: ``lr`` throughout). ``stop()`` is checked before
+    every step: a vacated job stops between steps, never inside one."""
     p = params.astype(np.float32, copy=True)
-    loss = float("nan")
-    step = start
-    while step < steps:
-        if stop():
-            break
+    losses = [float("nan")]
+
+    def grad(q: np.ndarray, step: int) -> np.ndarray:
         idx = batch_indices(seed, round_no, step, len(y), batch)
-        loss, g = model.grad(p, x[idx], y[idx])
-        p -= np.float32(lr) * g
-        step += 1
-    return p, step, loss
+        loss, g = model.grad(q, x[idx], y[idx])
+        losses[0] = loss
+        return g
+
+    sched = schedule or Schedule(lr)
+    done = local_steps(p, grad, opt or InnerOpt(), lambda k: sched.at(round_no * steps + k), start, steps, stop)
+    return p, done, losses[0]

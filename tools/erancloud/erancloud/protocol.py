@@ -48,6 +48,16 @@ def reference_key(round_no: int) -> str:
     return f"reference.{round_no}"
 
 
+def content_key(values_sha: str) -> str:
+    """The duplicate-delta guard's row: one per accepted delta, named by its values' sha256."""
+    return f"content.{values_sha}"
+
+
+def contents_key(round_no: int) -> str:
+    """The index of the ``content.*`` rows of the deltas applied in a round (for pruning)."""
+    return f"contents.{round_no}"
+
+
 def delta_object(round_no: int, worker: str, sha: str) -> str:
     return f"delta.{round_no}.{worker}.{sha[:12]}"
 
@@ -189,7 +199,9 @@ def check_state(row: dict[str, Any]) -> str | None:
             return f"train.{key} = {str(value)[:20]!r} is outside [{low:g}, {high:g}]"
         if key != "lr" and not isinstance(value, int):
             return f"train.{key} is not an integer"
-    return None
+    from .inner import check_train
+
+    return check_train(train)
 
 
 def _int(value: Any, low: int = 0, high: int = 2**62) -> bool:
@@ -238,6 +250,8 @@ def check_coordinator_state(row: dict[str, Any] | None) -> str | None:
     for field in ("round_timeout", "opened", "deadline"):
         if not _num(row.get(field)):
             return f"{field} is not a number"
+    if not _num(row.get("quorum_share", 0.0)) or not 0.0 <= row.get("quorum_share", 0.0) <= 1.0:
+        return "quorum_share is not a share in [0, 1]"
     if not isinstance(row.get("momentum_sha256"), str) or not HEX64.match(row["momentum_sha256"]):
         return "momentum_sha256 is not a sha256"
     shards = row.get("shards")

@@ -82,6 +82,7 @@ def figures(state: dict[str, Any], registered: int, dry_runs: int) -> dict[str, 
         "live_worker_ids": live,
         "live_window": int(state.get("live_window", 3)),
         "registered_workers": registered,
+        "quorum": int(state["quorum"]) if isinstance(state.get("quorum"), int) else None,
         "dry_run_runs": dry_runs,
         "rejected": state.get("rejected", {}),
         "outliers": outliers(state),
@@ -107,6 +108,7 @@ def render(fig: dict[str, Any]) -> str:
         f"round {fig['round']}/{fig['rounds']} ({fig['phase']}): test accuracy {acc_s}; "
         f"live workers {fig['live_workers']} (delta applied within {fig['live_window']} rounds), "
         f"registered {fig['registered_workers']}, dry-run runs {fig['dry_run_runs']} (not counted as live)"
+        + (f"; the round closes on {fig['quorum']} deltas (quorum)" if fig.get("quorum") else "")
         + "".join(
             f"\n  {w}: {o.get('verdict')} (norm {o.get('norm')}, {o.get('streak')} round(s) running)"
             + (" SUSPECT" if w in fig.get("suspect_workers", []) else "")

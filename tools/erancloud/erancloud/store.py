@@ -319,11 +319,15 @@ class Store:
         except nats.js.errors.KeyWrongLastSequenceError:
             return 0
 
-    async def delete(self, key: str) -> None:
-        if key.startswith(PUSH_PREFIX):
+    async def delete(self, key: str, *, no_marker: bool = False) -> None:
+        """Remove ``key``. A KV purge leaves a marker of about the row's size; ``no_marker``
+        removes it with the JetStream API instead (for rows pruned by the thousand, whose
+        markers would otherwise fill the bucket as the rows did)."""
+        if key.startswith(PUSH_PREFIX) or no_marker:
             # A KV purge is a rollup header, which the push stream refuses: the API instead
             # (only the coordinator has the right to call it on that stream).
-            await self.js.purge_stream(f"KV_{PUSH_BUCKET}", subject=f"$KV.{PUSH_BUCKET}.{key}")
+            bucket = PUSH_BUCKET if key.startswith(PUSH_PREFIX) else KV_BUCKET
+            await self.js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
             return
         with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.NotFoundError):
             await self._kv(key).purge(key)
