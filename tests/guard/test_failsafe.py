@@ -232,6 +232,28 @@ def test_a_restarted_guard_finds_a_frozen_cgroup_without_any_record(
     assert (child_cgroup / "cgroup.freeze").read_text().strip() == "0"
 
 
+def test_a_restarted_guard_adopts_a_sigstop_its_predecessor_sent_that_is_still_pending(
+    board: FakeBoard, children: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """Killed right after its SIGSTOP, with no record: the worker shows T only once it is
+    scheduled, so the next guard must count the pending stop as a pause to resume."""
+    w = spawn_worker(children)
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "cgroup.procs").write_text(f"{w.pid}\n")
+    proc = tmp_path / "proc"  # the kernel's view at that instant: runnable, SIGSTOP pending
+    (proc / str(w.pid)).mkdir(parents=True)
+    (proc / str(w.pid) / "stat").write_text(f"{w.pid} (python3) R 1 1 1 0 -1\n")
+    (proc / str(w.pid) / "status").write_text("Name:\tpython3\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000040000\n")
+    orin_zones(board, 50.0)
+    pauser = Pauser(cg, board.p("/run/alma-guard/paused.json"), proc=proc)
+    assert pauser.method == "sigstop" and pauser.stopped == {w.pid}
+    clock = Clock()
+    guard = Guard(GuardConfig(holdoff_s=2.0), Paths(board.root), pauser=pauser, wall=clock.wall)
+    guard.step(clock.t)
+    assert run_polls(guard, clock, 5.0) == ["resume"]
+
+
 def test_read_only_state_dir_in_freeze_mode_never_sigstops_the_frozen_group(
     child_cgroup: Path, board: FakeBoard, children: list[subprocess.Popen[bytes]], read_only_run: ReadOnly
 ) -> None:

@@ -56,6 +56,23 @@ def proc_state(proc: Path, pid: int) -> str | None:
     return rest[0] if rest else None
 
 
+def stop_pending(proc: Path, pid: int) -> bool:
+    """A SIGSTOP sent and not yet acted on: the process shows T only once it is scheduled,
+    which on a loaded board can be after the guard that sent it was killed."""
+    bit = 1 << (signal.SIGSTOP - 1)
+    for line in (read_text(proc / str(pid) / "status") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigPnd", "ShdPnd"):
+            with contextlib.suppress(ValueError):
+                if int(value.strip(), 16) & bit:
+                    return True
+    return False
+
+
+def _stopped(proc: Path, pid: int) -> bool:
+    return proc_state(proc, pid) == "T" or stop_pending(proc, pid)
+
+
 def _cgroup_pids(cg: Path) -> list[int]:
     pids: list[int] = []
     if not cg.is_dir():
@@ -97,8 +114,8 @@ class Pauser:
 
     What is paused is learnt from the machine, not from a file: at start the cgroup's
     ``cgroup.freeze``/``cgroup.events`` and every process of the slice in state T (job-control
-    stop; a ptrace stop reads ``t`` and is left alone). ``paused.json`` only adds pids it
-    recorded that are still stopped. A record that cannot be written is reported
+    stop; a ptrace stop reads ``t`` and is left alone) or with a SIGSTOP still pending.
+    ``paused.json`` only adds pids it recorded that are still stopped. A record that cannot be written is reported
     (``record_error``), never raised: the pause itself has already happened.
     """
 
@@ -121,8 +138,8 @@ class Pauser:
         if isinstance(zones, dict):
             self.recorded_zones = {str(k): str(v) for k, v in zones.items()}
         recorded = {int(p) for p in rec.get("pids", []) if isinstance(p, int)}
-        stopped = {pid for pid in _cgroup_pids(self.cgroup) if proc_state(self.proc, pid) == "T"}
-        stopped |= {pid for pid in recorded if proc_state(self.proc, pid) == "T"}
+        stopped = {pid for pid in _cgroup_pids(self.cgroup) if _stopped(self.proc, pid)}
+        stopped |= {pid for pid in recorded if _stopped(self.proc, pid)}
         self.stopped = stopped
         if frozen(self.cgroup) or rec.get("method") == "freeze":
             self.method = "freeze"
