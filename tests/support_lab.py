@@ -54,10 +54,10 @@ def virtual_lab(count: int = 1, ota_cert: bytes | None = None) -> Iterator[tuple
 
 
 @contextlib.contextmanager
-def virtual_fleet(count: int = 2) -> Iterator[tuple[Path, list[lab.Board]]]:
+def virtual_fleet(count: int = 2, ota_cert: bytes | None = None) -> Iterator[tuple[Path, list[lab.Board]]]:
     """``count`` boards and a fleet file reaching them (what `alma lab up --fleet` writes),
     for `alma fleet ...` / `alma update --fleet FILE` against real systemd over real ssh."""
-    with virtual_lab(count) as (lab_dir, boards):
+    with virtual_lab(count, ota_cert) as (lab_dir, boards):
         fleet = lab_dir / "fleet.toml"
         fleet.write_text(lab.fleet_toml(lab_dir))
         try:

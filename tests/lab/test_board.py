@@ -16,6 +16,7 @@ from support import run_cli
 from support_lab import require_lab, sh, wait_for
 
 from alma.lab import board as lab
+from alma.lab import machine
 
 pytestmark = pytest.mark.slow
 
@@ -184,14 +185,18 @@ def test_a_reboot_and_a_power_cut_boot_again_with_the_disk_kept(lab_board: lab.B
 
 def test_a_reboot_after_a_slot_switch_boots_the_other_slot(lab_board: lab.Board) -> None:
     """The board's nvbootctrl keeps its state outside the board: a switch survives the reboot
-    and the bootloader (the supervisor) boots the slot it names, uncommitted (one retry used)."""
+    and the bootloader (the supervisor) boots the slot it names, uncommitted (one retry used);
+    the board is then what that slot holds (its image's version)."""
     assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "0"
+    with open(lab_board.disk_dir / "APP_b", "r+b") as slot:  # what an install writes there
+        slot.write(machine.image_header("1.0.1"))
     sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "1")
     try:
         lab_board.reboot()
         assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "1"
         info = sh(lab_board, "nvbootctrl", "-t", "rootfs", "dump-slots-info")
         assert "Current rootfs slot: B" in info and "slot: 1,             retry_count: 2," in info, info
+        assert 'VERSION_ID="1.0.1"' in sh(lab_board, "cat", "/etc/alma-release")
     finally:
         sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "0", check=False)
         lab_board.reboot()
