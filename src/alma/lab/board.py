@@ -38,7 +38,7 @@ from pathlib import Path
 from alma import runner
 from alma.errors import ToolError, UserError
 from alma.lab import layout as board_layout
-from alma.lab import machine
+from alma.lab import machine, supervise
 
 DEFAULT_DIR = Path("/run/alma-lab")
 ADMIN = "alma"
@@ -221,6 +221,8 @@ class Board:
         if sup is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(sup, signal.SIGKILL)
+        while not supervise.remove_cgroup(self.dir) and time.monotonic() < deadline + 30:
+            time.sleep(0.1)  # killed processes leave their cgroup as they exit
         for mnt in (self.root, self.disk):
             if os.path.ismount(mnt):
                 runner.capture(["umount", str(mnt)], timeout=60)

@@ -9,6 +9,7 @@ for ``HANG_S`` and the power-on starts again (the watchdog's reset; the retry is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from alma.lab import machine
 
+CGROUP_FILE = "cgroup"  # the board's own cgroup (v2), removed by `alma lab down`
 NSPAWN_REBOOT = 133  # systemd-nspawn's exit status when the container asked for a reboot
 HANG_S = 1.0  # a boot that hangs: this long until the (virtual) watchdog resets the board
 
@@ -45,9 +47,53 @@ def nspawn_argv(board: Path, plan: machine.BootPlan | None = None) -> list[str]:
     ]  # fmt: skip
 
 
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` or, on a hybrid host,
+    ``/sys/fs/cgroup/unified``), from /proc/self/mountinfo."""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            return Path(left.split()[4])
+    return None
+
+
+def own_cgroup(board: Path) -> Path | None:
+    """Move this supervisor into a cgroup of the board's own, below its current one. nspawn
+    (``--keep-unit``, no machined) puts the container in ``payload/`` below the caller's cgroup,
+    so boards started from one cgroup would all share one tree: each board's systemd would see
+    the others' processes in "its" units (a stop waits out its timeout for them, a freeze of
+    alma-work.slice would reach every board). Returns the cgroup, or None without cgroup v2."""
+    mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+    if mount is None:
+        return None
+    mine = next((ln[3:] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")), "/")
+    cg = mount / mine.lstrip("/") / f"alma-lab-{board.name}"
+    cg.mkdir(exist_ok=True)
+    (board / CGROUP_FILE).write_text(f"{cg}\n")
+    (cg / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    return cg
+
+
+def remove_cgroup(board: Path) -> bool:
+    """Remove the board's cgroup tree (deepest first); True when none is left."""
+    try:
+        cg = Path((board / CGROUP_FILE).read_text().strip())
+    except OSError:
+        return True
+    if cg.name != f"alma-lab-{board.name}" or not cg.is_dir():
+        return True  # not one we made, or gone
+    for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        cg.rmdir()
+    return not cg.exists()
+
+
 def main(argv: list[str]) -> int:
     board = Path(argv[0])
     (board / "supervisor.pid").write_text(f"{os.getpid()}\n")
+    own_cgroup(board)
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     try:
         while not (board / "stop").exists():
