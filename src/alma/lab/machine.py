@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tomllib
 from dataclasses import dataclass
@@ -121,6 +122,9 @@ SLOT_BYTES = 64 << 20  # sparse: room for a test image, nothing allocated until 
 FACTORY_VERSION = "1.0.0"
 HEADER_KEY = "alma-sim"  # the simulated board's convention (tests/support_update.rootfs_image)
 MAX_HEADER = 4096
+# The header is the slot's content (whatever a .swu wrote): its version reaches
+# /etc/alma-release only when it is a plain version string.
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~_-]{0,63}$")
 # A "critical" image: its kernel lacks the fabric NIC's driver, so the link its health
 # configuration expects is absent (alma-health's links check: CRITICAL "... absent").
 SICK_LINK = "almasick0"
@@ -166,8 +170,8 @@ def boot_plan(slot_top: Path, disk_top: Path) -> BootPlan:
     """One power-on: UEFI picks the slot (:func:`power_on`), then the slot's image decides."""
     slot = power_on(slot_top)
     head = read_header(disk_top, slot)
-    if head is None:
-        return BootPlan(slot, False, "", False)
+    if head is None or not _VERSION.match(str(head.get("version", ""))):
+        return BootPlan(slot, False, "", False)  # a blank, torn or foreign image does not boot
     boots, critical = head.get("boots") is not False, head.get("health") == "critical"
     return BootPlan(slot, boots, str(head.get("version", "")), critical)
 
