@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import require_tool
 from support_lab import sh, virtual_fleet, wait_for
-from support_update import REPO, alma, desktop_env, make_cert, make_swu, records, require_swupdate
+from support_update import REPO, alma, desktop_env, make_cert, make_swu, records
 
 from alma.lab import board as lab
 from alma.lab import machine
@@ -52,7 +53,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    require_swupdate()
+    require_tool("swupdate")  # the boards' SWUpdate is this host's (their lower layer)
+    require_tool("cpio")  # meta-swupdate's packing of the .swu
     base = tmp_path_factory.mktemp("lab-update")
     signer = make_cert(base / "signer", "ALMA-OS lab fleet OTA")
     with virtual_fleet(2, ota_cert=signer[0]) as (fleet, boards):
