@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -54,6 +55,41 @@ def rootfs_image(path: Path, version: str, *, health: str = "ok", boots: bool = 
     body = (head + os.urandom(size))[:size]
     path.write_bytes(body)
     return path
+
+
+def make_swu(
+    tmp: Path, signer: tuple[bytes, bytes], version: str = "1.1.0", machine: str = MACHINE, **img: object
+) -> Path:
+    """A signed ``.swu`` (meta-swupdate's cpio) carrying a :func:`rootfs_image` of ``version``."""
+    from support_swu import build_swu
+
+    rootfs = rootfs_image(tmp / f"rootfs-{version}.ext4", version, **img)  # type: ignore[arg-type]
+    out = tmp / f"alma-{machine}-{version}.swu"
+    build_swu(out, machine=machine, version=version, rootfs=rootfs, cert_pem=signer[0], key_pem=signer[1], root="")
+    return out
+
+
+def desktop_env(desk: Path) -> dict[str, str]:
+    """One desktop: its own HOME and records dir (XDG_STATE_HOME) under ``desk``."""
+    return {**os.environ, "HOME": str(desk / "home"), "XDG_STATE_HOME": str(desk / "state")}
+
+
+def alma(desk: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``alma ARGS`` from the desktop ``desk``; the timeout is a hang guard only (a loaded CI
+    host makes one board's update take minutes)."""
+    return subprocess.run(
+        [sys.executable, "-m", "alma", *args], capture_output=True, text=True, env=desktop_env(desk),
+        timeout=timeout, cwd=REPO,
+    )  # fmt: skip
+
+
+def records(desk: Path, swu: Path) -> dict[str, Any]:
+    """The desktop's update records of ``swu``, by node."""
+    from alma.update import records as R
+    from alma.update.swu import read_swu
+
+    d = R.campaign_dir(desk / "state" / "alma" / "update", read_swu(swu).sha256)
+    return {p.stem: R.load(p) for p in d.glob("*.json")}
 
 
 def make_cert(
@@ -366,8 +402,6 @@ class SimBoard:
     def settle(self) -> None:
         """What the image's alma-ota-settle.service does at every boot: the agent finishes
         what no desktop will (a fallback, a rollback, an expired lease)."""
-        import subprocess
-
         env = {**os.environ, "ALMA_OTA_ROOT": str(self.root), "PATH": f"{self.root / 'bin'}:{os.environ['PATH']}"}
         subprocess.run([sys.executable, str(AGENT), "settle"], env=env, capture_output=True, timeout=600, check=False)
 

@@ -16,6 +16,7 @@ from support import run_cli
 from support_lab import journal, require_lab, sh, wait_for
 
 from alma.lab import board as lab
+from alma.lab import machine, supervise
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,11 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
         assert names == [f"{prefix}1", f"{prefix}2"]
         during = _host_snapshot(lab_dir)
         assert during["mounts"] and during["procs"]  # the snapshot sees a lab when there is one
+        # each board's systemd owns a cgroup tree of its own: not one shared "payload/" where
+        # every board's units (alma-guard.service, user@.service, alma-work.slice) were one cgroup
+        trees = {n: Path(f"/proc/{lab.Board(lab_dir, n).init_pid()}/cgroup").read_text() for n in names}
+        assert len(set(trees.values())) == len(names), trees
+        assert all(f"/alma-lab-{n}/" in tree for n, tree in trees.items()), trees
 
         code, out, err = run_cli(capsys, "fleet", "health", "--fleet", fleet, "--json")
         report = json.loads(out)
@@ -100,6 +106,8 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
         assert not [line for line in added if line.split(":")[0] in ("alma", "eran-job", "wheel")], added
     assert not lab_dir.exists()
     assert not any(Path("/run/systemd/nspawn/propagate", n).exists() for n in names)
+    v2 = supervise.cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+    assert v2 is None or not [p for n in names for p in v2.rglob(f"alma-lab-{n}")]  # no cgroup left
 
 
 def _freeze_file() -> str:
@@ -186,14 +194,18 @@ def test_a_reboot_and_a_power_cut_boot_again_with_the_disk_kept(lab_board: lab.B
 
 def test_a_reboot_after_a_slot_switch_boots_the_other_slot(lab_board: lab.Board) -> None:
     """The board's nvbootctrl keeps its state outside the board: a switch survives the reboot
-    and the bootloader (the supervisor) boots the slot it names, uncommitted (one retry used)."""
+    and the bootloader (the supervisor) boots the slot it names, uncommitted (one retry used);
+    the board is then what that slot holds (its image's version)."""
     assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "0"
+    with open(lab_board.disk_dir / "APP_b", "r+b") as slot:  # what an install writes there
+        slot.write(machine.image_header("1.0.1"))
     sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "1")
     try:
         lab_board.reboot()
         assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "1"
         info = sh(lab_board, "nvbootctrl", "-t", "rootfs", "dump-slots-info")
         assert "Current rootfs slot: B" in info and "slot: 1,             retry_count: 2," in info, info
+        assert 'VERSION_ID="1.0.1"' in sh(lab_board, "cat", "/etc/alma-release")
     finally:
         sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "0", check=False)
         lab_board.reboot()

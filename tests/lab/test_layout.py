@@ -25,6 +25,9 @@ _INSTALL = re.compile(
     r"install\s+(?:-D\s+)?-m\s+(\d+)\s+(?:-o \S+ -g \S+\s+)?(\$\{S\}|\$\{WORKDIR\})/(\S+)\s*\\?\s*\$\{D\}(\S+)"
 )
 _LINK = re.compile(r"ln -sf (/\S+) \$\{D\}(\S+)")
+# Files written from the build's settings: `install -m MODE ${VAR} ${D}DEST`, `printf ... > ${D}DEST`
+_FROM_VAR = re.compile(r"install\s+-m\s+(\d+)\s+\$\{(\w+)\}\s+\$\{D\}(\S+)")
+_PRINTF = re.compile(r"printf\s[^>]*>\s*\$\{D\}(\S+)")
 # Files a recipe writes from build-time values, not from the tree (the lab writes its own):
 # the admin's keys, the OTA certificate and client config.
 GENERATED = {"authorized_keys"}
@@ -43,7 +46,8 @@ def var(text: str, name: str) -> str | None:
 
 
 def from_recipes() -> dict[str, set[tuple[object, ...]]]:
-    got: dict[str, set[tuple[object, ...]]] = {k: set() for k in ("file", "link", "unit", "user", "python", "mask")}
+    kinds = ("file", "link", "unit", "user", "python", "mask", "generated")
+    got: dict[str, set[tuple[object, ...]]] = {k: set() for k in kinds}
     masked = (var((REPO / DISTRO).read_text(), "ALMA_MASKED_SERVICES") or "").split()
     for bb in sorted(RECIPES.glob("*/*.bb")):
         recipe = bb.parent.name
@@ -59,6 +63,10 @@ def from_recipes() -> dict[str, set[tuple[object, ...]]]:
             if dest.endswith("/"):
                 dest += rel.rsplit("/", 1)[-1]
             got["file"].add((recipe, src, dest, int(mode, 8)))
+        for mode, source, dest in _FROM_VAR.findall(body):
+            got["generated"].add((recipe, expand(dest), int(mode, 8), source))
+        for dest in _PRINTF.findall(body):
+            got["generated"].add((recipe, expand(dest), 0o644, "printf"))  # the shell's umask 022
         for target, dest in _LINK.findall(body):
             if "$unit" in dest:  # the loop over the distro's ALMA_MASKED_SERVICES
                 got["mask"].update((recipe, u) for u in masked)
@@ -88,6 +96,7 @@ def from_layout() -> dict[str, set[tuple[object, ...]]]:
         "user": {(u.recipe, u.name, u.system, u.home, u.shell, u.groups) for u in lay.users},
         "python": {(p.recipe, p.tree) for p in lay.python},
         "mask": {(m.recipe, m.unit) for m in lay.masks},
+        "generated": {(g.recipe, g.dest, g.mode, g.source) for g in lay.generated},
     }
 
 

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support_swu import build_swu
-from support_update import MACHINE, Lab, SimBoard, load_state, rootfs_image
+from support_update import Lab, SimBoard, alma, load_state, make_swu, records
 
 from alma.update import records as R
 from alma.update.swu import read_swu
@@ -28,28 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 # the health window bounds every health call (a loaded host needs seconds per call); a healthy
 # board ends it at its first OK report, a sick one waits it out
 FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "15"]
-
-
-def make_swu(
-    tmp: Path, signer: tuple[bytes, bytes], version: str = "1.1.0", machine: str = MACHINE, **img: object
-) -> Path:
-    rootfs = rootfs_image(tmp / f"rootfs-{version}.ext4", version, **img)  # type: ignore[arg-type]
-    out = tmp / f"alma-{machine}-{version}.swu"
-    build_swu(out, machine=machine, version=version, rootfs=rootfs, cert_pem=signer[0], key_pem=signer[1], root="")
-    return out
-
-
-def alma(tmp: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    # the timeout is a hang guard only: a loaded CI host makes one board's update take minutes
-    env = {**os.environ, "HOME": str(tmp / "home"), "XDG_STATE_HOME": str(tmp / "state")}
-    return subprocess.run(
-        [sys.executable, "-m", "alma", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO
-    )
-
-
-def records(tmp: Path, swu: Path) -> dict[str, R.UpdateRecord]:
-    d = R.campaign_dir(tmp / "state" / "alma" / "update", read_swu(swu).sha256)
-    return {p.stem: R.load(p) for p in d.glob("*.json")}
 
 
 @pytest.mark.slow

@@ -57,6 +57,12 @@ def lab() -> None:
     """
 
 
+_OTA_CERT_HELP = (
+    "The OTA certificate the boards' image bakes in (default: the lab's own, DIR/ota-cert.pem with its "
+    "key DIR/ota-key.pem, made at the first up)."
+)
+
+
 @lab.command(epilog=EPILOG)
 @click.option("--boards", "count", type=click.IntRange(1, 16), default=1, show_default=True, help="How many.")
 @click.option(
@@ -67,14 +73,19 @@ def lab() -> None:
     help="Write a fleet file reaching the boards here (for alma fleet / alma update).",
 )
 @click.option("--prefix", default="vb", show_default=True, help="Board names: PREFIX1, PREFIX2, ...")
+@click.option("--ota-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=_OTA_CERT_HELP)
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the boards as JSON.")
-def up(count: int, fleet_path: Path | None, prefix: str, lab_dir: Path | None, as_json: bool) -> None:
+def up(
+    count: int, fleet_path: Path | None, prefix: str, ota_cert: Path | None, lab_dir: Path | None, as_json: bool
+) -> None:
     """Start virtual boards and wait until each one is ready (systemd up, ssh answers)."""
     from alma.lab import board
 
     board.require_root()
     lab_path = _lab_dir(lab_dir)
+    if ota_cert is not None:
+        board.use_ota_cert(lab_path, ota_cert)
     made = board.up(lab_path, count, prefix, progress=lambda m: secho(m, err=True))
     if fleet_path is not None:
         from alma.ground import write_atomic

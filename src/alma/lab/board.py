@@ -4,9 +4,11 @@ own tree, booted with ``systemd-nspawn -b`` under real systemd (docs/lab.md).
 One lab is one directory (``--dir``, default /run/alma-lab)::
 
     id_ed25519, known_hosts, ssh_config   the admin key and the boards' pinned host keys
+    ota-cert.pem, ota-key.pem             the lab's OTA signing pair (the boards' baked-in certificate)
     <board>/disk/{upper,work}             a tmpfs: the board's own disk (the overlay's upper layer)
     <board>/root                          overlayfs: lower = /, upper = disk/upper
     <board>/machine/thermal, slot/        the fake machine (alma.lab.machine), outside the board
+    <board>/machine/disk/APP, APP_b       the rootfs slots (the board's /dev/disk/by-partlabel/)
     <board>/board.json                    name, ssh port, supervisor pid
     <board>/console.log                   the container's console (every boot)
 
@@ -36,7 +38,7 @@ from pathlib import Path
 from alma import runner
 from alma.errors import ToolError, UserError
 from alma.lab import layout as board_layout
-from alma.lab import machine
+from alma.lab import machine, supervise
 
 DEFAULT_DIR = Path("/run/alma-lab")
 ADMIN = "alma"
@@ -47,6 +49,15 @@ BOARD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # The host's own services (its tree is the board's lower layer) are not the board's: every
 # unit the host enabled is masked except sshd.
 KEEP_HOST_UNITS = {"ssh.service"}
+OTA_CERT, OTA_KEY = "ota-cert.pem", "ota-key.pem"
+# The boards share the host's network namespace, and SWUpdate 2022.12 talks to itself over the
+# abstract unix socket "NotifyServer", which belongs to the network namespace: two boards
+# installing at once would meet on it (one blocks for ever). A board has a namespace of its
+# own; here SWUpdate gets one (first on sudo's secure_path and the units' PATH).
+SWUPDATE_WRAPPER = """#!/bin/sh
+# alma lab: SWUpdate in a network namespace of its own, as on a board (docs/lab.md)
+exec /usr/bin/unshare --net -- /usr/bin/swupdate "$@"
+"""
 
 
 def require_root() -> None:
@@ -97,6 +108,11 @@ class Board:
     @property
     def slot_dir(self) -> Path:
         return self.dir / "machine" / "slot"
+
+    @property
+    def disk_dir(self) -> Path:
+        """The rootfs slot files (``APP``, ``APP_b``)."""
+        return self.dir / "machine" / "disk"
 
     def info(self) -> dict[str, object]:
         try:
@@ -205,6 +221,8 @@ class Board:
         if sup is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(sup, signal.SIGKILL)
+        while not supervise.remove_cgroup(self.dir) and time.monotonic() < deadline + 30:
+            time.sleep(0.1)  # killed processes leave their cgroup as they exit
         for mnt in (self.root, self.disk):
             if os.path.ismount(mnt):
                 runner.capture(["umount", str(mnt)], timeout=60)
@@ -219,12 +237,31 @@ class Board:
 # ---- assembly -----------------------------------------------------------------------------------
 
 
+def use_ota_cert(lab: Path, cert: Path) -> None:
+    """The lab's boards bake in ``cert`` (a PEM certificate, never a key) instead of the lab's own."""
+    from alma.imagebuild.ota import check_cert  # the image build's own rule for what may be baked in
+
+    text = check_cert(cert).read_bytes()
+    lab.mkdir(parents=True, exist_ok=True)
+    os.chmod(lab, 0o700)
+    (lab / OTA_KEY).unlink(missing_ok=True)  # the lab's own key does not sign for this certificate
+    (lab / OTA_CERT).write_bytes(text)
+
+
 def _ensure_keys(lab: Path) -> None:
     key = lab / "id_ed25519"
     if not key.exists():
         runner.capture(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alma-lab", "-f", str(key)])
     for name in ("known_hosts", "ssh_config"):
         (lab / name).touch(mode=0o600)
+    if not (lab / OTA_CERT).exists():  # the lab's own fleet OTA pair, unless one was given
+        runner.capture(
+            [
+                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                "-subj", "/CN=alma lab OTA", "-keyout", str(lab / OTA_KEY), "-out", str(lab / OTA_CERT),
+            ]
+        )  # fmt: skip
+        os.chmod(lab / OTA_KEY, 0o600)
 
 
 def _host_enabled_units() -> set[str]:
@@ -298,19 +335,42 @@ def assemble(board: Board, port: int, pubkey: str) -> None:
         f"# alma lab: this board's address on the host's network\nPort {port}\nListenAddress 127.0.0.1\n"
         "HostKey /etc/ssh/ssh_host_ed25519_key\n"
     )
-    # ota.json as alma-ota's recipe writes it (MACHINE of the lab: an AGX Orin devkit).
-    (up / "etc/alma/ota.json").write_text(
-        json.dumps(
-            {
-                "machine": "jetson-agx-orin-devkit",
-                "hw_revision": "1.0",
-                "cert": "/etc/alma/ota-cert.pem",
-                "state_dir": "/data/alma-ota",
-                "lowest_bootloader": "",
-            }
-        )
-        + "\n"
-    )
+    _generated(board.lab, lay, up)
+    wrapper = up / "usr/local/sbin/swupdate"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(SWUPDATE_WRAPPER)
+    os.chmod(wrapper, 0o755)
+
+
+MACHINE = "jetson-agx-orin-devkit"  # the lab's MACHINE: an AGX Orin devkit
+
+
+def _generated(lab: Path, lay: board_layout.Layout, up: Path) -> None:
+    """The files recipes write from the build's settings, as they write them, with the lab's
+    values: the lab's OTA certificate, ota.json as alma-ota's recipe prints it. The hawkBit
+    client config is not written (the lab updates its boards over ssh)."""
+    values = {
+        "ALMA_OTA_CERT": (lab / OTA_CERT).read_bytes(),
+        "printf": (
+            json.dumps(
+                {
+                    "machine": MACHINE,
+                    "hw_revision": "1.0",
+                    "cert": "/etc/alma/ota-cert.pem",
+                    "state_dir": "/data/alma-ota",
+                    "lowest_bootloader": "",
+                }
+            )
+            + "\n"
+        ).encode(),
+    }
+    for g in lay.generated:
+        if g.source not in values:
+            continue
+        target = up / g.dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(values[g.source])
+        os.chmod(target, g.mode)
 
 
 def _ids(upper: Path, user: str) -> tuple[int, int]:
@@ -373,6 +433,7 @@ def create(lab: Path, name: str) -> Board:
         )  # fmt: skip
         machine.make_thermal(board.thermal)
         machine.new_slots(board.slot_dir)
+        machine.new_disk(board.disk_dir)
         port = _free_port()
         assemble(board, port, (lab / "id_ed25519.pub").read_text())
         (board.dir / "board.json").write_text(json.dumps({"name": name, "port": port}) + "\n")
@@ -421,7 +482,7 @@ def down(lab: Path) -> list[str]:
     for b in boards(lab):
         b.stop()
         gone.append(b.name)
-    for name in ("id_ed25519", "id_ed25519.pub", "known_hosts", "ssh_config"):
+    for name in ("id_ed25519", "id_ed25519.pub", "known_hosts", "ssh_config", OTA_CERT, OTA_KEY):
         (lab / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         lab.rmdir()

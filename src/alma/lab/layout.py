@@ -40,6 +40,17 @@ class File:
 
 
 @dataclass(frozen=True)
+class Generated:
+    """A file a recipe writes from the build's settings (``source``: the variable, or
+    ``printf`` for one it composes), not from the tree."""
+
+    recipe: str
+    dest: str
+    mode: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Link:
     recipe: str
     dest: str
@@ -83,6 +94,7 @@ class Layout:
     units: tuple[Unit, ...]
     python: tuple[Python, ...]
     masks: tuple[Mask, ...] = ()
+    generated: tuple[Generated, ...] = ()
 
 
 def root() -> Path:
@@ -103,6 +115,9 @@ def load(path: Path | None = None) -> Layout:
             units=tuple(Unit(u["recipe"], u["name"], bool(u["enabled"])) for u in data.get("unit", [])),
             python=tuple(Python(p["recipe"], p["tree"]) for p in data.get("python", [])),
             masks=tuple(Mask(m["recipe"], u) for m in data.get("mask", []) for u in m["units"]),
+            generated=tuple(
+                Generated(g["recipe"], g["dest"], int(g["mode"], 8), g["source"]) for g in data.get("generated", [])
+            ),
         )
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: not a board layout ({exc})", hint="restore it from git") from None

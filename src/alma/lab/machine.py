@@ -8,13 +8,23 @@
   supervisor picks the slot at every power-on the way UEFI does (:func:`power_on`), and the
   board's ``nvbootctrl`` (:data:`NVBOOTCTRL`, a stand-in for L4T's tool with the commands
   alma-ota uses) reads and writes the same state.
+- The rootfs slots (``/dev/disk/by-partlabel/APP`` and ``APP_b`` in the container are binds
+  of ``disk/APP`` and ``disk/APP_b`` here): the files SWUpdate writes. What a slot "is"
+  follows tests/support_update.py's simulated board: an image's first line is
+  ``{"alma-sim": {"version", "health", "boots"}}``; at power-on the supervisor reads the
+  chosen slot's header (:func:`boot_plan`): ``boots: false`` hangs that boot (a retry spent,
+  the watchdog resets it), ``health: critical`` boots an image whose health finds a fabric
+  link missing, the version is what the board reports (``/etc/alma-release``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +113,88 @@ def _save(top: Path, state: dict[str, Any]) -> None:
 def slots(top: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((top / "uefi.json").read_text())
     return data
+
+
+# ---- rootfs slots ---------------------------------------------------------------------------
+
+SLOT_LABELS = ("APP", "APP_b")  # GPT labels of rootfs A and B (meta-tegra's *_rootfs_ab.xml)
+SLOT_BYTES = 64 << 20  # sparse: room for a test image, nothing allocated until written
+FACTORY_VERSION = "1.0.0"
+HEADER_KEY = "alma-sim"  # the simulated board's convention (tests/support_update.rootfs_image)
+MAX_HEADER = 4096
+# The header is the slot's content (whatever a .swu wrote): its version reaches
+# /etc/alma-release only when it is a plain version string.
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~_-]{0,63}$")
+# A "critical" image: its kernel lacks the fabric NIC's driver, so the link its health
+# configuration expects is absent (alma-health's links check: CRITICAL "... absent").
+SICK_LINK = "almasick0"
+
+
+def image_header(version: str, *, health: str = "ok", boots: bool = True) -> bytes:
+    """The first line of a rootfs image as the lab reads it."""
+    return (json.dumps({HEADER_KEY: {"version": version, "health": health, "boots": boots}}) + "\n").encode()
+
+
+def new_disk(top: Path, version: str = FACTORY_VERSION) -> None:
+    """Both rootfs slots: A holds the factory image (``version``), B is blank (never booted)."""
+    top.mkdir(parents=True, exist_ok=True)
+    for label in SLOT_LABELS:
+        with open(top / label, "wb") as fh:
+            fh.truncate(SLOT_BYTES)
+    with open(top / SLOT_LABELS[0], "r+b") as fh:
+        fh.write(image_header(version))
+
+
+def read_header(top: Path, slot: int) -> dict[str, object] | None:
+    """The slot's image header, or None for a blank, torn or foreign image (it does not boot)."""
+    try:
+        with open(top / SLOT_LABELS[slot], "rb") as fh:
+            first = fh.read(MAX_HEADER).split(b"\n", 1)[0]
+        got = json.loads(first)[HEADER_KEY]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
+@dataclass(frozen=True)
+class BootPlan:
+    """What one power-on brings up: the slot, whether it boots, and what it is."""
+
+    slot: int
+    boots: bool
+    version: str
+    critical: bool
+
+
+def boot_plan(slot_top: Path, disk_top: Path) -> BootPlan:
+    """One power-on: UEFI picks the slot (:func:`power_on`), then the slot's image decides."""
+    slot = power_on(slot_top)
+    head = read_header(disk_top, slot)
+    if head is None or not _VERSION.match(str(head.get("version", ""))):
+        return BootPlan(slot, False, "", False)  # a blank, torn or foreign image does not boot
+    boots, critical = head.get("boots") is not False, head.get("health") == "critical"
+    return BootPlan(slot, boots, str(head.get("version", "")), critical)
+
+
+def write_boot_files(out: Path, plan: BootPlan, health_toml: str) -> None:
+    """The booted image's files that differ between images: ``alma-release`` (the version
+    alma-ota reports) and, for a critical image, its ``health.toml`` (one fabric link more)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "alma-release").write_text(f'ID=alma\nVERSION_ID="{plan.version}"\n')
+    if plan.critical:
+        (out / "health.toml").write_text(sick_health(health_toml))
+
+
+def sick_health(text: str) -> str:
+    """``text`` (the image's health.toml) expecting one fabric link more, one that is absent."""
+    data = tomllib.loads(text)
+    data.setdefault("links", {}).setdefault("expected", {})[SICK_LINK] = 1000
+    head = "[links.expected]\n"
+    line = f"{SICK_LINK} = 1000\n"
+    out = text.replace(head, head + line, 1) if head in text else text + f"\n{head}{line}"
+    if tomllib.loads(out) != data:  # the image's file changed shape: say so, never boot a guess
+        raise ValueError("health.toml: cannot add the sick image's link")
+    return out
 
 
 def power_on(top: Path) -> int:

@@ -2,11 +2,14 @@
 cut, until ``alma lab down`` (a ``stop`` file) or a poweroff from inside.
 
 ``python -m alma.lab.supervise BOARD_DIR`` (started detached by alma.lab.board). Every
-power-on picks the boot slot first (alma.lab.machine.power_on), as the bootloader would.
+power-on picks the boot slot first (alma.lab.machine.power_on), as the bootloader would, then
+boots what that slot holds (alma.lab.machine.boot_plan): an image that does not boot hangs
+for ``HANG_S`` and the power-on starts again (the watchdog's reset; the retry is spent).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,10 +18,17 @@ from pathlib import Path
 
 from alma.lab import machine
 
+CGROUP_FILE = "cgroup"  # the board's own cgroup (v2), removed by `alma lab down`
 NSPAWN_REBOOT = 133  # systemd-nspawn's exit status when the container asked for a reboot
+HANG_S = 1.0  # a boot that hangs: this long until the (virtual) watchdog resets the board
 
 
-def nspawn_argv(board: Path) -> list[str]:
+def nspawn_argv(board: Path, plan: machine.BootPlan | None = None) -> list[str]:
+    m = board / "machine"
+    slots = [f"--bind={m / 'disk' / label}:/dev/disk/by-partlabel/{label}" for label in machine.SLOT_LABELS]
+    image = [f"--bind-ro={m / 'boot/alma-release'}:/etc/alma-release"] if plan else []
+    if plan and plan.critical:
+        image.append(f"--bind-ro={m / 'boot/health.toml'}:/etc/alma/health.toml")
     return [
         "systemd-nspawn",
         "--quiet",
@@ -32,20 +42,75 @@ def nspawn_argv(board: Path) -> list[str]:
         # The kernel log, read-only: alma-health's GPU-fault check reads it as on a board
         "--bind-ro=/dev/kmsg",
         "--capability=CAP_SYSLOG",  # nspawn drops it; alma-health.service holds it on a board
+        *slots,  # the rootfs slots SWUpdate writes, as the image's partition labels
+        *image,  # what the booted slot's image is (its version, a sick image's health config)
     ]  # fmt: skip
+
+
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` or, on a hybrid host,
+    ``/sys/fs/cgroup/unified``), from /proc/self/mountinfo."""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            return Path(left.split()[4])
+    return None
+
+
+def own_cgroup(board: Path) -> Path | None:
+    """Move this supervisor into a cgroup of the board's own, below its current one. nspawn
+    (``--keep-unit``, no machined) puts the container in ``payload/`` below the caller's cgroup,
+    so boards started from one cgroup would all share one tree: each board's systemd would see
+    the others' processes in "its" units (a stop waits out its timeout for them, a freeze of
+    alma-work.slice would reach every board). Returns the cgroup, or None without cgroup v2."""
+    mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+    if mount is None:
+        return None
+    mine = next((ln[3:] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")), "/")
+    cg = mount / mine.lstrip("/") / f"alma-lab-{board.name}"
+    cg.mkdir(exist_ok=True)
+    (board / CGROUP_FILE).write_text(f"{cg}\n")
+    (cg / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    return cg
+
+
+def remove_cgroup(board: Path) -> bool:
+    """Remove the board's cgroup tree (deepest first); True when none is left."""
+    try:
+        cg = Path((board / CGROUP_FILE).read_text().strip())
+    except OSError:
+        return True
+    if cg.name != f"alma-lab-{board.name}" or not cg.is_dir():
+        return True  # not one we made, or gone
+    for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        cg.rmdir()
+    return not cg.exists()
 
 
 def main(argv: list[str]) -> int:
     board = Path(argv[0])
     (board / "supervisor.pid").write_text(f"{os.getpid()}\n")
+    try:
+        own_cgroup(board)
+    except OSError as exc:  # booted all the same, sharing its caller's cgroup tree (docs/lab.md)
+        print(f"no cgroup of the board's own: {exc}", flush=True)
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     try:
         while not (board / "stop").exists():
-            machine.power_on(board / "machine/slot")
+            plan = machine.boot_plan(board / "machine/slot", board / "machine/disk")
+            if not plan.boots:
+                print(f"slot {'ab'[plan.slot]} does not boot: hangs, the watchdog resets", flush=True)
+                time.sleep(HANG_S)
+                continue
+            health = (board / "root/etc/alma/health.toml").read_text() if plan.critical else ""
+            machine.write_boot_files(board / "machine/boot", plan, health)
             (board / "powered-on").write_text(f"{time.monotonic()}\n")  # boot-to-ready counts from here
             with open(board / "console.log", "ab") as console:
                 proc = subprocess.Popen(
-                    nspawn_argv(board), stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env
+                    nspawn_argv(board, plan), stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env
                 )
                 (board / "nspawn.pid").write_text(f"{proc.pid}\n")
                 rc = proc.wait()

@@ -1,0 +1,86 @@
+"""The virtual board's machine (alma.lab.machine, alma.lab.supervise) in-process: what a
+power-on boots from the slot files, and where the board's cgroup tree goes. The same rules
+on running boards: tests/lab/test_board.py and test_update_board.py."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from alma.lab import layout, machine, supervise
+
+
+def _lab(tmp_path: Path) -> tuple[Path, Path]:
+    slot, disk = tmp_path / "slot", tmp_path / "disk"
+    machine.new_slots(slot)
+    machine.new_disk(disk)
+    return slot, disk
+
+
+def _write(disk: Path, n: int, head: bytes) -> None:
+    with open(disk / machine.SLOT_LABELS[n], "r+b") as fh:
+        fh.write(head)
+
+
+def _switch(slot: Path, n: int) -> None:
+    """What nvbootctrl set-active-boot-slot N does to the state (N not running)."""
+    st = machine.slots(slot)
+    st["rootfs"]["active"] = n
+    st["rootfs"]["slots"][n] = {"retry_count": machine.RETRIES, "status": "normal"}
+    st["rootfs"]["successful"][n] = False
+    (slot / "uefi.json").write_text(json.dumps(st))
+
+
+def test_the_factory_slot_boots_its_version_and_a_blank_slot_never_boots(tmp_path: Path) -> None:
+    slot, disk = _lab(tmp_path)
+    assert machine.boot_plan(slot, disk) == machine.BootPlan(0, True, machine.FACTORY_VERSION, False)
+    _switch(slot, 1)  # B was never written: each power-on spends a retry, then UEFI falls back
+    plans = [machine.boot_plan(slot, disk) for _ in range(4)]
+    assert [(p.slot, p.boots) for p in plans] == [(1, False)] * 3 + [(0, True)]
+    assert machine.slots(slot)["rootfs"]["slots"][1]["status"] == "unbootable"
+
+
+def test_an_image_that_hangs_spends_its_retries_and_a_sick_one_boots_critical(tmp_path: Path) -> None:
+    slot, disk = _lab(tmp_path)
+    _write(disk, 1, machine.image_header("1.1.0", boots=False))
+    _switch(slot, 1)
+    assert [machine.boot_plan(slot, disk).boots for _ in range(4)] == [False, False, False, True]
+    _write(disk, 1, machine.image_header("1.2.0", health="critical"))
+    _switch(slot, 1)
+    assert machine.boot_plan(slot, disk) == machine.BootPlan(1, True, "1.2.0", True)
+
+
+def test_a_header_whose_version_is_not_a_version_does_not_boot(tmp_path: Path) -> None:
+    """The header is what a .swu wrote: its version never reaches /etc/alma-release unchecked."""
+    slot, disk = _lab(tmp_path)
+    for bad in ('1.0"\nVERSION_ID="9.9', "", "../x", "1" * 80):
+        _write(disk, 1, machine.image_header(bad) + b"\0" * 200)
+        _switch(slot, 1)
+        assert not machine.boot_plan(slot, disk).boots, bad
+
+
+def test_the_sick_image_health_config_is_the_image_s_with_one_absent_link_more(tmp_path: Path) -> None:
+    shipped = (layout.root() / "tools/guard/conf/health.toml").read_text()
+    sick = tomllib.loads(machine.sick_health(shipped))
+    want = tomllib.loads(shipped)
+    want["links"]["expected"][machine.SICK_LINK] = 1000
+    assert sick == want
+    plan = machine.BootPlan(1, True, "1.2.0", True)
+    machine.write_boot_files(tmp_path / "boot", plan, shipped)
+    assert (tmp_path / "boot/alma-release").read_text() == 'ID=alma\nVERSION_ID="1.2.0"\n'
+    argv = supervise.nspawn_argv(tmp_path, plan)
+    assert f"--bind-ro={tmp_path / 'machine/boot/health.toml'}:/etc/alma/health.toml" in argv
+    assert not any("health.toml" in a for a in supervise.nspawn_argv(tmp_path, plan.__class__(1, True, "1", False)))
+
+
+def test_the_cgroup_v2_mount_is_found_on_hybrid_and_unified_hosts() -> None:
+    hybrid = (
+        "35 25 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+        "36 35 0:31 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+    )
+    unified = "30 25 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+    assert supervise.cgroup2_mount(hybrid) == Path("/sys/fs/cgroup/unified")
+    assert supervise.cgroup2_mount(unified) == Path("/sys/fs/cgroup")
+    assert supervise.cgroup2_mount("37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
