@@ -164,7 +164,9 @@ def resolve(*, features: tuple[str, ...], release: bool, cli_cert: Path | None, 
 def suricatta_config(s: OtaSettings) -> str:
     """SWUpdate's config file (libconfig) with the suricatta (hawkBit DDI) section.
 
-    The device id is not here: each board passes its own (``-u "-i <hostname>"``) at start.
+    What is per board is not here: the launcher (meta-swupdate's swupdate.sh) sources
+    alma-ota's /etc/swupdate/conf.d/50-alma-ota, which adds the certificate, machine, inactive
+    slot and the device id (``-u "-i <hostname>"``) from ``alma-ota swupdate-args``.
     """
     assert s.hawkbit_url is not None
     return (
