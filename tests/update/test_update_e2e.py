@@ -280,3 +280,23 @@ def test_abort_undoes_an_installed_uncommitted_update(
     st = load_state(board.root)["rootfs"]
     assert st["current"] == 0 and st["successful"][0] is True and st["slots"][1]["status"] == "unbootable"
     assert not (board.root / "data/alma-ota/lock.json").exists()
+
+
+def test_a_downgrade_is_refused_unless_asked_for_with_allow_downgrade(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["b1"])
+    swu = make_swu(tmp_path, signer, version="0.9.0")  # the board runs 1.0.0
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--canary", "0", "--json", *FAST)
+    assert r.returncode == 1, r.stdout + r.stderr
+    board = json.loads(r.stdout)["boards"][0]
+    assert board["result"] == "FAILED" and "older than the running 1.0.0" in board["reason"], board
+    assert "--allow-downgrade" in board["reason"]
+    assert load_state(lab.boards["b1"].root)["rootfs"]["active"] == 0  # nothing switched
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--canary", "0", "--allow-downgrade",
+             "--json", *FAST)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
+    st = load_state(lab.boards["b1"].root)["rootfs"]
+    assert st["current"] == 1 and st["successful"][1] is True
+    assert 'VERSION_ID="0.9.0"' in (lab.boards["b1"].root / "etc/alma-release").read_text()
