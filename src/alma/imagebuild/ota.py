@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from almaboard import x509
+
 from alma.errors import ConfigError
 
 
@@ -36,7 +38,7 @@ class MissingOtaCert(ConfigError):
 FEATURE = "ota"
 # Warn when the baked-in certificate expires within this many days: once it has expired,
 # SWUpdate refuses every .swu, including the one that would ship its successor (docs/ota.md).
-CERT_WARN_DAYS = 90
+CERT_WARN_DAYS = x509.CERT_WARN_DAYS  # one horizon: the board's health warns under it too
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]{1,253}(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 _TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CFG_NAME = "alma-swupdate.cfg"
