@@ -155,13 +155,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env |= {"TMPDIR": str(tmp), "ALMA_OTA_ROOT": str(board), "PATH": f"{board / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"}
     with open(spec["log"], "wb") as log:
+        # restore_signals=False: SIGPIPE stays ignored, as systemd runs swupdate.service
+        # (IgnoreSIGPIPE=yes by default); with it at its default SWUpdate 2022.12 died of it.
         p = subprocess.Popen([str(LAUNCHER)], cwd=board, env=env, stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                             stdin=subprocess.DEVNULL, start_new_session=True, restore_signals=False)  # fmt: skip
         deadline = time.monotonic() + float(spec.get("deadline_s", 300))
         try:
             while not ddi.done.is_set() and p.poll() is None and time.monotonic() < deadline:
                 ddi.done.wait(0.2)
-            time.sleep(0.5) if ddi.done.is_set() else None  # its last lines reach the log
         finally:
             exited = p.poll()
             if exited is None:
