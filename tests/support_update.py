@@ -50,8 +50,13 @@ RETRIES = 3
 INSTALL_LOCK = Path(tempfile.gettempdir()) / "alma-sim-swupdate.lock"
 
 
-def rootfs_image(path: Path, version: str, *, health: str = "ok", boots: bool = True, size: int = 96 * 1024) -> Path:
-    head = (json.dumps({"alma-sim": {"version": version, "health": health, "boots": boots}}) + "\n").encode()
+def rootfs_image(path: Path, version: str, *, health: str = "ok", boots: bool = True, size: int = 96 * 1024,
+                 ota_cert: bytes | None = None) -> Path:  # fmt: skip
+    """``ota_cert``: the image bakes in this OTA certificate (a rotation ships the next one)."""
+    sim: dict[str, Any] = {"version": version, "health": health, "boots": boots}
+    if ota_cert is not None:
+        sim["ota_cert"] = ota_cert.decode()
+    head = (json.dumps({"alma-sim": sim}) + "\n").encode()
     body = (head + os.urandom(size))[:size]
     path.write_bytes(body)
     return path
@@ -248,7 +253,7 @@ class SimBoard:
             (r / d).mkdir(parents=True, exist_ok=True)
         for label in ("APP", "APP_b"):
             (r / "dev/disk/by-partlabel" / label).write_bytes(b"\0" * SLOT_BYTES)
-        img = rootfs_image(base / f".{name}-factory.img", version)
+        img = rootfs_image(base / f".{name}-factory.img", version, ota_cert=cert_pem)
         with (r / "dev/disk/by-partlabel/APP").open("r+b") as f:
             f.write(img.read_bytes())
         (r / "etc/alma/ota-cert.pem").write_bytes(cert_pem)
@@ -316,6 +321,8 @@ class SimBoard:
     def _running(self, st: dict[str, Any]) -> None:
         img = self.slot_image(st["rootfs"]["current"]) or {}
         (self.root / "etc/alma-release").write_text(f'ID=alma\nVERSION_ID="{img.get("version", "?")}"\n')
+        if isinstance(img.get("ota_cert"), str):  # the running rootfs's certificate is the one SWUpdate trusts
+            (self.root / "etc/alma/ota-cert.pem").write_text(img["ota_cert"])
         self.fake.set_boot_id(str(uuid.uuid4()))
         # "sick": this board's hardware makes the new slot fail health (the others pass it)
         sick = st.get("sick") and st["rootfs"]["current"] == 1

@@ -244,6 +244,29 @@ def test_nagios_and_table_from_real_nodes(sshd: Sshd, boards: dict[str, Path], t
     assert lines[-1].startswith("fleet: WARNING (exit 1)")
 
 
+def test_fleet_health_shows_each_boards_ota_certificate_expiry(sshd: Sshd, tmp_path: Path) -> None:
+    """Once a board's OTA certificate expires it refuses every .swu: the fleet sees it coming."""
+    from support_update import make_cert
+
+    roots = {}
+    for name, days, since in (("node-fresh", 365, 1), ("node-soon", 11, 1)):
+        b = board(tmp_path / name)
+        pem, _ = make_cert(tmp_path / f"{name}-cert", days=days, since_days=since)
+        (b.root / "etc/alma").mkdir(parents=True, exist_ok=True)
+        (b.root / "etc/alma/ota-cert.pem").write_bytes(pem)
+        (b.root / "etc/alma/ota.json").write_text('{"cert": "/etc/alma/ota-cert.pem"}')
+        roots[name] = b.root
+    f = fleet_file(tmp_path, sshd, [(n, "board", health_cmd(r)) for n, r in roots.items()])
+    r = alma("fleet", "health", "--fleet", str(f), "--json", "--no-save")
+    assert r.returncode == 1, r.stdout + r.stderr
+    by = {n["name"]: {c["name"]: c for c in n["checks"]} for n in json.loads(r.stdout)["nodes"]}
+    assert by["node-fresh"]["ota_cert"]["status"] == "OK"
+    soon = by["node-soon"]["ota_cert"]
+    assert soon["status"] == "WARNING" and "expires on" in soon["summary"] and "in 9 days" in soon["summary"]  # 9.99
+    plain = alma("fleet", "health", "--fleet", str(f), "--no-save")
+    assert "ota_cert" in plain.stdout.splitlines()[0].split()  # a column of its own
+
+
 def test_stale_report_from_the_real_tool_is_unknown(sshd: Sshd, boards: dict[str, Path], tmp_path: Path) -> None:
     report = subprocess.run(
         [sys.executable, str(HEALTH), "--root", str(boards["ok"]), "--json"], capture_output=True, text=True

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from almaboard.nagios import CODES, CRITICAL, OK, UNKNOWN, WARNING, Check, Perf, status_line, worst
 from almaboard.paths import Paths
-from almaguard.health import HEALTH_DEFAULTS, Context, run_checks
+from almaguard.health import CHECK_NAMES, HEALTH_DEFAULTS, Context, run_checks
 from support_guard import ALMA_HEALTH, FakeBoard, orin_zones
 
 
@@ -96,7 +96,8 @@ def test_exit_code_is_the_worst_check(board: FakeBoard, setup: str, code: int) -
     rep = json.loads(r.stdout)
     assert rep["code"] == code and CODES[rep["status"]] == code
     assert rep["schema"] == "alma.health/1" and rep["node"] == "alma-orin-1"
-    assert [c["name"] for c in rep["checks"]] == ["storm", "memory", "gpu", "thermal", "links", "watchdog", "disk"]
+    assert [c["name"] for c in rep["checks"]] == [*CHECK_NAMES]
+    assert CHECK_NAMES[:7] == ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
     line = run_cli(board)
     assert line.returncode == code and line.stdout.startswith(f"ALMA-HEALTH {rep['status']} - ")
 

@@ -1,23 +1,16 @@
 """Feature ota on the build side: the signing certificate decided offline (a release
 without one is refused like a missing admin key), never a private key, and the hawkBit
-client config the image gets, read by the REAL SWUpdate."""
+client config the image gets (the REAL SWUpdate reading it with the image's other files:
+tests/update/test_hawkbit.py)."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import os
-import shutil
-import signal
-import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 from support_build import mark_checked_out, read_record
 from support_update import make_cert
-
-from alma.imagebuild import ota
 
 
 @pytest.fixture(autouse=True)
@@ -87,45 +80,6 @@ def test_hawkbit_url_must_match_its_grammar(project, alma, cert: Path, url: str)
     (project / "alma.toml").write_text(f"[ota]\nhawkbit_url = {json.dumps(url)}\n")  # a TOML basic string
     code, _, err = alma("build", "--dry-run", "--feature", "ota", "--ota-key", str(cert))
     assert code == 2 and "is not an http(s)://host[:port] URL" in err, err
-
-
-class _Hawkbit(http.server.BaseHTTPRequestHandler):
-    paths: list[str] = []
-
-    def do_GET(self) -> None:
-        self.paths.append(self.path)
-        self.send_response(404)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def test_generated_suricatta_config_makes_real_swupdate_poll_that_hawkbit(tmp_path: Path, cert: Path) -> None:
-    exe = shutil.which("swupdate")
-    if exe is None:
-        pytest.skip("swupdate not installed (.ci/run installs it)")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hawkbit)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    cfg = tmp_path / ota.CFG_NAME
-    cfg.write_text(ota.suricatta_config(ota.OtaSettings(cert=cert, hawkbit_url=url, tenant="lab_7", poll_s=10)))
-    (tmp_path / "swtmp").mkdir()
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()} | {"TMPDIR": str(tmp_path / "swtmp")}
-    p = subprocess.Popen([exe, "-f", str(cfg), "-k", str(cert), "-u", "-i orin-07"], env=env, cwd=tmp_path,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    try:
-        for _ in range(200):
-            if _Hawkbit.paths:
-                break
-            if p.poll() is not None:
-                pytest.fail(f"swupdate exited {p.returncode} reading the generated config")
-            threading.Event().wait(0.05)
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        server.shutdown()
-    assert _Hawkbit.paths and _Hawkbit.paths[0].startswith("/lab_7/controller/v1/orin-07")
 
 
 def test_hawkbit_url_bakes_the_suricatta_config_in(project, alma, cert: Path):  # type: ignore[no-untyped-def]

@@ -112,6 +112,14 @@ def test_older_version_is_refused_by_swupdate_and_nothing_switches(tmp_path: Pat
     assert load_state(board.root)["rootfs"]["active"] == 0
 
 
+def test_an_older_version_installs_when_the_downgrade_is_asked_for(tmp_path: Path, signer: tuple[bytes, bytes],
+                                                                   board: SimBoard) -> None:  # fmt: skip
+    push(board, swu(tmp_path, signer, version="0.9.0"))
+    rc, out = agent(board, "install", "--run", RUN, "--allow-downgrade")
+    assert rc == 0 and out["slot"] == "b" and out["version"] == "0.9.0", out
+    assert load_state(board.root)["rootfs"]["active"] == 1
+
+
 def test_two_runs_at_once_the_second_is_refused_busy(board: SimBoard) -> None:
     assert agent(board, "begin", "--run", "run-a")[0] == 0
     rc, out = agent(board, "begin", "--run", "run-b")

@@ -257,3 +257,53 @@ def test_abort_undoes_an_installed_uncommitted_update(
     st = load_state(board.root)["rootfs"]
     assert st["current"] == 0 and st["successful"][0] is True and st["slots"][1]["status"] == "unbootable"
     assert not (board.root / "data/alma-ota/lock.json").exists()
+
+
+def test_a_downgrade_is_refused_unless_asked_for_with_allow_downgrade(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    lab = lab_factory(["b1"])
+    swu = make_swu(tmp_path, signer, version="0.9.0")  # the board runs 1.0.0
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--canary", "0", "--json", *FAST)
+    assert r.returncode == 1, r.stdout + r.stderr
+    board = json.loads(r.stdout)["boards"][0]
+    assert board["result"] == "FAILED" and "older than the running 1.0.0" in board["reason"], board
+    assert "--allow-downgrade" in board["reason"]
+    assert load_state(lab.boards["b1"].root)["rootfs"]["active"] == 0  # nothing switched
+    r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--canary", "0", "--allow-downgrade",
+             "--json", *FAST)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED"
+    st = load_state(lab.boards["b1"].root)["rootfs"]
+    assert st["current"] == 1 and st["successful"][1] is True
+    assert 'VERSION_ID="0.9.0"' in (lab.boards["b1"].root / "etc/alma-release").read_text()
+
+
+def test_a_new_certificate_ships_in_an_update_signed_with_the_old_one(
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+) -> None:
+    """docs/ota.md, "Rotating the OTA certificate": the image carrying the next certificate is
+    signed with the current key; once it is committed the board trusts only the new one."""
+    from support_update import make_cert
+
+    lab = lab_factory(["b1"])
+    b1 = lab.boards["b1"]
+    new = make_cert(tmp_path / "next", "ALMA-OS OTA next")
+    (tmp_path / "r").mkdir()
+    rotate = make_swu(tmp_path / "r", signer, version="1.1.0", ota_cert=new[0])
+    r = alma(tmp_path, "update", str(rotate), "--fleet", str(lab.fleet), "--canary", "0", "--json", *FAST)
+    assert r.returncode == 0 and json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED", r.stdout + r.stderr
+    assert (b1.root / "etc/alma/ota-cert.pem").read_bytes() == new[0]
+    (tmp_path / "old").mkdir()
+    stale = make_swu(tmp_path / "old", signer, version="1.2.0")  # the retired key
+    r = alma(tmp_path, "update", str(stale), "--fleet", str(lab.fleet), "--canary", "0", "--json", *FAST)
+    board = json.loads(r.stdout)["boards"][0]
+    assert r.returncode == 1 and board["result"] == "FAILED" and "SWUpdate refused" in board["reason"], board
+    assert load_state(b1.root)["rootfs"]["current"] == 1 and load_state(b1.root)["rootfs"]["active"] == 1
+    # the refused run keeps its lease (the same command would retry it): let the board go
+    assert alma(tmp_path, "update", "--abort", "b1", "--fleet", str(lab.fleet)).returncode == 0
+    (tmp_path / "new").mkdir()
+    good = make_swu(tmp_path / "new", new, version="1.2.0")
+    r = alma(tmp_path, "update", str(good), "--fleet", str(lab.fleet), "--canary", "0", "--json", *FAST)
+    assert r.returncode == 0 and json.loads(r.stdout)["boards"][0]["result"] == "COMMITTED", r.stdout + r.stderr
+    assert 'VERSION_ID="1.2.0"' in (b1.root / "etc/alma-release").read_text()

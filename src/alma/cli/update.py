@@ -99,6 +99,12 @@ from alma.errors import UserError
     default=None,
     help="Where per-board records live (default: ~/.local/state/alma/update).",
 )
+@click.option(
+    "--allow-downgrade",
+    is_flag=True,
+    help="Install a SWU older than what a board runs (refused without this flag, on the desktop and by "
+    "SWUpdate on the board). The bootloader capsule still never goes below its lowest supported version.",
+)
 @click.option("--dry-run", is_flag=True, help="Ask each board its slots and print the plan; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the plan) as JSON.")
 def update(
@@ -115,6 +121,7 @@ def update(
     poll_s: float,
     agent: str,
     records_dir: Path | None,
+    allow_downgrade: bool,
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -124,7 +131,7 @@ def update(
     Boards go in waves (--canary first, then --batch at a time). Every phase is recorded per
     board; running the same command again after Ctrl-C or a crash resumes where each board
     stopped. A board refuses a SWU not signed with its baked-in certificate, built for another
-    machine or older than what it runs.
+    machine or older than what it runs (unless --allow-downgrade).
     """
     from alma.fleet.inventory import load_fleet
     from alma.fleet.ssh import require_ssh
@@ -162,6 +169,7 @@ def update(
         health_timeout=health_timeout,
         poll_s=poll_s,
         agent=agent,
+        allow_downgrade=allow_downgrade,
     )
     ctx = E.Context(fleet=fl, swu=swu, info=info, opts=opts, root=root, run=E.run_id(info))
     if dry_run:

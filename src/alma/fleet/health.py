@@ -46,7 +46,7 @@ from alma.ground import parse_utc, utc_iso, utc_now, write_atomic
 REPORT_SCHEMA = "alma.health/1"
 SNAPSHOT_SCHEMA = "alma.fleet-health/1"
 # Checks every on-board report carries (docs/formats.md); the table shows them in this order.
-KNOWN_CHECKS = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
+KNOWN_CHECKS = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk", "ota_cert")
 MAX_WORKERS = 32
 # Judging runs after the read; this much past the deadline is scheduling noise, not a slow judge.
 JUDGE_GRACE_S = 0.5

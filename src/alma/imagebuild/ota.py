@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from almaboard import x509
+
 from alma.errors import ConfigError
 
 
@@ -36,7 +38,7 @@ class MissingOtaCert(ConfigError):
 FEATURE = "ota"
 # Warn when the baked-in certificate expires within this many days: once it has expired,
 # SWUpdate refuses every .swu, including the one that would ship its successor (docs/ota.md).
-CERT_WARN_DAYS = 90
+CERT_WARN_DAYS = x509.CERT_WARN_DAYS  # one horizon: the board's health warns under it too
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]{1,253}(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 _TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CFG_NAME = "alma-swupdate.cfg"
@@ -164,7 +166,9 @@ def resolve(*, features: tuple[str, ...], release: bool, cli_cert: Path | None, 
 def suricatta_config(s: OtaSettings) -> str:
     """SWUpdate's config file (libconfig) with the suricatta (hawkBit DDI) section.
 
-    The device id is not here: each board passes its own (``-u "-i <hostname>"``) at start.
+    What is per board is not here: the launcher (meta-swupdate's swupdate.sh) sources
+    alma-ota's /etc/swupdate/conf.d/50-alma-ota, which adds the certificate, machine, inactive
+    slot and the device id (``-u "-i <hostname>"``) from ``alma-ota swupdate-args``.
     """
     assert s.hawkbit_url is not None
     return (

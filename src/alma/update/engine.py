@@ -93,6 +93,7 @@ class Options:
     push_timeout: float = 1800.0
     poll_s: float = 2.0
     agent: str = AGENT
+    allow_downgrade: bool = False  # an older .swu than a board runs: refused unless asked for
 
 
 @dataclass
@@ -327,7 +328,8 @@ class BoardUpdate:
         self.rec.baseline_warnings = self._baseline()
         self.step("lock", lambda: self.call(f"begin --run {run} --host {socket.gethostname()[:60] or 'desktop'}"))
         self.step("push", lambda: self._push(_dict(st.get("received"))))
-        out = self.step("install", lambda: self.call(f"install --run {run}", timeout=self.ctx.opts.push_timeout))
+        down = " --allow-downgrade" if self.ctx.opts.allow_downgrade else ""
+        out = self.step("install", lambda: self.call(f"install --run {run}{down}", timeout=self.ctx.opts.push_timeout))
         if out.get("slot") not in SLOTS or out.get("slot") == self.rec.from_slot:
             raise _Stop(R.FAILED, f"install: the board answered target slot {str(out.get('slot'))[:40]} "
                                   f"while running {self.rec.from_slot}: not rebooting it")  # fmt: skip
@@ -347,8 +349,9 @@ class BoardUpdate:
                 older = version_tuple(info.version) < version_tuple(running)
             except UserError:
                 older = False
-            if older:
-                raise _Stop(R.FAILED, f"refused: {info.version} is older than the running {running} (no downgrades)")
+            if older and not self.ctx.opts.allow_downgrade:
+                raise _Stop(R.FAILED, f"refused: {info.version} is older than the running {running} "
+                                      "(no downgrades unless alma update --allow-downgrade)")  # fmt: skip
 
     def _resume(self, st: dict[str, Any], pend: dict[str, Any]) -> None:
         """The board holds an installed, uncommitted update of this run: continue from its state."""

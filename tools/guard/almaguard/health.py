@@ -1,4 +1,4 @@
-"""The health watchdog's checks: storm, memory, gpu, thermal, links, watchdog, disk.
+"""The health watchdog's checks: storm, memory, gpu, thermal, links, watchdog, disk, ota_cert.
 
 Each check reads the machine (through :class:`Paths`), returns a :class:`Check`, and takes
 no action. State between runs (counter snapshots for rates, the kernel-log cursor) lives
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from almaboard import fields as F
-from almaboard import thermal
+from almaboard import thermal, x509
 from almaboard.config import load_layers
 from almaboard.errors import BoardError
 from almaboard.files import boot_id, boottime, iso, read_int, read_json, read_text, state_age, write_json
@@ -29,7 +29,7 @@ from . import kmsg
 from .config import load_guard_config
 
 SCHEMA = "alma.health/1"
-CHECK_NAMES = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk")
+CHECK_NAMES = ("storm", "memory", "gpu", "thermal", "links", "watchdog", "disk", "ota_cert")
 
 HEALTH_DEFAULTS: dict[str, dict[str, Any]] = {
     "storm": {
@@ -47,6 +47,8 @@ HEALTH_DEFAULTS: dict[str, dict[str, Any]] = {
     "links": {"expected": {}, "fabric": "/etc/alma/fabric.toml"},
     "watchdog": {"required": False},
     "disk": {"paths": ["/"], "warn_pct": 10.0, "crit_pct": 5.0},
+    # the image's OTA certificate (alma-ota's ota.json names it): WARNING this close to expiry
+    "ota_cert": {"warn_days": float(x509.CERT_WARN_DAYS), "ota_json": "/etc/alma/ota.json"},
 }
 
 NVGPU_ERR = re.compile(r"nvgpu: \S+ .*\[ERR\]")
@@ -74,6 +76,7 @@ HEALTH_FIELDS: dict[str, F.Schema] = {
     "links": {"expected": F.mapping(_NAME, F.integer(0, 10_000_000)), "fabric": F.string(max_len=4096)},
     "watchdog": {"required": F.boolean()},
     "disk": {"paths": F.list_of(F.string(max_len=4096)), "warn_pct": _PCT, "crit_pct": _PCT},
+    "ota_cert": {"warn_days": F.number(0.0, 3650.0), "ota_json": F.string(r"/[^\x00]*", max_len=4096)},
 }
 
 
@@ -473,6 +476,44 @@ def check_disk(ctx: Context) -> Check:
     return Check("disk", worst(states) if states else OK, "; ".join(parts) or "no paths configured", perf)
 
 
+# -- ota_cert ---------------------------------------------------------------------------
+
+
+def check_ota_cert(ctx: Context) -> Check:
+    """The OTA signing certificate baked into the image: once expired, SWUpdate refuses every
+    .swu, the one that would rotate it too (docs/ota.md, "Certificate lifetime")."""
+    c = ctx.cfg["ota_cert"]
+    path = ctx.paths(str(c["ota_json"]))
+    if not path.exists():
+        return Check("ota_cert", OK, "no OTA agent config (image without the ota feature)")
+    cfg = read_json(path)
+    if not isinstance(cfg, dict):
+        return Check("ota_cert", UNKNOWN, f"{c['ota_json']} is not a JSON object")
+    name = cfg.get("cert")
+    if not isinstance(name, str) or not name.startswith("/"):
+        return Check("ota_cert", UNKNOWN, f"{c['ota_json']} names no certificate path")
+    try:
+        with ctx.paths(name).open("rb") as f:
+            data = f.read(x509.MAX_CERT + 1)
+    except OSError as exc:
+        return Check("ota_cert", CRITICAL, f"{name}: {exc.strerror}: this board can verify no update")
+    try:
+        _start, end = x509.validity(data)
+    except ValueError as exc:
+        return Check("ota_cert", UNKNOWN, f"{name}: cannot read its expiry ({exc})")
+    days = (end.timestamp() - ctx.now) / 86400.0
+    warn = float(c["warn_days"])
+    perf = [Perf("ota_cert_days_left", round(days, 1), "", warn, 0.0, low=True)]
+    when = f"{end:%Y-%m-%d %H:%M} UTC"
+    if days <= 0:
+        return Check("ota_cert", CRITICAL, f"OTA certificate expired on {when}: SWUpdate refuses every .swu "
+                                           "(reflash with a new certificate: docs/ota.md)", perf)  # fmt: skip
+    if days < warn:
+        return Check("ota_cert", WARNING, f"OTA certificate expires on {when} (in {int(days)} days, under "
+                                          f"{warn:g}): ship its successor now (docs/ota.md)", perf)  # fmt: skip
+    return Check("ota_cert", OK, f"OTA certificate valid until {when} ({int(days)} days)", perf)
+
+
 def _free_pct_perf(label: str, pct: float, warn: Any, crit: Any) -> Perf:
     """Perfdata for a "% still free" figure: 0..100, lower is worse."""
     return Perf(label, round(pct, 1), "%", float(warn), float(crit), 0, 100, low=True)
@@ -486,6 +527,7 @@ CHECKS: dict[str, Callable[[Context], Check]] = {
     "links": check_links,
     "watchdog": check_watchdog,
     "disk": check_disk,
+    "ota_cert": check_ota_cert,
 }
 
 

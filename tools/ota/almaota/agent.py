@@ -53,6 +53,10 @@ SLOT_NAMES = ("a", "b")
 CAPSULE_STAGING = board_swu.CAPSULE_STAGING
 ESP_CAPSULE = "boot/efi/EFI/UpdateCapsule/TEGRA_BL.Cap"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# The board's identity as the flash-time hook writes /etc/hostname (an RFC 1123 label): its
+# hawkBit device id. Words handed to SWUpdate's launcher (word-split by sh) stay in _WORD.
+_HOSTNAME = re.compile(r"^(?![0-9]+$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_WORD = re.compile(r"^[A-Za-z0-9._,:/+-]{1,4096}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:\s*(\w+)", re.MULTILINE)
 TOOL_TIMEOUT_S = 600
@@ -231,17 +235,22 @@ def _run_id(text: str) -> str:
     return text
 
 
-def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
-    cur = b.current_slot()
+def running_version(b: Board) -> str | None:
+    """VERSION_ID of the running image (/etc/alma-release)."""
     rel = {}
     with contextlib.suppress(OSError):
         for ln in (b.root / "etc/alma-release").read_text().splitlines():
             k, _sep, v = ln.partition("=")
             rel[k.strip()] = v.strip().strip('"')
+    return rel.get("VERSION_ID")
+
+
+def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    cur = b.current_slot()
     guard = b.tool(str(b.cfg.get("systemctl", "systemctl")), "is-active", "alma-guard.service", check=False)
     return {
         "machine": b.cfg.get("machine"),
-        "version": rel.get("VERSION_ID"),
+        "version": running_version(b),
         "current_slot": cur,
         "slots": b.slots(),
         "boot_id": b.boot_id(),
@@ -261,6 +270,40 @@ def _received(b: Board) -> dict[str, Any] | None:
             size = (b.state / name).stat().st_size
             return {"run": held.get("run") if held else None, "bytes": size, "complete": done}
     return None
+
+
+def _gate_args(b: Board, target: str, *, allow_downgrade: bool) -> list[str]:
+    """SWUpdate's gate, one list for ``install`` and the hawkBit daemon: the baked-in
+    certificate (-k), this machine (-H), the target slot's set (-e), no older version (-N)."""
+    machine, hwrev = str(b.cfg["machine"]), str(b.cfg.get("hw_revision", "1.0"))
+    argv = ["-k", str(b.root / str(b.cfg["cert"]).lstrip("/")), "-H", f"{machine}:{hwrev}", "-e", f"alma,slot-{target}"]
+    running = running_version(b)
+    if running and not allow_downgrade:
+        argv += ["-N", running]  # SWUpdate refuses a version older than the running one by itself
+    return argv
+
+
+def cmd_swupdate_args(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    """What meta-swupdate's launcher (swupdate.sh, sourcing /etc/swupdate/conf.d/50-alma-ota)
+    passes to the SWUpdate daemon polling hawkBit: ``SWUPDATE_ARGS`` (config file, the gate,
+    the inactive slot) or, with ``--suricatta``, ``SWUPDATE_SURICATTA_ARGS`` (the device id)."""
+    if a.suricatta:
+        path = b.root / "etc/hostname"
+        try:
+            name = path.read_text(errors="replace").strip()
+        except OSError as exc:
+            raise UserError(f"{path}: {exc.strerror}: this board has no identity to give hawkBit") from None
+        if not _HOSTNAME.fullmatch(name):
+            raise UserError(f"{path} holds no board name (an RFC 1123 label): not polling hawkBit")
+        words = ["-i", name]
+    else:
+        target = "b" if b.current_slot() == "a" else "a"  # never the running slot
+        cfg = b.root / "etc/swupdate.cfg"
+        words = (["-f", str(cfg)] if cfg.is_file() else []) + _gate_args(b, target, allow_downgrade=False)
+    bad = [w for w in words if not _WORD.fullmatch(w)]
+    if bad:
+        raise UserError(f"cannot hand {bad[0][:80]!r} to SWUpdate's launcher (it splits words)")
+    return {"words": words}
 
 
 def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -355,25 +398,13 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         raise UserError("nothing received: push the .swu first")
     cur = b.current_slot()
     target = "b" if cur == "a" else "a"
-    machine, hwrev = str(b.cfg["machine"]), str(b.cfg.get("hw_revision", "1.0"))
-    argv = [
-        str(b.cfg.get("swupdate", "swupdate")),
-        "-k",
-        str(b.root / str(b.cfg["cert"]).lstrip("/")),
-        "-H",
-        f"{machine}:{hwrev}",
-        "-e",
-        f"alma,slot-{target}",
-        "-i",
-        str(swu),
-    ]
+    machine = str(b.cfg["machine"])
     got = _read_swu(swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
     if got.machine != machine:
         raise UserError(f"this .swu is for {got.machine}, this board is {machine}: refused")
     sw, images = got.software, got.images[target]
-    running = cmd_status(b, a).get("version")
-    if running:
-        argv += ["-N", running]  # SWUpdate refuses a version <= the running one by itself
+    gate = _gate_args(b, target, allow_downgrade=a.allow_downgrade)
+    argv = [str(b.cfg.get("swupdate", "swupdate")), *gate, "-i", str(swu)]
     lock_file = b.cfg.get("install_lock")
     with contextlib.ExitStack() as stack:
         if lock_file:  # a simulated host runs several boards' SWUpdate: its sockets are host-wide
@@ -561,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status")
     sub.add_parser("settle", help="finish what no desktop will (run at boot and by a timer)")
+    sp_args = sub.add_parser("swupdate-args", help="the SWUpdate daemon's words (hawkBit: conf.d/50-alma-ota)")
+    sp_args.add_argument("--suricatta", action="store_true", help="the suricatta words (the device id)")
     sp_abort = sub.add_parser("abort", help="release the board and undo an uncommitted update")
     sp_abort.add_argument("--reboot", action="store_true", help="then reboot into the old slot")
     for name in ("begin", "receive", "install", "reboot", "commit", "rollback", "release"):
@@ -568,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--run", required=True)
         if name == "begin":
             sp.add_argument("--host", default="")
+        if name == "install":
+            sp.add_argument("--allow-downgrade", action="store_true", help="an older version too (alma update)")
         if name == "receive":
             sp.add_argument("--sha256", required=True)
             sp.add_argument("--size", type=int, required=True)
@@ -584,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         "release": cmd_release,
         "settle": cmd_settle,
         "abort": cmd_abort,
+        "swupdate-args": cmd_swupdate_args,
     }
 
     def body() -> int:
@@ -608,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
             err = StepFailed(f"{where}: {os.strerror(exc.errno or errno.EIO)}")
             print(json.dumps({"error": str(err), "code": err.exit_code}))
             raise err from None
+        if args.cmd == "swupdate-args":  # shell words for swupdate.sh, not JSON
+            print(" ".join(out["words"]), flush=True)
+            return 0
         print(json.dumps(out, sort_keys=True), flush=True)
         if args.cmd in ("abort", "settle") and out.get("rebooting"):
             board.tool(str(board.cfg.get("reboot", "reboot")))  # after the answer: a reboot ends the session

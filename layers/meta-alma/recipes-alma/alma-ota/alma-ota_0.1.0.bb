@@ -46,6 +46,10 @@ do_install:append() {
     if [ -n "${ALMA_OTA_CERT}" ]; then
         install -m 0644 ${ALMA_OTA_CERT} ${D}${sysconfdir}/alma/ota-cert.pem
     fi
+    # The SWUpdate daemon's per-board words (certificate, machine, inactive slot, device id),
+    # sourced by meta-swupdate's launcher swupdate.sh: the hawkBit path (docs/ota.md).
+    install -d ${D}${sysconfdir}/swupdate/conf.d
+    install -m 0644 ${S}/swupdate/50-alma-ota ${D}${sysconfdir}/swupdate/conf.d/50-alma-ota
     if [ -n "${ALMA_OTA_SWUPDATE_CFG}" ]; then
         install -m 0644 ${ALMA_OTA_SWUPDATE_CFG} ${D}${sysconfdir}/swupdate.cfg
     fi
@@ -57,6 +61,7 @@ do_install:append() {
 ALMA_OTA_STATE_DIR ??= "/data/alma-ota"
 
 FILES:${PN} += "${sysconfdir}/alma/ota.json ${sysconfdir}/alma/ota-cert.pem ${sysconfdir}/swupdate.cfg \
+                ${sysconfdir}/swupdate/conf.d/50-alma-ota \
                 ${sysconfdir}/systemd/system/nv_update_verifier.service ${systemd_system_unitdir}/alma-ota-settle.*"
 CONFFILES:${PN} = "${sysconfdir}/alma/ota.json"
 # The slot tools must be in the image ("could not identify current boot slot" otherwise):

@@ -1,0 +1,120 @@
+"""The hawkBit path as the image ships it: ``alma build``'s swupdate.cfg and alma-ota's recipe
+(its conf.d words for meta-swupdate's launcher) installed on a board, the REAL SWUpdate daemon
+started by the real launcher with nothing passed by hand, polling a DDI stand-in
+(tests/support_hawkbit.py) and installing into the inactive slot only what the fleet signed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from support_board import run_shell_function
+from support_hawkbit import URL, run_daemon
+from support_swu import DESCRIPTION, Payload, build_swu, description, pack, sha256_file
+from support_update import MACHINE, SimBoard, make_cert, rootfs_image
+
+from alma.imagebuild import ota
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "layers/meta-alma/recipes-alma/alma-ota/alma-ota_0.1.0.bb"
+TENANT, DEVICE = "lab_7", "orin-07"
+# A refused .swu must be larger than SWUpdate's IPC socket buffers (as every real image is): a
+# file that fits in them is streamed whole before the installer refuses it, and SWUpdate
+# 2022.12's suricatta, asking the status before the installer started (still IDLE), counted
+# it installed and told hawkBit "All Chunks Installed" (seen once in 10 parallel runs;
+# ipc_wait_for_complete returns last_result IDLE). The slot stayed untouched all the same.
+REFUSED_BYTES = 4 << 20
+
+
+def _image_board(tmp: Path, signer: tuple[bytes, bytes]) -> SimBoard:
+    """A board whose /etc is what the image installs: alma build's swupdate.cfg (for this
+    hawkBit URL and tenant) and alma-ota's do_install run as bitbake would, its name written
+    by the flash-time identity hook."""
+    board = SimBoard(tmp / "boards", DEVICE, signer[0])
+    (tmp / "ota-cert.pem").write_bytes(signer[0])
+    cfg = tmp / ota.CFG_NAME  # what alma build writes for [ota] hawkbit_url (src/alma/imagebuild/plan.py)
+    cfg.write_text(ota.suricatta_config(ota.OtaSettings(cert=tmp / "ota-cert.pem", hawkbit_url=URL, tenant=TENANT,
+                                                        poll_s=10)))  # fmt: skip
+    run_shell_function(RECIPE, "do_install:append", {
+        "D": str(board.root), "S": str(REPO / "tools/ota"), "MACHINE": MACHINE,
+        "ALMA_OTA_CERT": str(tmp / "ota-cert.pem"), "ALMA_OTA_SWUPDATE_CFG": str(cfg),
+        "ALMA_OTA_STATE_DIR": "/data/alma-ota", "ALMA_OTA_LOWEST_BOOTLOADER": "36.4.0"})  # fmt: skip
+    (board.root / "etc/hostname").write_text(f"{DEVICE}\n")
+    return board
+
+
+def _slot_b(board: SimBoard) -> bytes:
+    return (board.root / "dev/disk/by-partlabel/APP_b").read_bytes()
+
+
+def _finished(out: dict[str, object]) -> list[str]:
+    return [str(f.get("status", {}).get("result", {}).get("finished")) for f in out["feedback"]]  # type: ignore[attr-defined]
+
+
+def test_the_images_config_polls_hawkbit_and_installs_a_signed_swu_into_the_inactive_slot(
+    tmp_path: Path, signer: tuple[bytes, bytes]
+) -> None:
+    board = _image_board(tmp_path, signer)
+    img = rootfs_image(tmp_path / "rootfs.ext4", "1.1.0")
+    swu = build_swu(tmp_path / "alma-1.1.0.swu", machine=MACHINE, version="1.1.0", rootfs=img,
+                    cert_pem=signer[0], key_pem=signer[1], root="")  # fmt: skip
+    out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version="1.1.0")
+    assert out["done"], out
+    assert f"/{TENANT}/controller/v1/{DEVICE}" in out["paths"], out["paths"]  # the board's own id
+    assert "failure" not in _finished(out), out
+    details = json.dumps(out["feedback"])
+    assert "All Chunks Installed" in details, out
+    data = img.read_bytes()
+    assert _slot_b(board)[: len(data)] == data, out["log"][-3000:]  # the inactive slot, whole
+    running = (board.root / "dev/disk/by-partlabel/APP").read_bytes()
+    assert running[:40].startswith(b'{"alma-sim": {"version": "1.0.0"'), "the running slot was written"
+
+
+def test_an_unsigned_swu_from_hawkbit_is_refused_and_nothing_is_written(
+    tmp_path: Path, signer: tuple[bytes, bytes]
+) -> None:
+    board = _image_board(tmp_path, signer)
+    img = rootfs_image(tmp_path / "rootfs.ext4", "1.1.0", size=REFUSED_BYTES)
+    desc = description(machine=MACHINE, version="1.1.0", root="",
+                       payloads=[Payload("rootfs.ext4", "rootfs", sha256_file(img), img.stat().st_size)])  # fmt: skip
+    swu = pack(tmp_path / "unsigned.swu", [(DESCRIPTION, desc), ("rootfs.ext4", img)])
+    before = _slot_b(board)
+    out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version="1.1.0")
+    assert out["done"] and "failure" in _finished(out), (out["feedback"], out["log"][-4000:])
+    assert "instead of sw-description.sig" in out["log"], out["log"][-3000:]  # SWUpdate wants the signature next
+    assert _slot_b(board) == before
+
+
+@pytest.mark.parametrize(
+    ("signed_by", "version", "why"),
+    [("attacker", "1.1.0", "Authentication of all signatures failed"),
+     ("fleet", "0.9.0", "No downgrading allowed: new version 0.9.0")],  # the board runs 1.0.0
+)  # fmt: skip
+def test_another_signer_and_an_older_version_are_refused_through_hawkbit_too(
+    tmp_path: Path, signer: tuple[bytes, bytes], signed_by: str, version: str, why: str
+) -> None:
+    """The daemon's gate is alma-ota's (one list): the baked-in certificate and -N running."""
+    board = _image_board(tmp_path, signer)
+    before = _slot_b(board)
+    key = make_cert(tmp_path / "other", "attacker") if signed_by == "attacker" else signer
+    img = rootfs_image(tmp_path / "rootfs.ext4", version, size=REFUSED_BYTES)
+    swu = build_swu(tmp_path / "u.swu", machine=MACHINE, version=version, rootfs=img,
+                    cert_pem=key[0], key_pem=key[1], root="")  # fmt: skip
+    out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version=version)
+    assert out["done"] and "failure" in _finished(out), out
+    assert why in out["log"], out["log"][-3000:]
+    assert _slot_b(board) == before
+
+
+def test_without_a_board_name_the_daemon_does_not_start(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
+    """A board that cannot say who it is never polls under another's id (nor a made-up one)."""
+    board = _image_board(tmp_path, signer)
+    (board.root / "etc/hostname").write_text("-bad-\n")
+    img = rootfs_image(tmp_path / "rootfs.ext4", "1.1.0")
+    swu = build_swu(tmp_path / "u.swu", machine=MACHINE, version="1.1.0", rootfs=img,
+                    cert_pem=signer[0], key_pem=signer[1], root="")  # fmt: skip
+    out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version="1.1.0")
+    assert not out["done"] and out["exited"] not in (None, 0) and out["paths"] == [], out
+    assert re.search(r"swupdate-args --suricatta failed", out["log"]), out["log"]
