@@ -281,3 +281,47 @@ def test_a_client_that_leaves_mid_flash_is_named_in_the_record_not_ctrl_c(svc: t
     rec = station.records_list()[before]
     assert rec["result"] == "INTERRUPTED", rec
     assert "the client closed its connection" in str(rec["reason"]) and "Ctrl-C" not in str(rec["reason"]), rec
+
+
+def test_a_client_that_half_closes_after_its_request_is_flashed_and_gets_its_record(svc: tuple[int, Station]) -> None:
+    """shutdown(SHUT_WR) ends only the client's sending side: the service can still send, so
+    the flash goes ahead and its record comes back (it used to read as "left")."""
+    port, station = svc
+    bundle = station.bundle("half")
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    peer.sock.shutdown(socket.SHUT_WR)
+    final = peer.last()
+    peer.close()
+    assert final.get("exit_code") == 0 and final["result"]["result"] == "SUCCESS", final
+
+
+def test_a_client_that_half_closes_mid_flash_is_not_taken_for_gone(svc: tuple[int, Station]) -> None:
+    port, station = svc
+    bundle = station.bundle("half-mid")
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    while (msg := peer.read()) is not None and msg.get("event") != "line":
+        pass  # the flash has begun
+    peer.sock.shutdown(socket.SHUT_WR)
+    final = peer.last()
+    peer.close()
+    assert final["result"]["result"] == "SUCCESS", final
+
+
+def test_a_client_that_vanishes_mid_flash_is_named_so(svc: tuple[int, Station]) -> None:
+    port, station = svc
+    bundle = station.bundle("vanish-mid", outcomes={"*": "hang-storage"})
+    before = len(station.records_list())
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    while (msg := peer.read()) is not None and msg.get("phase") != "storage":
+        pass
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.close()  # a reset: its process died
+    wait_for("the interrupted flash's record", lambda: len(station.records_list()) > before)
+    rec = station.records_list()[before]
+    assert rec["result"] == "INTERRUPTED" and "the client vanished" in str(rec["reason"]), rec

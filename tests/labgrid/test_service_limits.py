@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -175,15 +176,58 @@ def test_a_client_gone_before_the_flash_gets_no_flash(tmp_path: Path, monkeypatc
     req = json.loads(_request(1000))
     req["path"] = str(bundle)
     line = json.dumps(req).encode() + b"\n"
-    for gone in (True, False):
+    for how in ("closed", "half-closed", "connected"):
+        flashed.clear()
         ours, client = _tcp_pair()
         with ours, client:
             client.sendall(line)
-            if gone:
+            if how == "closed":
                 client.close()  # FIN: our "upload: false" still goes out, the flash must not
-                time.sleep(0.2)
+            elif how == "half-closed":
+                client.shutdown(socket.SHUT_WR)  # FIN too, but it still reads: it is served
+            if how != "connected":
+                wait_for_eof(ours)
             service.Service("1-3", ours, Interruption(), bundle_dirs=[str(deploy)]).handle(ours)
-        assert flashed == ([] if gone else [bundle])
+        assert flashed == ([] if how == "closed" else [bundle]), how
+
+
+def wait_for_eof(sock: socket.socket) -> None:
+    """Until the peer's FIN has reached ``sock`` (its end of stream is readable)."""
+    deadline = time.monotonic() + 60
+    while not service._readable(sock, 0.1):
+        assert time.monotonic() < deadline, "the FIN never arrived"
+
+
+def test_a_half_close_and_a_close_are_told_apart_by_the_client_s_kernel() -> None:
+    """Loopback, real TCP: after its upload a client sends nothing, so both end its stream.
+    The probe line is acknowledged by a half-closed client (and the service can still send
+    to it) and reset by a closed one (sends then fail: EPIPE/ECONNRESET); a reset without a
+    FIN is a vanished client."""
+    ours, client = _tcp_pair()
+    with ours, client:
+        assert service.peer_state(ours) == service.OPEN
+        client.shutdown(socket.SHUT_WR)
+        wait_for_eof(ours)
+        assert service.peer_state(ours) == service.HALF_CLOSED
+        service.send(ours, {"result": "still heard"})
+        reader = service.LineReader(client)
+        assert reader.read() == {"event": "probe"} and reader.read() == {"result": "still heard"}
+
+    ours, client = _tcp_pair()
+    with ours:
+        client.close()
+        wait_for_eof(ours)
+        assert service.peer_state(ours) == service.CLOSED
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(100):  # the first send may still be taken before the reset is seen
+                service.send(ours, {"result": "nobody reads this"})
+
+    ours, client = _tcp_pair()
+    with ours:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset, no FIN: the client process died with unread data
+        wait_for_eof(ours)
+        assert service.peer_state(ours) == service.VANISHED
 
 
 @pytest.fixture
