@@ -63,9 +63,9 @@ def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
         thread.join(30)
 
 
-def _answer(peer: socket.socket, reader: service.LineReader | None = None) -> dict[str, Any]:
+def _answer(peer: socket.socket, reader: service.LineReader | None = None, wait: float = 30) -> dict[str, Any]:
     """The service's last message (it may close with our unread bytes: a reset, then)."""
-    peer.settimeout(30)
+    peer.settimeout(wait)
     reader = reader or service.LineReader(peer)
     final: dict[str, Any] | None = None
     with contextlib.suppress(ConnectionResetError):
@@ -298,3 +298,35 @@ def test_an_upload_over_the_budget_is_refused_before_it_starts(pair: Pair) -> No
     first = reader.read()
     assert first is not None and "upload budget" in str(first.get("error")), first
     assert not _uploads(pair.work)
+
+
+def test_hostile_peers_a_trickler_and_a_huge_size_never_keep_the_place_holder_out(
+    serving: tuple[int, service.Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real accept loop on loopback. A peer uploading below the minimum rate holds the one
+    flash slot at most grace + size / rate; a peer naming 64 GiB is refused over the upload
+    budget at once (it neither waits for the slot nor is told "busy"); the place holder asking
+    after the trickler was dropped is answered."""
+    monkeypatch.setattr(service, "UPLOAD_GRACE_S", 1.0)
+    monkeypatch.setattr(service, "UPLOAD_MIN_RATE", 1000)  # 30000 bytes: 31 s allowed
+    monkeypatch.setattr(service, "SLOT_WAIT_S", 1.0)
+    port, _svc = serving
+    stop = threading.Event()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as trickler:
+        trickler.sendall(_request(30000))
+        reader = service.LineReader(trickler)
+        assert reader.read() == {"upload": True}
+        _trickle(trickler, b"x" * 30000, 0.05, stop)  # 20 bytes/s: 25 min if let run
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=120) as huge:
+                huge.sendall(_request(64 << 30))
+                final = _answer(huge)
+            assert "over the exporter's upload budget" in final["error"], final
+            dropped = _answer(trickler, reader, wait=120)  # its 31 s, and more under load
+            assert "upload too slow" in dropped["error"] and "nothing was flashed" in dropped["error"], dropped
+        finally:
+            stop.set()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as holder:
+        holder.sendall(_request(1000))
+        holder.settimeout(120)
+        assert service.LineReader(holder).read() == {"upload": True}

@@ -297,32 +297,34 @@ class Service:
             if msg is None:
                 return
             req = parse_request(msg)
+            shared = self.shared_bundle(req)
+            if shared is None and req["size"] > self.upload_budget:
+                # refused at once, slot or not: a peer naming a huge size never waits for (or
+                # takes) the board's one flash slot
+                raise UserError(
+                    f"a {req['size']} byte bundle is over the exporter's upload budget of {self.upload_budget} "
+                    "bytes; nothing was uploaded or flashed",
+                    hint="share the bundle's directory with the exporter (--bundle-dir), or raise --upload-budget",
+                )
             if not self.slot.acquire(timeout=SLOT_WAIT_S):
                 raise UserError(
                     f"busy: another flash (or its upload) of board {self.board} is under way; nothing was flashed",
                     hint="wait for it to end (labgrid-client -v resources shows 'flashing'), then retry",
                 )
             try:
-                self._serve_request(conn, reader, req)
+                self._serve_request(conn, reader, req, shared)
             finally:
                 self.slot.release()
         except (AlmaError, OSError) as exc:
             with contextlib.suppress(OSError, ProtocolError):
                 send(conn, {"error": getattr(exc, "message", None) or str(exc), "hint": getattr(exc, "hint", None)})
 
-    def _serve_request(self, conn: socket.socket, reader: LineReader, req: dict[str, Any]) -> None:
+    def _serve_request(self, conn: socket.socket, reader: LineReader, req: dict[str, Any], shared: Path | None) -> None:
         upload: Path | None = None
         try:
-            shared = self.shared_bundle(req)
             if shared is not None:
                 bundle = shared  # the same file (same host or shared storage): hashed by the session anyway
                 send(conn, {"upload": False})
-            elif req["size"] > self.upload_budget:
-                raise UserError(
-                    f"a {req['size']} byte bundle is over the exporter's upload budget of {self.upload_budget} "
-                    "bytes; nothing was uploaded or flashed",
-                    hint="share the bundle's directory with the exporter (--bundle-dir), or raise --upload-budget",
-                )
             else:
                 send(conn, {"upload": True})
                 upload = bundle = self._receive(conn, reader, req)
