@@ -84,6 +84,15 @@ def _request(bundle: Path, **over: Any) -> dict[str, Any]:
     return req
 
 
+def _in_place(port: int, station: Station, name: str, **kw: Any) -> tuple[Peer, Path]:
+    """A client asking for a flash of a bundle the exporter uses in place (no upload)."""
+    bundle = station.bundle(name, **kw)
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    return peer, bundle
+
+
 def _uploads(station: Station) -> list[Path]:
     return list(station.work.glob("upload-*")) if station.work.exists() else []
 
@@ -287,10 +296,7 @@ def test_a_client_that_half_closes_after_its_request_is_flashed_and_gets_its_rec
     """shutdown(SHUT_WR) ends only the client's sending side: the service can still send, so
     the flash goes ahead and its record comes back (it used to read as "left")."""
     port, station = svc
-    bundle = station.bundle("half")
-    peer = Peer(port)
-    peer.send(_request(bundle, path=str(bundle)))
-    assert peer.read() == {"upload": False}
+    peer, _bundle = _in_place(port, station, "half")
     peer.sock.shutdown(socket.SHUT_WR)
     final = peer.last()
     peer.close()
@@ -299,10 +305,7 @@ def test_a_client_that_half_closes_after_its_request_is_flashed_and_gets_its_rec
 
 def test_a_client_that_half_closes_mid_flash_is_not_taken_for_gone(svc: tuple[int, Station]) -> None:
     port, station = svc
-    bundle = station.bundle("half-mid")
-    peer = Peer(port)
-    peer.send(_request(bundle, path=str(bundle)))
-    assert peer.read() == {"upload": False}
+    peer, _bundle = _in_place(port, station, "half-mid")
     while (msg := peer.read()) is not None and msg.get("event") != "line":
         pass  # the flash has begun
     peer.sock.shutdown(socket.SHUT_WR)
@@ -313,11 +316,8 @@ def test_a_client_that_half_closes_mid_flash_is_not_taken_for_gone(svc: tuple[in
 
 def test_a_client_that_vanishes_mid_flash_is_named_so(svc: tuple[int, Station]) -> None:
     port, station = svc
-    bundle = station.bundle("vanish-mid", outcomes={"*": "hang-storage"})
+    peer, bundle = _in_place(port, station, "vanish-mid", outcomes={"*": "hang-storage"})
     sha = sha256(bundle)
-    peer = Peer(port)
-    peer.send(_request(bundle, path=str(bundle)))
-    assert peer.read() == {"upload": False}
     while (msg := peer.read()) is not None and msg.get("phase") != "storage":
         pass
     peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
