@@ -8,8 +8,10 @@ not trivial (text-like runs mixed with random bytes), plus the small files of a 
 Then, in one run and on the same (page-cached) file:
 
   (a) anchor: sha256sum B, then tar -xzf B (sequential, as a technician would)
-      project: alma.flash.bundle.prepare(B, expected sha256)     target <= 0.30x
-  (b) preparing 4 boards vs 1 (one extraction + per-board copies)  target <= 1.2x
+      project: alma.flash.bundle.prepare(B, expected sha256)     target <= 0.25x
+  (b) preparing 4 boards vs 1 (one extraction + per-board copies: every file but
+      ROOTFS_IMAGE/DATAFILE is each board's own, docs/flash.md step 8)  target <= 1.10x,
+      whole runs and, less exposed to load noise, the same prepare plus each one's copies
   (c) today's safe unpack (alma.tegraflash) vs the code before it (tarfile's own extraction,
       run from git: --old-rev, default the commit before the safe unpack)   target <= 1.10x
 """
@@ -164,16 +166,23 @@ def main() -> None:
             dest.mkdir()
             subprocess.run(["tar", "-xzf", str(b), "-C", str(dest)], check=True)
 
-        t_anchor = timed(anchor)
-        shutil.rmtree(work / "anchor")
+        def anchor_once() -> float:
+            took = timed(anchor)
+            shutil.rmtree(work / "anchor")
+            return took
+
+        anchors = [anchor_once()]
+        clone_s: dict[int, list[float]] = {1: [], 4: []}  # the per-board copies' own share of each run
 
         def ours(boards: int) -> float:
             d = work / f"ours-{boards}"
 
             def run() -> None:
                 p = bundle.prepare(b, d, digest["sha"])
+                t0 = time.perf_counter()
                 for i in range(boards):
                     bundle.clone_for_board(p, d / "boards" / f"1-{i + 3}")
+                clone_s[boards].append(time.perf_counter() - t0)
 
             took = timed(run)
             shutil.rmtree(d)
@@ -196,18 +205,29 @@ def main() -> None:
                 return None
             return float(out.stdout.strip().splitlines()[-1])
 
-        # old and new alternate, best of --repeat each: a shared, loaded machine is noisy
+        # 1 board, 4 boards and the old code alternate, best of --repeat each: a shared,
+        # loaded machine is noisy, and one run of 4 boards against the best of 1 is not fair
         old_src = old_source(args.old_rev, work / "old")
         news: list[float] = []
+        fours: list[float] = []
         olds: list[float] = []
-        for _ in range(args.repeat):
+        for n in range(args.repeat):
+            if n:
+                anchors.append(anchor_once())
             news.append(ours(1))
+            fours.append(ours(4))
             if old_src is not None:
                 t = old(old_src)
                 if t is not None:
                     olds.append(t)
+        t_anchor = min(anchors)
         t_ours = min(news)
-        t_four = ours(4)
+        t_four = min(fours)
+        # the same prepare either way: what 4 boards add is their copies (load noise between
+        # two whole runs is larger than the copies themselves on a shared box)
+        t_prep = min(a - c for a, c in zip(news, clone_s[1], strict=True))
+        t_four_parts = t_prep + min(clone_s[4])
+        t_one_parts = t_prep + min(clone_s[1])
         t_old: float | None = min(olds) if olds else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -219,8 +239,19 @@ def main() -> None:
     print(f"anchor  sha256sum B && tar -xzf B : {t_anchor:7.2f} s")
     print(f"alma    prepare (verify+unpack)   : {t_ours:7.2f} s")
     print(f"alma    prepare for 4 boards      : {t_four:7.2f} s")
-    print(f"ratio one-pass / anchor = {r1:.2f}x  (target <= 0.30x: {'met' if r1 <= 0.3 else 'NOT met'})")
-    print(f"ratio 4 boards / 1 board = {r2:.2f}x  (target <= 1.20x: {'met' if r2 <= 1.2 else 'NOT met'})")
+    print(f"runs (s): 1 board {' '.join(f'{x:.2f}' for x in news)}; 4 boards {' '.join(f'{x:.2f}' for x in fours)}")
+    print(f"runs (s): anchor {' '.join(f'{x:.2f}' for x in anchors)}")
+    print(
+        f"per-board copies (s): 1 board {' '.join(f'{x:.2f}' for x in clone_s[1])}; "
+        f"4 boards {' '.join(f'{x:.2f}' for x in clone_s[4])}"
+    )
+    print(f"ratio one-pass / anchor = {r1:.2f}x  (target <= 0.25x: {'met' if r1 <= 0.25 else 'NOT met'})")
+    print(f"ratio 4 boards / 1 board = {r2:.2f}x  (target <= 1.10x: {'met' if r2 <= 1.1 else 'NOT met'})")
+    r2p = t_four_parts / t_one_parts
+    print(
+        f"ratio 4 boards / 1 board, same prepare + each one's copies = {r2p:.2f}x  "
+        f"(target <= 1.10x: {'met' if r2p <= 1.1 else 'NOT met'})"
+    )
     if t_old is not None:
         r3 = t_ours / t_old
         print(

@@ -272,15 +272,20 @@ def _blocks(path: Path) -> int:
 
 
 def test_four_boards_of_a_sparse_60_gb_image_cost_about_one_unpack(tmp_path: Path) -> None:
-    """60 GB apparent / a little data (the issue's 1 GB is scaled down to 8 MB: the rule is
-    the same); four boards' copies: the work dir stays <= 1.2x one unpack."""
+    """A 60 GB-apparent rootfs with a little data (the issue's 1 GB scaled down to 8 MB: the
+    rule is the same) is the one payload the boards share; a sparse image the flash may
+    write is copied per board keeping its holes. Four boards: the work dir stays <= 1.2x
+    one unpack."""
     tree = make_bundle_tree(tmp_path / "tree")
-    img = tree / "esp-and-data.img"  # sparse, and NOT named by .env.initrd-flash
-    with open(img, "wb") as fh:
+    with open(tree / f"{IMAGE}.ext4", "wb") as fh:  # ROOTFS_IMAGE of .env.initrd-flash
         fh.truncate(60 * 10**9)
         for i in range(8):
             fh.seek(i * 7 * 10**9)
             fh.write(os.urandom(1 << 20))
+    with open(tree / "esp.img", "wb") as fh:  # sparse, NOT named by .env.initrd-flash
+        fh.truncate(1 << 30)
+        fh.seek(1 << 29)
+        fh.write(os.urandom(64 << 10))
     b = tar_gz(tree, tmp_path / "b.tegraflash.tar.gz")
     work = tmp_path / "work"
     prepared = bundles.prepare(b, work, None)
@@ -288,9 +293,82 @@ def test_four_boards_of_a_sparse_60_gb_image_cost_about_one_unpack(tmp_path: Pat
     bundles.check_copy_space(prepared, 4, bundles.Budget(margin=0, free=lambda p: 2 * one), work)  # counts real writes
     for usb in ("1-1", "1-2", "1-3", "1-4"):
         how = bundles.clone_for_board(prepared, work / "boards" / usb)
-        assert how["esp-and-data.img"] in ("reflink", "hardlink")
+        assert how[f"{IMAGE}.ext4"] in ("reflink", "hardlink")
+        assert how["esp.img"] in ("reflink", "copy")
     assert _blocks(work) <= 1.2 * one  # st_blocks of every inode: the space really used
-    assert (work / "boards" / "1-4" / "esp-and-data.img").stat().st_size == 60 * 10**9
+    assert (work / "boards" / "1-4" / f"{IMAGE}.ext4").stat().st_size == 60 * 10**9
+    esp = (work / "boards" / "1-4" / "esp.img").stat()
+    assert esp.st_size == 1 << 30 and esp.st_blocks * 512 <= 1 << 20  # still sparse
+
+
+def test_only_the_payloads_env_names_are_shared_a_big_sparse_image_is_each_board_s_own(tmp_path: Path) -> None:
+    """meta-tegra's scripts write files in place (`cp -f signed/* .` over existing names); only
+    ROOTFS_IMAGE and DATAFILE provably stay unchanged. A big sparse ESP image (shared by
+    size before) is each board's own copy, its holes kept, its writes its own."""
+    tree = make_bundle_tree(tmp_path / "tree")
+    with open(tree / "esp.img", "wb") as fh:
+        fh.truncate(64 << 20)
+        fh.seek(32 << 20)
+        fh.write(b"ESP" * 1000)
+    b = tar_gz(tree, tmp_path / "b.tegraflash.tar.gz")
+    prepared = bundles.prepare(b, tmp_path / "work", None)
+    assert bundles.shared_files(prepared) == {f"{IMAGE}.ext4"}
+    one, two = tmp_path / "work" / "boards" / "1-3", tmp_path / "work" / "boards" / "1-4"
+    how = bundles.clone_for_board(prepared, one)
+    bundles.clone_for_board(prepared, two)
+    assert how["esp.img"] in ("reflink", "copy") and how["boot.img"] in ("reflink", "copy")
+    master = prepared.root / "esp.img"
+    assert (one / "esp.img").stat().st_ino != master.stat().st_ino
+    assert (one / "esp.img").stat().st_blocks * 512 <= 1 << 20  # 64 MiB apparent, its holes kept
+    original = sha256(master)
+    with open(one / "esp.img", "r+b") as fh:  # what `cp -f signed/esp.img .` does: write in place
+        fh.write(b"signed for 1-3")
+    assert sha256(two / "esp.img") == original and sha256(master) == original
+
+
+WRITES_ITS_OWN_COPY = """#!/bin/bash
+# Board 1-4 signs as tegra-flash-helper.sh does (`cp -f ${{outfolder}}/* .`: over existing
+# names, in place); board 1-8.4 reads its esp.img once 1-4 has written.
+inst=
+for a in "$@"; do [ "$prev" = --usb-instance ] && inst="$a"; prev="$a"; done
+if [ "$inst" = 1-4 ]; then
+    mkdir -p signed && printf 'signed for board 1-4' > signed/esp.img && cp -f signed/* .
+    touch {hand}/a-wrote
+else
+    for _ in $(seq 1200); do [ -e {hand}/a-wrote ] && break; sleep 0.1; done
+    sha256sum esp.img > {hand}/b-read
+fi
+exec ./initrd-flash.sim "$@"
+"""
+
+
+def test_two_boards_at_once_a_write_into_one_board_s_copy_never_reaches_the_other(station: Station) -> None:
+    """Real alma, two Nanos flashed concurrently under umockdev: board 1-4's script writes its
+    esp.img in place (as meta-tegra's signing step copies signed files over existing names);
+    board 1-8.4 reads the original, and both flashes succeed (nothing shared was written)."""
+    hand = station.base / "hand"
+    hand.mkdir()
+    tree = make_bundle_tree(station.base / "tree-two")
+    with open(tree / "esp.img", "wb") as fh:  # sparse and over 16 MiB: shared by size before
+        fh.truncate(32 << 20)
+        fh.seek(16 << 20)
+        fh.write(os.urandom(64 << 10))
+    original = sha256(tree / "esp.img")
+    os.rename(tree / "initrd-flash", tree / "initrd-flash.sim")
+    (tree / "initrd-flash").write_text(WRITES_ITS_OWN_COPY.format(hand=hand))
+    os.chmod(tree / "initrd-flash", 0o755)
+    deploy = station.base / "deploy" / NANO
+    deploy.mkdir(parents=True)
+    b = tar_gz(tree, deploy / f"{IMAGE}-{NANO}.rootfs-20261130120000.tegraflash.tar.gz")
+    station.manifest(b)
+    r = station.alma("flash", "--yes", "--console", "none", "--all", "--keep-work", device="three-boards", timeout=240)
+    assert (hand / "b-read").read_text().split()[0] == original, r.stderr  # 1-8.4 read the original
+    by_board = {rec["board"]["usb_instance"]: rec for rec in station.records_list()}  # type: ignore[index]
+    assert by_board["1-4"]["result"] == "SUCCESS" and by_board["1-8.4"]["result"] == "SUCCESS", r.stderr
+    (a_copy,) = station.work.glob("run-*/boards/1-4/esp.img")
+    (b_copy,) = station.work.glob("run-*/boards/1-8.4/esp.img")
+    assert a_copy.read_bytes().startswith(b"signed for board 1-4")
+    assert sha256(b_copy) == original and b_copy.stat().st_blocks * 512 <= 1 << 20  # still sparse
 
 
 def test_a_copied_sparse_file_keeps_its_holes(tmp_path: Path) -> None:

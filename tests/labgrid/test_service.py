@@ -84,6 +84,15 @@ def _request(bundle: Path, **over: Any) -> dict[str, Any]:
     return req
 
 
+def _in_place(port: int, station: Station, name: str, **kw: Any) -> tuple[Peer, Path]:
+    """A client asking for a flash of a bundle the exporter uses in place (no upload)."""
+    bundle = station.bundle(name, **kw)
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    assert peer.read() == {"upload": False}
+    return peer, bundle
+
+
 def _uploads(station: Station) -> list[Path]:
     return list(station.work.glob("upload-*")) if station.work.exists() else []
 
@@ -281,3 +290,42 @@ def test_a_client_that_leaves_mid_flash_is_named_in_the_record_not_ctrl_c(svc: t
     rec = station.records_list()[before]
     assert rec["result"] == "INTERRUPTED", rec
     assert "the client closed its connection" in str(rec["reason"]) and "Ctrl-C" not in str(rec["reason"]), rec
+
+
+def test_a_client_that_half_closes_after_its_request_is_flashed_and_gets_its_record(svc: tuple[int, Station]) -> None:
+    """shutdown(SHUT_WR) ends only the client's sending side: the service can still send, so
+    the flash goes ahead and its record comes back (it used to read as "left")."""
+    port, station = svc
+    peer, _bundle = _in_place(port, station, "half")
+    peer.sock.shutdown(socket.SHUT_WR)
+    final = peer.last()
+    peer.close()
+    assert final.get("exit_code") == 0 and final["result"]["result"] == "SUCCESS", final
+
+
+def test_a_client_that_half_closes_mid_flash_is_not_taken_for_gone(svc: tuple[int, Station]) -> None:
+    port, station = svc
+    peer, _bundle = _in_place(port, station, "half-mid")
+    while (msg := peer.read()) is not None and msg.get("event") != "line":
+        pass  # the flash has begun
+    peer.sock.shutdown(socket.SHUT_WR)
+    final = peer.last()
+    peer.close()
+    assert final["result"]["result"] == "SUCCESS", final
+
+
+def test_a_client_that_vanishes_mid_flash_is_named_so(svc: tuple[int, Station]) -> None:
+    port, station = svc
+    peer, bundle = _in_place(port, station, "vanish-mid", outcomes={"*": "hang-storage"})
+    sha = sha256(bundle)
+    while (msg := peer.read()) is not None and msg.get("phase") != "storage":
+        pass
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.close()  # a reset: its process died
+
+    def ours() -> list[dict[str, Any]]:  # records of other tests' flashes may land beside it
+        return [r for r in station.records_list() if r.get("bundle_sha256") == sha]
+
+    wait_for("the interrupted flash's record", lambda: bool(ours()))
+    (rec,) = ours()
+    assert rec["result"] == "INTERRUPTED" and "the client vanished" in str(rec["reason"]), rec

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -62,9 +63,9 @@ def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
         thread.join(30)
 
 
-def _answer(peer: socket.socket, reader: service.LineReader | None = None) -> dict[str, Any]:
+def _answer(peer: socket.socket, reader: service.LineReader | None = None, wait: float = 30) -> dict[str, Any]:
     """The service's last message (it may close with our unread bytes: a reset, then)."""
-    peer.settimeout(30)
+    peer.settimeout(wait)
     reader = reader or service.LineReader(peer)
     final: dict[str, Any] | None = None
     with contextlib.suppress(ConnectionResetError):
@@ -175,15 +176,58 @@ def test_a_client_gone_before_the_flash_gets_no_flash(tmp_path: Path, monkeypatc
     req = json.loads(_request(1000))
     req["path"] = str(bundle)
     line = json.dumps(req).encode() + b"\n"
-    for gone in (True, False):
+    for how in ("closed", "half-closed", "connected"):
+        flashed.clear()
         ours, client = _tcp_pair()
         with ours, client:
             client.sendall(line)
-            if gone:
+            if how == "closed":
                 client.close()  # FIN: our "upload: false" still goes out, the flash must not
-                time.sleep(0.2)
+            elif how == "half-closed":
+                client.shutdown(socket.SHUT_WR)  # FIN too, but it still reads: it is served
+            if how != "connected":
+                wait_for_eof(ours)
             service.Service("1-3", ours, Interruption(), bundle_dirs=[str(deploy)]).handle(ours)
-        assert flashed == ([] if gone else [bundle])
+        assert flashed == ([] if how == "closed" else [bundle]), how
+
+
+def wait_for_eof(sock: socket.socket) -> None:
+    """Until the peer's FIN has reached ``sock`` (its end of stream is readable)."""
+    deadline = time.monotonic() + 60
+    while not service._readable(sock, 0.1):
+        assert time.monotonic() < deadline, "the FIN never arrived"
+
+
+def test_a_half_close_and_a_close_are_told_apart_by_the_client_s_kernel() -> None:
+    """Loopback, real TCP: after its upload a client sends nothing, so both end its stream.
+    The probe line is acknowledged by a half-closed client (and the service can still send
+    to it) and reset by a closed one (sends then fail: EPIPE/ECONNRESET); a reset without a
+    FIN is a vanished client."""
+    ours, client = _tcp_pair()
+    with ours, client:
+        assert service.peer_state(ours) == service.OPEN
+        client.shutdown(socket.SHUT_WR)
+        wait_for_eof(ours)
+        assert service.peer_state(ours) == service.HALF_CLOSED
+        service.send(ours, {"result": "still heard"})
+        reader = service.LineReader(client)
+        assert reader.read() == {"event": "probe"} and reader.read() == {"result": "still heard"}
+
+    ours, client = _tcp_pair()
+    with ours:
+        client.close()
+        wait_for_eof(ours)
+        assert service.peer_state(ours) == service.CLOSED
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(100):  # the first send may still be taken before the reset is seen
+                service.send(ours, {"result": "nobody reads this"})
+
+    ours, client = _tcp_pair()
+    with ours:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset, no FIN: the client process died with unread data
+        wait_for_eof(ours)
+        assert service.peer_state(ours) == service.VANISHED
 
 
 @pytest.fixture
@@ -254,3 +298,35 @@ def test_an_upload_over_the_budget_is_refused_before_it_starts(pair: Pair) -> No
     first = reader.read()
     assert first is not None and "upload budget" in str(first.get("error")), first
     assert not _uploads(pair.work)
+
+
+def test_hostile_peers_a_trickler_and_a_huge_size_never_keep_the_place_holder_out(
+    serving: tuple[int, service.Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real accept loop on loopback. A peer uploading below the minimum rate holds the one
+    flash slot at most grace + size / rate; a peer naming 64 GiB is refused over the upload
+    budget at once (it neither waits for the slot nor is told "busy"); the place holder asking
+    after the trickler was dropped is answered."""
+    monkeypatch.setattr(service, "UPLOAD_GRACE_S", 1.0)
+    monkeypatch.setattr(service, "UPLOAD_MIN_RATE", 1000)  # 30000 bytes: 31 s allowed
+    monkeypatch.setattr(service, "SLOT_WAIT_S", 1.0)
+    port, _svc = serving
+    stop = threading.Event()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as trickler:
+        trickler.sendall(_request(30000))
+        reader = service.LineReader(trickler)
+        assert reader.read() == {"upload": True}
+        _trickle(trickler, b"x" * 30000, 0.05, stop)  # 20 bytes/s: 25 min if let run
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=120) as huge:
+                huge.sendall(_request(64 << 30))
+                final = _answer(huge)
+            assert "over the exporter's upload budget" in final["error"], final
+            dropped = _answer(trickler, reader, wait=120)  # its 31 s, and more under load
+            assert "upload too slow" in dropped["error"] and "nothing was flashed" in dropped["error"], dropped
+        finally:
+            stop.set()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as holder:
+        holder.sendall(_request(1000))
+        holder.settimeout(120)
+        assert service.LineReader(holder).read() == {"upload": True}

@@ -114,24 +114,30 @@ def _reflink(src: Path, dst: Path) -> bool:
         return False
 
 
-SHARE_MIN = 16 << 20  # files this big (or sparse) are shared, not copied, per board
 CHUNK = 1 << 20
 
 
 def shared_files(prepared: PreparedBundle) -> set[str]:
     """Files every board's copy shares with the read-only master (hard links, when the
-    filesystem has no reflinks): the payloads ``.env.initrd-flash`` names and every regular
-    file of at least SHARE_MIN bytes or with holes (rootfs/ESP/data images: read, never
-    written, by initrd-flash). Small files (scripts, BCTs, DTBs, xml) are copied per board."""
-    payloads = set(prepared.env.payload_files())  # names only: "..", links, dirs never match a walked file
+    filesystem has no reflinks): only the payloads ``.env.initrd-flash`` names, ``ROOTFS_IMAGE``
+    and ``DATAFILE``, when each is a regular file of the tree.
+
+    Why only these (meta-tegra scarthgap, tegra-helper-scripts at the pinned commit):
+    initrd-flash.sh hands them to tegra-flash-helper.sh only as names (with ``--no-flash`` the
+    APP/DATA partitions point at the ``APPFILE``/``DATAFILE`` placeholders it touches; no
+    mksparse runs) and make-sdcard only reads them (dd/bmaptool to the device). Everything
+    else may be written in place: ``cp -f signed/* .`` copies tegraflash's signed output
+    over existing names, ``cp``/``cat >``/``tee``/``nvflashxmlparse -o`` truncate existing
+    files (flash_signed.sh, internal-secureflash.xml, rcm-boot.sh, initrd-flash.xml), and
+    NVIDIA's tegraflash.py (not in meta-tegra, so nothing proves what it leaves alone) signs
+    and concatenates in the current directory. So every other file is the board's own copy.
+    """
     shared = set()
-    for dirpath, _dirs, files in os.walk(prepared.root):
-        for f in files:
-            st = os.lstat(os.path.join(dirpath, f))
-            rel = os.path.relpath(os.path.join(dirpath, f), prepared.root)
-            if not stat.S_ISREG(st.st_mode) or rel == "initrd-flash":
-                continue
-            if rel in payloads or st.st_size >= SHARE_MIN or st.st_blocks * 512 < st.st_size:
+    for rel in prepared.env.payload_files():
+        fd = _open_in(prepared.root, rel)  # "..", links, dirs: not a shared file
+        if fd is not None:
+            os.close(fd)
+            if rel != "initrd-flash":
                 shared.add(rel)
     return shared
 
@@ -167,13 +173,7 @@ def sparse_copy(src: Path, dst: Path) -> None:
                         break  # only a hole is left
                     raise
                 hole = os.lseek(sfd, data, os.SEEK_HOLE)
-                pos = data
-                while pos < hole:
-                    chunk = os.pread(sfd, min(CHUNK, hole - pos), pos)
-                    if not chunk:
-                        break
-                    os.pwrite(dfd, chunk, pos)
-                    pos += len(chunk)
+                _copy_range(sfd, dfd, data, hole)
                 off = hole
             os.ftruncate(dfd, size)
         finally:
@@ -181,6 +181,28 @@ def sparse_copy(src: Path, dst: Path) -> None:
     finally:
         os.close(sfd)
     shutil.copystat(src, dst)
+
+
+def _copy_range(sfd: int, dfd: int, start: int, end: int) -> None:
+    """Copy bytes [start, end) at the same offsets: in the kernel (copy_file_range, no trip
+    through Python's memory) where it can, else by pread/pwrite."""
+    pos = start
+    while pos < end:
+        try:
+            n = os.copy_file_range(sfd, dfd, min(1 << 30, end - pos), pos, pos)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            break  # this pair of filesystems cannot: the loop below copies the rest
+        if n == 0:
+            return  # the source ended early (it shrank): nothing left to copy
+        pos += n
+    while pos < end:
+        chunk = os.pread(sfd, min(CHUNK, end - pos), pos)
+        if not chunk:
+            return
+        os.pwrite(dfd, chunk, pos)
+        pos += len(chunk)
 
 
 def check_copy_space(prepared: PreparedBundle, boards: int, budget: Budget, where: Path) -> None:
@@ -198,9 +220,10 @@ def check_copy_space(prepared: PreparedBundle, boards: int, budget: Budget, wher
 def clone_for_board(prepared: PreparedBundle, dest: Path) -> dict[str, str]:
     """A private working copy of the bundle for one board (initrd-flash writes into its dir).
 
-    Reflinks where the filesystem can (true copy-on-write); otherwise the large read-only
-    payloads (rootfs and data images, per .env.initrd-flash) are hard links to the master
-    and everything else is copied. Returns {relative path: "reflink"|"hardlink"|"copy"|"symlink"}.
+    Reflinks where the filesystem can (true copy-on-write); otherwise only the read-only
+    payloads (``shared_files``: the rootfs and data images .env.initrd-flash names) are hard
+    links to the master and everything else is copied keeping its holes.
+    Returns {relative path: "reflink"|"hardlink"|"copy"|"symlink"}.
     A full disk is a clear error (exit 2) and the half copy is removed.
     """
     try:
@@ -254,11 +277,12 @@ def _clone(prepared: PreparedBundle, dest: Path) -> dict[str, str]:
     return how
 
 
-def shared_payload_state(prepared: PreparedBundle) -> dict[str, tuple[int, int]]:
-    """(size, mtime_ns) of the shared (hard-linked) files, to prove afterwards nobody wrote them."""
+def shared_payload_state(prepared: PreparedBundle) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime_ns) of the shared (hard-linked) files, to prove afterwards nobody
+    wrote them (not the ctime: each board's hard link to the file moves it)."""
     out = {}
     for p in sorted(shared_files(prepared)):
         with contextlib.suppress(FileNotFoundError):
-            st = (prepared.root / p).stat()
-            out[p] = (st.st_size, st.st_mtime_ns)
+            st = (prepared.root / p).lstat()
+            out[p] = (st.st_ino, st.st_size, st.st_mtime_ns)
     return out

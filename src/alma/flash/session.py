@@ -313,7 +313,7 @@ class FlashSession:
         self.evidence: set[Path] = set()  # board dirs whose logs could not be moved to the records
         self.locks: dict[str, BoardLock] = {}  # each board's lock, inherited by its flasher
         self.live_fd: int | None = None  # the run dir's .alma-live lock, inherited by every flasher
-        self.shared_before: dict[str, tuple[int, int]] = {}  # shared payloads' state before any flash
+        self.shared_before: dict[str, tuple[int, int, int]] = {}  # shared payloads' state before any flash
         self._events_lock = threading.Lock()
 
     @property

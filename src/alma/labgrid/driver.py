@@ -257,6 +257,8 @@ class AlmaFlashDriver(Driver):
             if msg.get("event") == "line":
                 self.logger.debug("%s", terminal(str(msg.get("text", ""))))
                 continue
+            if msg.get("event") == "probe":
+                continue  # the service asking whether a half-closed client still reads
             if "result" in msg:
                 rec = _peer_record(msg["result"])
                 _matches(rec, asked, where)

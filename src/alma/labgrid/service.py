@@ -13,6 +13,7 @@ Protocol ``alma-flash/1`` (one TCP connection per flash; JSON lines, each at mos
     client: {"proto": "alma-flash/1", "op": "flash", "name", "size", "sha256", "path"?, "options"?}
     server: {"upload": true|false}           then, if true, exactly ``size`` raw bytes from the client
     server: {"event": "line", "phase", "text"} ...   (progress; text is the flash tool's output)
+    server: {"event": "probe"}               (after the client half-closed: see peer_state)
     server: {"result": <flash record>, "record_path", "exit_code"}   or   {"error", "hint", "record"?}
 
 Threat model (docs/labgrid.md#threat-model): whoever reaches the port can ask for a flash of
@@ -32,12 +33,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
+import select
 import shutil
 import socket
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -72,8 +76,16 @@ STOP_JOIN_S = 30.0  # on stop, how long the flash in progress gets to write its 
 SLOT_WAIT_S = 10.0
 MAX_PEERS = 16  # connections served at once (each reading its request); more are closed at once
 # Why a flash was stopped when its client went away (the record's reason says which).
-CLOSED = "the client closed its connection (it gave up or was stopped)"
+CLOSED = "the client closed its connection (it gave up, was stopped or died)"
 VANISHED = "the client vanished: its connection broke"
+# After its request (and upload) a client sends nothing, so an end of stream means one of two
+# things only its kernel can tell: it shut its sending side (shutdown(SHUT_WR)): it still reads
+# and is served; or it closed the socket: it reads nothing and its kernel answers any data with
+# a reset. A probe line tells them apart: acknowledged = half-closed, reset = closed.
+PROBE_S = 10.0  # for the probe's acknowledgement or reset: many round trips of any lab network
+TCP_CLOSE = 7  # include/net/tcp_states.h: where a reset leaves our socket
+SIOCOUTQ = 0x5411  # linux/sockios.h: bytes sent and not yet acknowledged (plus unsent ones)
+OPEN, HALF_CLOSED = "open", "half-closed"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -285,39 +297,43 @@ class Service:
             if msg is None:
                 return
             req = parse_request(msg)
+            shared = self.shared_bundle(req)
+            if shared is None and req["size"] > self.upload_budget:
+                # refused at once, slot or not: a peer naming a huge size never waits for (or
+                # takes) the board's one flash slot
+                raise UserError(
+                    f"a {req['size']} byte bundle is over the exporter's upload budget of {self.upload_budget} "
+                    "bytes; nothing was uploaded or flashed",
+                    hint="share the bundle's directory with the exporter (--bundle-dir), or raise --upload-budget",
+                )
             if not self.slot.acquire(timeout=SLOT_WAIT_S):
                 raise UserError(
                     f"busy: another flash (or its upload) of board {self.board} is under way; nothing was flashed",
                     hint="wait for it to end (labgrid-client -v resources shows 'flashing'), then retry",
                 )
             try:
-                self._serve_request(conn, reader, req)
+                self._serve_request(conn, reader, req, shared)
             finally:
                 self.slot.release()
         except (AlmaError, OSError) as exc:
             with contextlib.suppress(OSError, ProtocolError):
                 send(conn, {"error": getattr(exc, "message", None) or str(exc), "hint": getattr(exc, "hint", None)})
 
-    def _serve_request(self, conn: socket.socket, reader: LineReader, req: dict[str, Any]) -> None:
+    def _serve_request(self, conn: socket.socket, reader: LineReader, req: dict[str, Any], shared: Path | None) -> None:
         upload: Path | None = None
         try:
-            shared = self.shared_bundle(req)
             if shared is not None:
                 bundle = shared  # the same file (same host or shared storage): hashed by the session anyway
                 send(conn, {"upload": False})
-            elif req["size"] > self.upload_budget:
-                raise UserError(
-                    f"a {req['size']} byte bundle is over the exporter's upload budget of {self.upload_budget} "
-                    "bytes; nothing was uploaded or flashed",
-                    hint="share the bundle's directory with the exporter (--bundle-dir), or raise --upload-budget",
-                )
             else:
                 send(conn, {"upload": True})
                 upload = bundle = self._receive(conn, reader, req)
-            if _peer_gone(conn):
+            gone = peer_state(conn)
+            if gone not in (OPEN, HALF_CLOSED):
                 # A client that gave up (e.g. it waited out its timeout while we served another)
-                # must not get a flash nobody watches: nothing touches the board.
-                raise ProtocolError("the client left before the flash began; nothing was flashed")
+                # must not get a flash nobody watches: nothing touches the board. One that only
+                # half-closed still reads: it is served.
+                raise ProtocolError(f"the client left before the flash began ({gone}); nothing was flashed")
             self._flash(conn, req, bundle)
         finally:
             if upload is not None:
@@ -329,27 +345,35 @@ class Service:
         runs: list[Any] = []
         peer_lost = threading.Event()
 
+        sending = threading.Lock()  # lines and the probe never interleave on the wire
+
         def on_event(kind: str, data: dict[str, Any]) -> None:
             if kind == "record":
                 runs.append(data["run"])
             elif kind == "line" and not peer_lost.is_set():
                 ev = data["event"]
                 try:
-                    send(conn, {"event": "line", "phase": ev.phase, "text": ev.line[:4096]})
+                    with sending:
+                        send(conn, {"event": "line", "phase": ev.phase, "text": ev.line[:4096]})
                 except OSError:
                     lost(VANISHED)  # the client went away: stop the flash, keep its record
 
         def watch_peer() -> None:
-            # The client sends nothing more; EOF (or a reset) means it is gone.
-            with contextlib.suppress(OSError):
-                while not cancel.is_set():
-                    conn.settimeout(0.2)
-                    try:
-                        if conn.recv(1) == b"":
-                            lost(CLOSED)
+            # The client sends nothing more: an end of stream is a half-close (served on) or a
+            # close (stop); a reset is a vanished client. Polled, never a timeout on the socket
+            # the lines are sent through.
+            state = OPEN
+            while not cancel.wait(0.2):
+                if state == HALF_CLOSED:
+                    with contextlib.suppress(OSError):
+                        if _tcp_state(conn) == TCP_CLOSE:  # a reset answered a line: gone now
+                            lost(VANISHED)
                             return
-                    except TimeoutError:
-                        continue
+                    continue
+                state = peer_state(conn, sending)
+                if state not in (OPEN, HALF_CLOSED):
+                    lost(state)
+                    return
 
         def lost(cause: str) -> None:
             if not peer_lost.is_set():
@@ -435,18 +459,52 @@ class Service:
             self.peers.release()
 
 
-def _peer_gone(conn: socket.socket) -> bool:
-    """Has the peer closed or reset the connection? (It sends nothing after its request/upload.)"""
-    timeout = conn.gettimeout()
-    conn.setblocking(False)  # with a timeout set, recv would wait for data first
+def _readable(conn: socket.socket, wait: float = 0.0) -> bool:
+    """Data, an end of stream or an error waits on the socket (its timeout untouched)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLRDHUP)
+    return bool(poller.poll(wait * 1000))
+
+
+def _tcp_state(conn: socket.socket) -> int:
+    return int(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0])
+
+
+def _unacked(conn: socket.socket) -> int:
+    return int(struct.unpack("i", fcntl.ioctl(conn.fileno(), SIOCOUTQ, b"\0" * 4))[0])
+
+
+def peer_state(conn: socket.socket, sending: threading.Lock | None = None, probe_s: float = PROBE_S) -> str:
+    """OPEN or HALF_CLOSED while the client can still receive (half-closed: it shut its sending
+    side; it is served and gets its record); else why not: CLOSED (an end of stream, then a
+    reset to the probe) or VANISHED (a reset, or the probe neither acknowledged nor reset).
+
+    ``sending`` serialises the probe with the socket's other writers."""
     try:
-        return conn.recv(1, socket.MSG_PEEK) == b""
+        if not _readable(conn):
+            return OPEN  # nothing from the client: it waits for its record
+        if conn.recv(MAX_MESSAGE, socket.MSG_DONTWAIT) != b"":
+            return OPEN  # bytes the protocol does not have: dropped, the end of stream is looked for next
     except BlockingIOError:
-        return False
+        return OPEN
     except OSError:
-        return True
-    finally:
-        conn.settimeout(timeout)
+        return VANISHED  # a reset: its process died with unread data, or its host did
+    try:
+        with sending or contextlib.nullcontext():
+            send(conn, {"event": "probe"})
+    except OSError:
+        return CLOSED  # the reset was already here
+    deadline = time.monotonic() + probe_s
+    while time.monotonic() < deadline:
+        try:
+            if _tcp_state(conn) == TCP_CLOSE:
+                return CLOSED  # its kernel reset the probe: the socket is closed
+            if _unacked(conn) == 0:
+                return HALF_CLOSED  # its kernel acknowledged the probe: it still reads
+        except OSError:
+            return VANISHED
+        time.sleep(0.01)
+    return VANISHED  # neither acknowledged nor reset: its host is gone
 
 
 def _tell_exporter(line: str) -> None:
