@@ -332,8 +332,8 @@ def digits_table(seeds: list[int]) -> None:
 # and x sqrt 2, then x 2 and x 2 sqrt 2 (or their inverses) on the side that did better.
 # The steady-state outer step is lr / (1 - momentum) times the mean delta: 7, 5, 3.3, 2 for
 # these four; the first round's is lr (1 + momentum): 1.33, 0.95, 1.7, 1.5.
-# The grid spans a factor 128 so that every line's optimum lies inside it (a line whose best lr
-# is an end point of the grid is flagged "not bracketed" in the output).
+# The grid spans a factor 128 so that every line's optimum lies inside it (a line whose chosen
+# lr has no lr tried above and below it at its setting is flagged "not bracketed").
 GRIDS = {
     "nesterov": (0.003125, 0.00625, 0.0125, 0.025, 0.05, 0.1, 0.2, 0.4),
     "adamw": (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2),
