@@ -14,10 +14,14 @@ the baseline, Nesterov only on the Local-SGD side, settings picked on the split 
   baseline applies it to the gradient averaged over the four workers (same total batch, 128);
   a Local-SGD worker keeps its own optimizer state across rounds;
 * equal tuning budgets: every line picks its settings among the same number of
-  configurations (8), on the tuning split, all printed: the same lr grid (factor 2 apart) for
-  the baseline and for each Local-SGD H, the same schedule (linear warmup over the first 5 %
-  of the steps, then cosine to 0); then three more each: the baseline its lr x 1/sqrt 2 and
-  x sqrt 2 and a warmup twice as long, each Local-SGD H three outer (lr, momentum) settings;
+  configurations (15), on the tuning split, all printed: the same lr grid (8 points, factor 2
+  apart, 0.003125 to 0.4 for Nesterov: wide enough to bracket every line's optimum, flagged if
+  it does not) for the baseline and for each Local-SGD H, the same schedule (linear warmup over
+  the first 5 % of the steps, then cosine to 0); then three more each at the best lr: the
+  baseline three warmups (x 1/2, x 2, x 4), each Local-SGD H three outer (lr, momentum)
+  settings around DiLoCo's 0.7/0.9 (0.5/0.9, 1/0.7, 1/0.5); then four more each: the lr
+  again at the setting chosen, x 1/sqrt 2 and x sqrt 2, then x 2 and x 2 sqrt 2 (or their
+  inverses) on the better side;
 * every Local-SGD run has whole rounds only: with the default 2,000 steps, H = 500 has four
   outer rounds, H = 50 forty;
 * every reported figure is the mean over ``--seeds`` (>= 3) with min and max; samples and
@@ -321,16 +325,23 @@ def digits_table(seeds: list[int]) -> None:
 # Equal tuning budgets: every line chooses its settings among the same number of
 # configurations (BUDGET), all on the tuning split with TUNE_SEED, every one printed.
 # Stage 1, both sides: the inner lr grid (factor 2 apart), Local-SGD at DiLoCo's outer 0.7/0.9.
-# Stage 2, three more each: the baseline refines its lr (x 1/sqrt 2, x sqrt 2) and tries twice the
-# warmup at its best lr; each Local-SGD H tries three more outer (lr, momentum) at its best inner lr.
-# The steady-state outer step is lr / (1 - momentum) times the mean delta: 7, 2, 3.3, 2.8 for
-# these four; the first round's is lr (1 + momentum): 1.33, 1.5, 1.7, 2.1.
+# Stage 2, three more each at its best lr: the baseline three warmups (x 1/2, x 2, x 4); each
+# Local-SGD H three more outer (lr, momentum).
+# Stage 3, four more each: the inner lr again, at the setting stage 2 chose (the best inner lr
+# moves with the outer step: measured, H=50's from 0.025 at 0.7/0.9 to 0.05 at 1/0.7): x 1/sqrt 2
+# and x sqrt 2, then x 2 and x 2 sqrt 2 (or their inverses) on the side that did better.
+# The steady-state outer step is lr / (1 - momentum) times the mean delta: 7, 5, 3.3, 2 for
+# these four; the first round's is lr (1 + momentum): 1.33, 0.95, 1.7, 1.5.
+# The grid spans a factor 128 so that every line's optimum lies inside it (a line whose chosen
+# lr has no lr tried above and below it at its setting is flagged "not bracketed").
 GRIDS = {
-    "nesterov": (0.025, 0.05, 0.1, 0.2, 0.4),
-    "adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2),
+    "nesterov": (0.003125, 0.00625, 0.0125, 0.025, 0.05, 0.1, 0.2, 0.4),
+    "adamw": (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2),
 }
-OUTER_GRID = ((0.7, 0.9), (1.0, 0.5), (1.0, 0.7), (1.4, 0.5))
-BUDGET = len(GRIDS["nesterov"]) + len(OUTER_GRID) - 1
+# DiLoCo's 0.7/0.9 first, then around it: a smaller outer lr, and less momentum at lr 1.
+OUTER_GRID = ((0.7, 0.9), (0.5, 0.9), (1.0, 0.7), (1.0, 0.5))
+BUDGET = len(GRIDS["nesterov"]) + len(OUTER_GRID) - 1 + 4
+WARMUP_FACTORS = (0.5, 2.0, 4.0)  # the baseline's stage 2
 TUNE_SEED = 1000  # tuning runs use their own seed (init and batches), not a report seed
 H_OF = {"sync": 1, "h50": 50, "h500": 500, "late": 50, "byz": 50}
 NAMES = {
@@ -416,25 +427,42 @@ def main() -> int:
         for t, v in zip(tasks, run_all(pool, tasks), strict=True):
             tried[t[0]][t] = v
         best = {k: min(tried[k], key=lambda t: tried[k][t]) for k in to_tune}
-        # 2. three more configurations per line around its best
+        # 2. three more configurations per line: its other setting, at its best lr
         tasks = []
         for k in to_tune:
             lr = best[k][1]
             if k == "sync":
-                tasks += [(k, round(lr / 2**0.5, 6), first, "tune", TUNE_SEED, wf),
-                          (k, round(lr * 2**0.5, 6), first, "tune", TUNE_SEED, wf),
-                          (k, lr, first, "tune", TUNE_SEED, 2 * wf)]  # fmt: skip
+                tasks += [(k, lr, first, "tune", TUNE_SEED, round(f * wf, 6)) for f in WARMUP_FACTORS]
             else:
                 tasks += [(k, lr, o, "tune", TUNE_SEED, wf) for o in OUTER_GRID[1:]]
         for t, v in zip(tasks, run_all(pool, tasks), strict=True):
             tried[t[0]][t] = v
+        # 3. four more: the lr again, at the other setting stage 2 chose: x 1/sqrt 2 and
+        # x sqrt 2, then two steps further (x 2, x 2 sqrt 2 or inverses) on the side that did better
+        top = {k: min(tried[k], key=lambda t: tried[k][t]) for k in to_tune}
+        tasks = [(k, round(top[k][1] * f, 6), *top[k][2:]) for k in to_tune for f in (2**-0.5, 2**0.5)]
+        for t, v in zip(tasks, run_all(pool, tasks), strict=True):
+            tried[t[0]][t] = v
+        for further in (2.0, 2**1.5):
+            tasks = []
+            for k in to_tune:
+                down, up = ((k, round(top[k][1] * f, 6), *top[k][2:]) for f in (2**-0.5, 2**0.5))
+                f = 1 / further if tried[k][down] < tried[k][up] else further
+                while (t := (k, round(top[k][1] * f, 6), *top[k][2:])) in tried[k]:  # a grid point: step on
+                    f *= 2**0.5 if f > 1 else 2**-0.5
+                tasks.append(t)
+            for t, v in zip(tasks, run_all(pool, tasks), strict=True):
+                tried[t[0]][t] = v
         chosen = {}
         for k in to_tune:
             chosen[k] = min(tried[k], key=lambda t: tried[k][t])
             print(f"    tuning {NAMES[k][:20]:<20} ({len(tried[k])} configurations): "
                   + "  ".join(f"{_setting(t)}: {v:.3f}" for t, v in tried[k].items())
                   + f"  -> {_setting(chosen[k])}", flush=True)  # fmt: skip
-        # 3. every line on the report split, each seed, at the settings of the line it is tuned as
+            lrs = [t[1] for t in tried[k] if t[2:] == chosen[k][2:]]  # tried at the chosen setting
+            if not min(lrs) < chosen[k][1] < max(lrs):
+                print(f"    {NAMES[k]}: no lr tried above and below {chosen[k][1]:g} at this setting: not bracketed")
+        # 4. every line on the report split, each seed, at the settings of the line it is tuned as
         tasks = [(k, *chosen[tuned_as[k]][1:3], "report", s, chosen[tuned_as[k]][5]) for k in wanted for s in seeds]
         got = dict(zip(tasks, run_all(pool, tasks), strict=True))
     results: dict[str, float] = {}
