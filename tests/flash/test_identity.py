@@ -66,7 +66,11 @@ def test_hook_writes_hostname_and_key_and_nothing_else(tmp_path, shell):
     assert r.returncode == 0, r.stderr
     after = snapshot(root)
     changed = {k for k in after if after[k] != before.get(k)} | (before.keys() - after.keys())
-    assert changed == {"etc/hostname", "home/alma/.ssh/authorized_keys"}
+    # and, for alma-identity's first boot (docs/ota.md): this flash's stamp and the key alone
+    flash_keys = "etc/alma/flash-authorized_keys.alma"
+    assert changed == {"etc/hostname", "home/alma/.ssh/authorized_keys", "etc/alma", "etc/alma/flashed", flash_keys}
+    assert (root / flash_keys).read_text() == f"{OTHER_KEY}\n" and after[flash_keys][0] & 0o777 == 0o644
+    stamp = (root / "etc/alma/flashed").read_text()
     assert (root / "etc/hostname").read_text() == "edge-07\n"
     assert (root / "home/alma/.ssh/authorized_keys").read_text() == f"{ADMIN_PUB}\n{OTHER_KEY}\n"
     assert after["home/alma/.ssh/authorized_keys"][0] == before["home/alma/.ssh/authorized_keys"][0]  # still 0600
@@ -74,6 +78,7 @@ def test_hook_writes_hostname_and_key_and_nothing_else(tmp_path, shell):
     # run twice (a re-flash of the same package): the key is not added again
     assert run_hook(shell, conf, root).returncode == 0
     assert (root / "home/alma/.ssh/authorized_keys").read_text().count(OTHER_KEY) == 1
+    assert (root / "etc/alma/flashed").read_text().strip() not in ("", stamp.strip())  # a new flash, a new stamp
 
 
 @pytest.mark.parametrize("shell", SHELLS)

@@ -27,6 +27,7 @@ UNITS = (
     "alma-board-issue.service",
     "eran-grid.service",
     "alma-ota-settle.service",  # alma-ota-settle.timer starts this same service
+    "alma-identity.service",
 )
 
 
@@ -164,6 +165,22 @@ def test_systemd_analyze_security_of_each_unit_inside(lab_board: lab.Board) -> N
     print(json.dumps(figures))
     # Every shipped unit is sandboxed: systemd rates each SAFE or OK (not MEDIUM, EXPOSED, UNSAFE).
     assert all(level in ("SAFE", "OK") for _, level in figures.values()), figures
+
+
+def test_the_first_boot_after_the_flash_keeps_the_identity_on_data(lab_board: lab.Board) -> None:
+    """alma-identity ran under its hardened unit and saved what the flash hook and the slot
+    hold: the name, the host key sshd offers (the pinned one) and the flash-time admin key."""
+    wait_for(
+        "alma-identity done", lambda: sh(lab_board, "systemctl", "is-active", "alma-identity", check=False) == "active"
+    )
+    store = "/data/alma-identity"
+    assert sh(lab_board, "cat", f"{store}/hostname") == lab_board.name == sh(lab_board, "hostname")
+    assert (
+        sh(lab_board, "cat", f"{store}/ssh_host_ed25519_key.pub").split()[:2]
+        == (sh(lab_board, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").split()[:2])
+    )
+    flash = (lab_board.lab / f"{lab.FLASH_KEY}.pub").read_text().split()[1]
+    assert flash in sh(lab_board, "cat", f"{store}/authorized_keys.{lab.ADMIN}")
 
 
 def test_a_reboot_and_a_power_cut_boot_again_with_the_disk_kept(lab_board: lab.Board) -> None:

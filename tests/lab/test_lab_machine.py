@@ -1,5 +1,6 @@
 """The virtual board's machine (alma.lab.machine, alma.lab.supervise) in-process: what a
-power-on boots from the slot files, and where the board's cgroup tree goes. The same rules
+power-on boots from the slot files (and with which slot's identity), and where the board's
+cgroup tree goes. The same rules
 on running boards: tests/lab/test_board.py and test_update_board.py."""
 
 from __future__ import annotations
@@ -84,3 +85,29 @@ def test_the_cgroup_v2_mount_is_found_on_hybrid_and_unified_hosts() -> None:
     assert supervise.cgroup2_mount(hybrid) == Path("/sys/fs/cgroup/unified")
     assert supervise.cgroup2_mount(unified) == Path("/sys/fs/cgroup")
     assert supervise.cgroup2_mount("37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
+
+
+def test_each_slot_boots_its_own_identity_and_a_rewritten_slot_the_image_s(tmp_path: Path) -> None:
+    """On a board /etc is the slot's: the lab keeps each slot's identity files and puts the
+    booted one's in place at power-on; a slot SWUpdate wrote boots the image's, a new host key."""
+    slot, disk = _lab(tmp_path)
+    root, ident = tmp_path / "root", tmp_path / "identity"
+    (root / "etc/ssh").mkdir(parents=True)
+    (root / "etc/hostname").write_text("jetson-agx-orin-devkit\n")
+    machine.save_identity(root, ident / machine.IMAGE)  # the image as installed: no host key
+    (root / "etc/hostname").write_text("edge-7\n")  # the flash hook's
+    (root / machine.HOST_KEY).write_text("flashed key\n")
+    machine.flashed_identity(ident, root, disk)
+    assert machine.switch_identity(ident, root, disk, 0) == "slot a: unchanged"
+    _write(disk, 1, machine.image_header("2.0.0"))  # SWUpdate writes slot B
+    assert "rewritten" in machine.switch_identity(ident, root, disk, 1)
+    assert (root / "etc/hostname").read_text() == "jetson-agx-orin-devkit\n"
+    assert (root / machine.HOST_KEY).read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    b_key = (root / machine.HOST_KEY).read_text()
+    (root / "etc/hostname").write_text("b-was-renamed\n")  # what B's boot wrote stays B's
+    assert machine.switch_identity(ident, root, disk, 0) == "slot a: its own identity"
+    assert (root / "etc/hostname").read_text() == "edge-7\n"
+    assert (root / machine.HOST_KEY).read_text() == "flashed key\n"
+    assert machine.switch_identity(ident, root, disk, 1) == "slot b: its own identity"  # not rewritten since
+    assert (root / "etc/hostname").read_text() == "b-was-renamed\n"
+    assert (root / machine.HOST_KEY).read_text() == b_key

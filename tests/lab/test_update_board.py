@@ -181,6 +181,37 @@ def assert_runs(b: lab.Board, slot: str, version: str) -> None:
     assert uefi(b)["successful"][SLOT[slot]] is True, uefi(b)
 
 
+def identity(b: lab.Board) -> tuple[str, str]:
+    """The board's hostname (kernel and /etc/hostname, which must agree) and the host key its
+    sshd offers, as the desktop sees it over ssh (the pinned key, strict checking)."""
+    out = runner_ssh(b, ["sh", "-c", "hostname; cat /etc/hostname"]).split()
+    assert len(out) == 2 and out[0] == out[1], out
+    scan = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", "-p", str(b.port), "127.0.0.1"], capture_output=True, text=True, timeout=60
+    )
+    key = " ".join(scan.stdout.split()[1:3])
+    return out[0], key
+
+
+def runner_ssh(b: lab.Board, command: list[str], *, key: str = "id_ed25519") -> str:
+    """``command`` as the admin over ssh with the lab's pinned host keys (strict) and only ``key``."""
+    argv = [
+        "ssh", "-p", str(b.port), "-o", f"UserKnownHostsFile={b.lab / 'known_hosts'}",
+        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+        "-o", "LogLevel=ERROR", "-i", str(b.lab / key), f"{lab.ADMIN}@127.0.0.1", *command,
+    ]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"ssh to {b.name} with {key}: {r.stderr}"
+    return r.stdout
+
+
+def assert_same_identity(b: lab.Board, before: tuple[str, str]) -> None:
+    """Hostname and host key as before; the flash-time admin key still lets the admin in."""
+    assert identity(b) == before
+    assert before[0] == b.name
+    assert runner_ssh(b, ["id", "-un"], key=lab.FLASH_KEY).strip() == lab.ADMIN
+
+
 def other(slot: str) -> str:
     return "b" if slot == "a" else "a"
 
@@ -193,6 +224,7 @@ def test_update_reboot_health_commit_on_two_boards(settled: Lab, tmp_path: Path)
     new boot id), proves healthy and is committed; each then runs and reports the new image."""
     two = settled
     before = {b.name: status(b) for b in two.boards}
+    ident = {b.name: identity(b) for b in two.boards}
     swu, version = new_swu(two, "commit")
     r = update(tmp_path, two, swu, "--canary", "0", "--batch", "2", "--health-timeout", "120")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -206,6 +238,7 @@ def test_update_reboot_health_commit_on_two_boards(settled: Lab, tmp_path: Path)
         assert status(b)["boot_id"] != before[b.name]["boot_id"]
         assert machine.read_header(b.disk_dir, SLOT[new]) == {"version": version, "health": "ok", "boots": True}
         assert uefi(b)["successful"] == [True, True]
+        assert_same_identity(b, ident[b.name])  # the new slot's /etc was the image's
 
 
 def test_a_sick_image_is_rolled_back_and_five_power_cuts_later_the_old_slot_still_boots(
@@ -213,6 +246,7 @@ def test_a_sick_image_is_rolled_back_and_five_power_cuts_later_the_old_slot_stil
 ) -> None:
     b = settled.boards[0]
     old = status(b)
+    ident = identity(b)
     swu, _ = new_swu(settled, "sick", health="critical")
     r = update(tmp_path, settled, swu, "--node", b.name, "--health-timeout", "30")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -222,9 +256,11 @@ def test_a_sick_image_is_rolled_back_and_five_power_cuts_later_the_old_slot_stil
     assert_runs(b, old["current_slot"], old["version"])
     sick = SLOT[other(old["current_slot"])]
     assert uefi(b)["slots"][sick]["status"] == "unbootable", uefi(b)
+    assert_same_identity(b, ident)  # the old slot's identity, intact
     for _ in range(5):
         b.reboot(power_cut=True)
         assert_runs(b, old["current_slot"], old["version"])
+    assert_same_identity(b, ident)
 
 
 def test_a_fallback_during_the_health_window_is_rolled_back_with_the_truth(settled: Lab, tmp_path: Path) -> None:

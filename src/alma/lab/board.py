@@ -4,11 +4,13 @@ own tree, booted with ``systemd-nspawn -b`` under real systemd (docs/lab.md).
 One lab is one directory (``--dir``, default /run/alma-lab)::
 
     id_ed25519, known_hosts, ssh_config   the admin key and the boards' pinned host keys
+    id_flash                              the flash-time extra admin key (board.conf ADMIN_KEY)
     ota-cert.pem, ota-key.pem             the lab's OTA signing pair (the boards' baked-in certificate)
     <board>/disk/{upper,work}             a tmpfs: the board's own disk (the overlay's upper layer)
     <board>/root                          overlayfs: lower = /, upper = disk/upper
     <board>/machine/thermal, slot/        the fake machine (alma.lab.machine), outside the board
     <board>/machine/disk/APP, APP_b       the rootfs slots (the board's /dev/disk/by-partlabel/)
+    <board>/machine/identity/             each slot's identity files (its /etc's hostname, host key...)
     <board>/board.json                    name, ssh port, supervisor pid
     <board>/console.log                   the container's console (every boot)
 
@@ -108,6 +110,11 @@ class Board:
     @property
     def slot_dir(self) -> Path:
         return self.dir / "machine" / "slot"
+
+    @property
+    def identity_dir(self) -> Path:
+        """Each rootfs slot's identity files (alma.lab.machine.switch_identity)."""
+        return self.dir / "machine" / "identity"
 
     @property
     def disk_dir(self) -> Path:
@@ -249,9 +256,10 @@ def use_ota_cert(lab: Path, cert: Path) -> None:
 
 
 def _ensure_keys(lab: Path) -> None:
-    key = lab / "id_ed25519"
-    if not key.exists():
-        runner.capture(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alma-lab", "-f", str(key)])
+    for name, comment in (("id_ed25519", "alma-lab"), (FLASH_KEY, "alma-lab-flash")):
+        key = lab / name
+        if not key.exists():
+            runner.capture(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
     for name in ("known_hosts", "ssh_config"):
         (lab / name).touch(mode=0o600)
     if not (lab / OTA_CERT).exists():  # the lab's own fleet OTA pair, unless one was given
@@ -322,13 +330,18 @@ def assemble(board: Board, port: int, pubkey: str) -> None:
         mask = system / unit
         mask.unlink(missing_ok=True)
         mask.symlink_to("/dev/null")
-    # Identity.
-    (up / "etc/hostname").write_text(board.name + "\n")
+    # Identity: the image's hostname (OE's base-files: the MACHINE), kept as the image's
+    # identity files (a rewritten slot gets them back); then the real flash hook writes the
+    # board's name and the flash-time admin key, and the first boot makes the host key.
+    (up / "etc/hostname").write_text(MACHINE + "\n")
+    for key in (up / "etc/ssh").glob("ssh_host_*"):  # the host's own (lower layer): the image has none
+        key.unlink()
     (up / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    machine.save_identity(up, board.identity_dir / machine.IMAGE)
+    _flash_hook(board)
     sshd = up / "etc/ssh"
     sshd.mkdir(parents=True, exist_ok=True)
     host_key = sshd / "ssh_host_ed25519_key"
-    host_key.unlink(missing_ok=True)
     runner.capture(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", board.name, "-f", str(host_key)])
     (sshd / "sshd_config.d").mkdir(exist_ok=True)
     (sshd / "sshd_config.d/00-alma-lab.conf").write_text(
@@ -336,6 +349,7 @@ def assemble(board: Board, port: int, pubkey: str) -> None:
         "HostKey /etc/ssh/ssh_host_ed25519_key\n"
     )
     _generated(board.lab, lay, up)
+    (up / "data").mkdir(mode=0o755, exist_ok=True)  # the data partition's mount point, as in the image
     wrapper = up / "usr/local/sbin/swupdate"
     wrapper.parent.mkdir(parents=True, exist_ok=True)
     wrapper.write_text(SWUPDATE_WRAPPER)
@@ -343,6 +357,18 @@ def assemble(board: Board, port: int, pubkey: str) -> None:
 
 
 MACHINE = "jetson-agx-orin-devkit"  # the lab's MACHINE: an AGX Orin devkit
+FLASH_HOOK = "layers/meta-alma/dynamic-layers/tegra/recipes-core/initrdscripts/files/alma-board-identity"
+FLASH_KEY = "id_flash"  # the lab's flash-time extra admin key (board.conf ADMIN_KEY)
+
+
+def _flash_hook(board: Board) -> None:
+    """The image's flash-time hook, run on the board's root as on the flashed rootfs, with a
+    board.conf naming the board and the lab's flash-time admin key (docs/formats.md#board-conf)."""
+    conf = board.dir / "board.conf"
+    pub = (board.lab / f"{FLASH_KEY}.pub").read_text().split()
+    conf.write_text(f"FORMAT=alma-board/1\nHOSTNAME={board.name}\nADMIN_KEY={pub[0]} {pub[1]} alma-lab-flash\n")
+    env = {**BOARD_ENV, "ALMA_BOARD_CONF": str(conf), "ALMA_ROOTFS_DIR": str(board.root)}
+    runner.capture(["sh", str(board_layout.root() / FLASH_HOOK)], env=env, timeout=60)
 
 
 def _generated(lab: Path, lay: board_layout.Layout, up: Path) -> None:
@@ -436,6 +462,7 @@ def create(lab: Path, name: str) -> Board:
         machine.new_disk(board.disk_dir)
         port = _free_port()
         assemble(board, port, (lab / "id_ed25519.pub").read_text())
+        machine.flashed_identity(board.identity_dir, board.root, board.disk_dir)
         (board.dir / "board.json").write_text(json.dumps({"name": name, "port": port}) + "\n")
         _write_ssh(lab)
         start_supervisor(board)
@@ -482,7 +509,8 @@ def down(lab: Path) -> list[str]:
     for b in boards(lab):
         b.stop()
         gone.append(b.name)
-    for name in ("id_ed25519", "id_ed25519.pub", "known_hosts", "ssh_config", OTA_CERT, OTA_KEY):
+    keys = ("id_ed25519", "id_ed25519.pub", FLASH_KEY, f"{FLASH_KEY}.pub")
+    for name in (*keys, "known_hosts", "ssh_config", OTA_CERT, OTA_KEY):
         (lab / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         lab.rmdir()

@@ -15,14 +15,22 @@
   chosen slot's header (:func:`boot_plan`): ``boots: false`` hangs that boot (a retry spent,
   the watchdog resets it), ``health: critical`` boots an image whose health finds a fabric
   link missing, the version is what the board reports (``/etc/alma-release``).
+- The slot's identity (``identity/`` here, :func:`switch_identity`): on a board /etc is part
+  of the rootfs slot, so the identity files the flash hook and the first boot write (the
+  hostname, the ssh host key, the admin's authorized_keys) belong to the slot. The supervisor
+  keeps each slot's copy and puts the booted slot's on the board's disk at power-on; a slot
+  written since its last boot gets the image's files as installed (the image's hostname, no
+  flash-time admin key) and a new host key (the image's first-boot key generation).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +203,91 @@ def sick_health(text: str) -> str:
     if tomllib.loads(out) != data:  # the image's file changed shape: say so, never boot a guess
         raise ValueError("health.toml: cannot add the sick image's link")
     return out
+
+
+# ---- the slot's identity (its /etc) ---------------------------------------------------------
+
+# What the flash hook and the image's first boot write into the slot's rootfs, relative to
+# the root. The image installs the hostname (OE's base-files: the MACHINE) and the admin's
+# authorized_keys (alma-access: the build's ALMA_ADMIN_KEYS); the host key is made at the
+# first boot of a freshly written slot.
+HOST_KEY = "etc/ssh/ssh_host_ed25519_key"
+IDENTITY_FILES = ("etc/hostname", HOST_KEY, HOST_KEY + ".pub", "home/alma/.ssh/authorized_keys")
+IMAGE = "image"  # identity/image: the files as the image installs them (before the flash hook)
+
+
+def save_identity(root: Path, dest: Path) -> None:
+    """Copy the identity files of the board's root into ``dest`` (mode and owner kept)."""
+    new = dest.with_name(dest.name + ".new")
+    shutil.rmtree(new, ignore_errors=True)
+    for rel in IDENTITY_FILES:
+        src = root / rel
+        if src.is_file() and not src.is_symlink():
+            (new / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, new / rel)
+            st = src.stat()
+            os.chown(new / rel, st.st_uid, st.st_gid)
+    new.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    new.replace(dest)
+
+
+def _restore_identity(src: Path, root: Path) -> None:
+    for rel in IDENTITY_FILES:
+        target = root / rel
+        target.unlink(missing_ok=True)
+        if (src / rel).is_file():
+            shutil.copy2(src / rel, target)
+            st = (src / rel).stat()
+            os.chown(target, st.st_uid, st.st_gid)
+
+
+def slot_stamp(disk_top: Path, slot: int) -> str:
+    """What changes when SWUpdate (re)writes the slot file: its size, mtime and first bytes."""
+    path = disk_top / SLOT_LABELS[slot]
+    st = path.stat()
+    with open(path, "rb") as fh:
+        head = hashlib.sha256(fh.read(MAX_HEADER)).hexdigest()
+    return f"{st.st_size}:{st.st_mtime_ns}:{head}"
+
+
+def flashed_identity(top: Path, root: Path, disk_top: Path, slot: int = 0) -> None:
+    """After the flash: the running slot ``slot`` holds ``root``'s identity, as flashed."""
+    top.mkdir(parents=True, exist_ok=True)
+    save_identity(root, top / SLOT_LABELS[slot])
+    state = {"booted": slot, "stamps": {str(slot): slot_stamp(disk_top, slot)}}
+    (top / "state.json").write_text(json.dumps(state) + "\n")
+
+
+def switch_identity(top: Path, root: Path, disk_top: Path, slot: int) -> str:
+    """At power-on, before the container starts: the board's root gets the identity of
+    ``slot``. The slot booted last keeps what its /etc holds now; a slot written since its
+    last boot gets the image's files and a new host key. Returns what was done (logged)."""
+    state = json.loads((top / "state.json").read_text())
+    booted, stamps = state["booted"], state["stamps"]
+    save_identity(root, top / SLOT_LABELS[booted])
+    stamp = slot_stamp(disk_top, slot)
+    if stamps.get(str(slot)) != stamp:  # a new image in this slot: its /etc as installed
+        _restore_identity(top / IMAGE, root)
+        key = root / HOST_KEY
+        key.parent.mkdir(parents=True, exist_ok=True)
+        for old in (key, key.with_name(key.name + ".pub")):
+            old.unlink(missing_ok=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "first-boot", "-f", str(key)],
+            check=True, stdin=subprocess.DEVNULL, capture_output=True,
+        )  # fmt: skip
+        done = "rewritten: the image's identity, a new host key"
+    elif booted != slot:
+        _restore_identity(top / SLOT_LABELS[slot], root)
+        done = "its own identity"
+    else:
+        done = "unchanged"
+    state.update(booted=slot, stamps={**stamps, str(slot): stamp})
+    tmp = top / "state.json.new"
+    tmp.write_text(json.dumps(state) + "\n")
+    tmp.replace(top / "state.json")
+    return f"slot {'ab'[slot]}: {done}"
 
 
 def power_on(top: Path) -> int:

@@ -105,6 +105,9 @@ def main(argv: list[str]) -> int:
                 print(f"slot {'ab'[plan.slot]} does not boot: hangs, the watchdog resets", flush=True)
                 time.sleep(HANG_S)
                 continue
+            # the booted slot's /etc: its own identity, or the image's if the slot was rewritten
+            m = board / "machine"
+            print(machine.switch_identity(m / "identity", board / "root", m / "disk", plan.slot), flush=True)
             health = (board / "root/etc/alma/health.toml").read_text() if plan.critical else ""
             machine.write_boot_files(board / "machine/boot", plan, health)
             (board / "powered-on").write_text(f"{time.monotonic()}\n")  # boot-to-ready counts from here

@@ -25,7 +25,9 @@ S = "${WORKDIR}/ota"
 inherit python_setuptools_build_meta systemd
 
 # The board settles its own update at every boot and from a timer (alma-ota settle).
-SYSTEMD_SERVICE:${PN} = "alma-ota-settle.service alma-ota-settle.timer"
+# The board's identity (hostname, ssh host keys, flash-time admin keys) kept on /data at
+# every boot, so an update's new slot is the same board (alma-identity, docs/ota.md).
+SYSTEMD_SERVICE:${PN} = "alma-ota-settle.service alma-ota-settle.timer alma-identity.service"
 
 # ota.json names this MACHINE (swupdate -H): one package per machine.
 PACKAGE_ARCH = "${MACHINE_ARCH}"
@@ -37,6 +39,9 @@ do_install:append() {
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${S}/systemd/alma-ota-settle.service ${D}${systemd_system_unitdir}/alma-ota-settle.service
     install -m 0644 ${S}/systemd/alma-ota-settle.timer ${D}${systemd_system_unitdir}/alma-ota-settle.timer
+    install -m 0644 ${S}/systemd/alma-identity.service ${D}${systemd_system_unitdir}/alma-identity.service
+    install -d ${D}${sysconfdir}/ssh/sshd_config.d
+    install -m 0644 ${S}/ssh/00-alma-identity.conf ${D}${sysconfdir}/ssh/sshd_config.d/00-alma-identity.conf
     # tegra-redundant-boot's nv_update_verifier.service runs "nvbootctrl verify" at every boot,
     # marking the booted slot good before the health gate judged it: masked (as
     # meta-mender-tegra's redundant-boot-overrides does); alma-ota commit owns "mark good".
@@ -62,12 +67,13 @@ ALMA_OTA_STATE_DIR ??= "/data/alma-ota"
 
 FILES:${PN} += "${sysconfdir}/alma/ota.json ${sysconfdir}/alma/ota-cert.pem ${sysconfdir}/swupdate.cfg \
                 ${sysconfdir}/swupdate/conf.d/50-alma-ota \
-                ${sysconfdir}/systemd/system/nv_update_verifier.service ${systemd_system_unitdir}/alma-ota-settle.*"
+                ${sysconfdir}/systemd/system/nv_update_verifier.service ${systemd_system_unitdir}/alma-ota-settle.* \
+                ${systemd_system_unitdir}/alma-identity.service ${sysconfdir}/ssh/sshd_config.d/00-alma-identity.conf"
 CONFFILES:${PN} = "${sysconfdir}/alma/ota.json"
 # The slot tools must be in the image ("could not identify current boot slot" otherwise):
 # nvbootctrl (tegra-redundant-boot-base), tegra-redundant-boot (its verifier masked above),
 # oe4t-set-uefi-OSIndications (setup-nv-boot-control), the capsules (tegra-uefi-capsules).
-RDEPENDS:${PN} = "python3-almaboard python3-core python3-json setup-nv-boot-control swupdate \
+RDEPENDS:${PN} = "openssh-keygen python3-almaboard python3-core python3-json setup-nv-boot-control swupdate \
                   tegra-redundant-boot tegra-redundant-boot-base tegra-uefi-capsules"
 # On-board only: no native or nativesdk variant.
 BBCLASSEXTEND = ""
