@@ -37,12 +37,12 @@ def require_lab() -> None:
 
 
 @contextlib.contextmanager
-def virtual_lab(count: int = 1) -> Iterator[tuple[Path, list[lab.Board]]]:
+def virtual_lab(count: int = 1, image_sshd: bool = False) -> Iterator[tuple[Path, list[lab.Board]]]:
     require_lab()
     lab_dir = Path(tempfile.mkdtemp(prefix="alma-lab-"))
     prefix = f"t{uuid.uuid4().hex[:8]}-"  # machine names are host-wide: unique per test
     try:
-        made = lab.up(lab_dir, count, prefix)
+        made = lab.up(lab_dir, count, prefix, image_sshd=image_sshd)
         yield lab_dir, [b for b, _ in made]
     finally:
         lab.down(lab_dir)
@@ -50,10 +50,11 @@ def virtual_lab(count: int = 1) -> Iterator[tuple[Path, list[lab.Board]]]:
 
 
 @contextlib.contextmanager
-def virtual_fleet(count: int = 2) -> Iterator[tuple[Path, list[lab.Board]]]:
+def virtual_fleet(count: int = 2, image_sshd: bool = False) -> Iterator[tuple[Path, list[lab.Board]]]:
     """``count`` boards and a fleet file reaching them (what `alma lab up --fleet` writes),
-    for `alma fleet ...` / `alma update --fleet FILE` against real systemd over real ssh."""
-    with virtual_lab(count) as (lab_dir, boards):
+    for `alma fleet ...` / `alma update --fleet FILE` against real systemd over real ssh.
+    ``image_sshd``: the boards run sshd as the image does (alma.lab.board.assemble)."""
+    with virtual_lab(count, image_sshd) as (lab_dir, boards):
         fleet = lab_dir / "fleet.toml"
         fleet.write_text(lab.fleet_toml(lab_dir))
         try:
