@@ -5,18 +5,22 @@ process of a session lives in that unit's cgroup. The admin's rc file hangs and 
 signal sshd or a shell would send (`trap '' HUP TERM INT PIPE`): the health command never
 starts, alma's deadline passes, alma stops its ssh. Before the image's sshd@.service drop-in
 (alma-access, 50-alma-session-end.conf) the stuck shells lived on (for ever with the image's
-KillMode=process); with it systemd ends the unit's whole cgroup, SIGKILL last.
+KillMode=process); with it systemd ends the unit's whole cgroup, SIGKILL last. A client that
+stops answering without closing the connection is dropped by sshd's keepalives
+(50-alma-client-alive.conf), and its session then ends the same way.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 from support import run_cli
-from support_lab import sh, virtual_fleet, wait_for
+from support_lab import WAIT_S, sh, virtual_fleet, virtual_lab, wait_for
 
 from alma.lab import board as lab
 
@@ -43,9 +47,9 @@ def _leftovers(b: lab.Board) -> list[str]:
     return [line for line in procs + units if line.strip()]
 
 
-def _wait_gone(b: lab.Board, what: str) -> None:
+def _wait_gone(b: lab.Board, what: str, timeout: float = WAIT_S) -> None:
     try:
-        wait_for(what, lambda: not _leftovers(b))
+        wait_for(what, lambda: not _leftovers(b), timeout)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; still there: {_leftovers(b)}") from None
 
@@ -58,7 +62,9 @@ def _health(capsys: pytest.CaptureFixture[str], fleet: Path, *extra: str) -> dic
 
 
 def _reached(b: lab.Board) -> int:
-    return len(sh(b, "cat", f"/home/{lab.ADMIN}/rc-reached", check=False).split())
+    """How many sessions reached the rc file (read through the board's root from here)."""
+    notes = b.root / "home" / lab.ADMIN / "rc-reached"
+    return len(notes.read_text().split()) if notes.exists() else 0
 
 
 def test_a_hanging_rc_file_that_traps_signals_leaves_nothing_once_alma_gave_up(
@@ -90,3 +96,23 @@ def test_a_hanging_rc_file_that_traps_signals_leaves_nothing_once_alma_gave_up(
         node = _health(capsys, fleet)
         assert node["status"] == "OK", node
         _wait_gone(board, "the answered session gone too")
+
+
+def test_a_client_that_stops_answering_is_dropped_and_its_stuck_session_ended() -> None:
+    """The desktop vanishes mid-run (powered off, cut off): no FIN ever reaches the board.
+    Here the ssh client is stopped (SIGSTOP): its kernel keeps the TCP connection up but
+    nothing answers sshd's keepalives. Before alma-access's ClientAliveInterval drop-in
+    the connection, and the session stuck in its rc file, stayed as long as the client did."""
+    with virtual_lab(1, image_sshd=True) as (_, [board]):
+        sh(board, "usermod", "--shell", "/bin/bash", lab.ADMIN)
+        _as_admin(board, ".bashrc", HANG)
+        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        client = subprocess.Popen(board.ssh_argv(["-o", "BatchMode=yes", "sudo -n alma-health --json"]), **quiet)
+        try:
+            wait_for("the session stuck in the rc file", lambda: _reached(board) >= 1)
+            client.send_signal(signal.SIGSTOP)
+            # 4 unanswered keepalives 15 s apart, then the unit's 5 s: well inside 4 minutes
+            _wait_gone(board, "no process or unit of the silent client's session left", timeout=4 * 60)
+        finally:
+            client.kill()
+            client.wait()

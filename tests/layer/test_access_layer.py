@@ -18,6 +18,7 @@ ACCESS = LAYER / "recipes-alma" / "alma-access" / "alma-access_0.1.0.bb"
 DROPIN = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-keys-only.conf"
 SUDOERS = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-admin.sudoers"
 SESSION_END = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-session-end.conf"
+CLIENT_ALIVE = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-client-alive.conf"
 
 # oe-core scarthgap's openssh sshd_config, the lines that matter (Include first, defaults commented)
 OE_SSHD_CONFIG = """\
@@ -105,7 +106,7 @@ def rootfs(tmp_path: Path) -> Path:
     root = tmp_path / "rootfs"
     work = tmp_path / "work"
     work.mkdir()
-    for f in (DROPIN, SUDOERS, SESSION_END):
+    for f in (DROPIN, SUDOERS, SESSION_END, CLIENT_ALIVE):
         (work / f.name).write_bytes(f.read_bytes())
     assert write_keys(work, ADMIN_PUB).notes == []
     do_install(work, root)

@@ -1,7 +1,8 @@
 SUMMARY = "ALMA-OS admin access: keys-only sshd policy and the admin user"
 DESCRIPTION = "alma-access-sshd: an sshd_config.d drop-in allowing public-key logins only \
-               (no password, no keyboard-interactive, no root) and an sshd@.service drop-in \
-               ending every process of a session when its connection ends. alma-access-admin: the admin \
+               (no password, no keyboard-interactive, no root), one dropping clients that stopped \
+               answering, and an sshd@.service drop-in ending every process of a session when \
+               its connection ends. alma-access-admin: the admin \
                user (ALMA_ADMIN_USER, default alma) in group wheel, which may use sudo, with \
                the public keys of ALMA_ADMIN_KEYS as its authorized_keys and no password."
 HOMEPAGE = "https://github.com/alma-os/alma-toolchain"
@@ -16,6 +17,7 @@ CVE_PRODUCT = ""
 SRC_URI = "\
     file://50-alma-keys-only.conf \
     file://50-alma-session-end.conf \
+    file://50-alma-client-alive.conf \
     file://50-alma-admin.sudoers \
 "
 S = "${WORKDIR}"
@@ -61,6 +63,7 @@ do_install[vardeps] += "ALMA_ADMIN_KEYS ALMA_ADMIN_USER"
 
 do_install() {
     install -D -m 0644 ${WORKDIR}/50-alma-keys-only.conf ${D}${sysconfdir}/ssh/sshd_config.d/50-alma-keys-only.conf
+    install -D -m 0644 ${WORKDIR}/50-alma-client-alive.conf ${D}${sysconfdir}/ssh/sshd_config.d/50-alma-client-alive.conf
     # oe-core's per-connection sshd@.service: the session ends with its connection
     install -D -m 0644 ${WORKDIR}/50-alma-session-end.conf ${D}${systemd_system_unitdir}/sshd@.service.d/50-alma-session-end.conf
     install -D -m 0440 ${WORKDIR}/50-alma-admin.sudoers ${D}${sysconfdir}/sudoers.d/50-alma-admin
