@@ -47,33 +47,6 @@ BOARD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # The host's own services (its tree is the board's lower layer) are not the board's: every
 # unit the host enabled is masked except sshd.
 KEEP_HOST_UNITS = {"ssh.service"}
-# The image's sshd as oe-core's openssh installs it (scarthgap 9.6p1, its default PACKAGECONFIG
-# systemd-sshd-socket-mode; @BASE_BINDIR@/@SBINDIR@ as usrmerge sets them, the port the lab's):
-# one sshd per connection, each its own sshd@.service, and no PAM (ALMA-OS has no pam feature),
-# so a session's processes stay in that unit's cgroup instead of a logind session scope.
-IMAGE_SSHD_SOCKET = """[Unit]
-Conflicts=sshd.service
-Wants=sshdgenkeys.service
-
-[Socket]
-ExecStartPre=/usr/bin/mkdir -p /var/run/sshd
-ListenStream=127.0.0.1:{port}
-Accept=yes
-
-[Install]
-WantedBy=sockets.target
-"""
-IMAGE_SSHD_SERVICE = """[Unit]
-Description=OpenSSH Per-Connection Daemon
-After=sshdgenkeys.service
-
-[Service]
-Environment="SSHD_OPTS="
-EnvironmentFile=-/etc/default/ssh
-ExecStart=-/usr/sbin/sshd -i $SSHD_OPTS
-StandardInput=socket
-KillMode=process
-"""
 
 
 def require_root() -> None:
@@ -261,12 +234,9 @@ def _host_enabled_units() -> set[str]:
     return units - KEEP_HOST_UNITS
 
 
-def assemble(board: Board, port: int, pubkey: str, image_sshd: bool = False) -> None:
+def assemble(board: Board, port: int, pubkey: str) -> None:
     """The board's disk: what the image installs (the layout), its users as the recipes add
-    them, its own identity (hostname, machine-id, host key) and the lab's sshd port.
-
-    ``image_sshd``: sshd runs as on the image (per connection, no PAM: IMAGE_SSHD_*), not as
-    this host's ssh.service with PAM (every login a logind session, docs/lab.md)."""
+    them, its own identity (hostname, machine-id, host key) and the lab's sshd port."""
     up = board.root  # written through the overlay (never into a mounted upper layer directly)
     lay = board_layout.load()
     board_layout.install(lay, up)
@@ -326,18 +296,8 @@ def assemble(board: Board, port: int, pubkey: str, image_sshd: bool = False) -> 
     (sshd / "sshd_config.d").mkdir(exist_ok=True)
     (sshd / "sshd_config.d/00-alma-lab.conf").write_text(
         f"# alma lab: this board's address on the host's network\nPort {port}\nListenAddress 127.0.0.1\n"
-        "HostKey /etc/ssh/ssh_host_ed25519_key\n" + ("UsePAM no\n" if image_sshd else "")
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n"
     )
-    if image_sshd:
-        units = up / "usr/lib/systemd/system"
-        (units / "sshd.socket").write_text(IMAGE_SSHD_SOCKET.format(port=port))
-        (units / "sshd@.service").write_text(IMAGE_SSHD_SERVICE)
-        (system / "sockets.target.wants").mkdir(exist_ok=True)
-        (system / "sockets.target.wants/sshd.socket").symlink_to("/usr/lib/systemd/system/sshd.socket")
-        for unit in ("ssh.service", "ssh.socket"):  # this host's sshd: not the image's
-            mask = system / unit
-            mask.unlink(missing_ok=True)
-            mask.symlink_to("/dev/null")
     # ota.json as alma-ota's recipe writes it (MACHINE of the lab: an AGX Orin devkit).
     (up / "etc/alma/ota.json").write_text(
         json.dumps(
@@ -379,13 +339,60 @@ def _write_ssh(lab: Path) -> None:
     (lab / "known_hosts").write_text("".join(known))
 
 
+# The image's sshd as oe-core's openssh installs it (scarthgap 9.6p1, its default PACKAGECONFIG
+# systemd-sshd-socket-mode; @BASE_BINDIR@/@SBINDIR@ as usrmerge sets them, the port the lab's):
+# one sshd per connection, each its own sshd@.service, and no PAM (ALMA-OS has no pam feature),
+# so a session's processes stay in that unit's cgroup instead of a logind session scope.
+IMAGE_SSHD_SOCKET = """[Unit]
+Conflicts=sshd.service
+Wants=sshdgenkeys.service
+
+[Socket]
+ExecStartPre=/usr/bin/mkdir -p /var/run/sshd
+ListenStream=127.0.0.1:{port}
+Accept=yes
+
+[Install]
+WantedBy=sockets.target
+"""
+IMAGE_SSHD_SERVICE = """[Unit]
+Description=OpenSSH Per-Connection Daemon
+After=sshdgenkeys.service
+
+[Service]
+Environment="SSHD_OPTS="
+EnvironmentFile=-/etc/default/ssh
+ExecStart=-/usr/sbin/sshd -i $SSHD_OPTS
+StandardInput=socket
+KillMode=process
+"""
+
+
+def use_image_sshd(board: Board) -> None:
+    """Before it boots: the board runs sshd as the image does (IMAGE_SSHD_*, ``UsePAM no``),
+    not as this host's ssh.service with PAM (every login a logind session, docs/lab.md)."""
+    up = board.root
+    units, system = up / "usr/lib/systemd/system", up / "etc/systemd/system"
+    (units / "sshd.socket").write_text(IMAGE_SSHD_SOCKET.format(port=board.port))
+    (units / "sshd@.service").write_text(IMAGE_SSHD_SERVICE)
+    (system / "sockets.target.wants").mkdir(exist_ok=True)
+    (system / "sockets.target.wants/sshd.socket").symlink_to("/usr/lib/systemd/system/sshd.socket")
+    for unit in ("ssh.service", "ssh.socket"):  # this host's sshd: not the image's
+        mask = system / unit
+        mask.unlink(missing_ok=True)
+        mask.symlink_to("/dev/null")
+    with open(up / "etc/ssh/sshd_config.d/00-alma-lab.conf", "a") as conf:
+        conf.write("UsePAM no\n")  # first value wins: before sshd_config's UsePAM yes
+
+
 def boards(lab: Path) -> list[Board]:
     """Every board of the lab, half-made ones included (down must find them too)."""
     return [Board(lab, p.parent.name) for p in sorted(lab.glob("*/disk"))]
 
 
 def create(lab: Path, name: str, image_sshd: bool = False) -> Board:
-    """Mount the board's disk and root, assemble it, start its supervisor (which boots it)."""
+    """Mount the board's disk and root, assemble it, start its supervisor (which boots it);
+    ``image_sshd``: its sshd as the image runs it (use_image_sshd)."""
     if not _NAME.match(name):
         raise UserError(f"board name {name!r}: lower-case letters, digits and '-' (at most 31)")
     board = Board(lab, name)
@@ -414,9 +421,11 @@ def create(lab: Path, name: str, image_sshd: bool = False) -> Board:
         machine.make_thermal(board.thermal)
         machine.new_slots(board.slot_dir)
         port = _free_port()
-        assemble(board, port, (lab / "id_ed25519.pub").read_text(), image_sshd)
+        assemble(board, port, (lab / "id_ed25519.pub").read_text())
         (board.dir / "board.json").write_text(json.dumps({"name": name, "port": port}) + "\n")
         _write_ssh(lab)
+        if image_sshd:
+            use_image_sshd(board)
         start_supervisor(board)
     except BaseException:
         board.stop(timeout=30)
