@@ -53,7 +53,7 @@ def virtual_lab(count: int = 1, image_sshd: bool = False) -> Iterator[tuple[Path
 def virtual_fleet(count: int = 2, image_sshd: bool = False) -> Iterator[tuple[Path, list[lab.Board]]]:
     """``count`` boards and a fleet file reaching them (what `alma lab up --fleet` writes),
     for `alma fleet ...` / `alma update --fleet FILE` against real systemd over real ssh.
-    ``image_sshd``: the boards run sshd as the image does (alma.lab.board.assemble)."""
+    ``image_sshd``: the boards run sshd as the image does (alma.lab.board.use_image_sshd)."""
     with virtual_lab(count, image_sshd) as (lab_dir, boards):
         fleet = lab_dir / "fleet.toml"
         fleet.write_text(lab.fleet_toml(lab_dir))
