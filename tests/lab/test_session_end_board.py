@@ -42,9 +42,11 @@ def _leftovers(b: lab.Board) -> list[str]:
     """Whatever of an ssh session still runs: the admin's processes (without PAM the admin has
     no user manager: every one is a session's) and sshd's per-connection units (their cgroups
     hold sudo's root children too)."""
+    # A look that failed (nsenter racing the board's init) counts as "still there": asked again.
     procs = sh(b, "ps", "-u", lab.ADMIN, "-o", "pid=,args=", check=False).splitlines()
-    units = sh(b, "systemctl", "list-units", "sshd@*", "--all", "--plain", "--no-legend", "--no-pager").splitlines()
-    return [line for line in procs + units if line.strip()]
+    units = b.exec(["systemctl", "list-units", "sshd@*", "--all", "--plain", "--no-legend", "--no-pager"], check=False)
+    failed = [f"(systemctl exited {units.returncode}: {units.lines[-1:]})"] if units.returncode else []
+    return [line for line in procs + units.lines + failed if line.strip()]
 
 
 def _wait_gone(b: lab.Board, what: str, timeout: float = WAIT_S) -> None:
@@ -86,9 +88,12 @@ def test_a_hanging_rc_file_that_traps_signals_leaves_nothing_once_alma_gave_up(
         sh(board, "rm", f"/home/{lab.ADMIN}/.bashrc")
         _as_admin(board, ".ssh/rc", HANG)
         before = _reached(board)
-        node = _health(capsys, fleet, "--timeout", str(DEADLINE_S))
-        assert node["status"] == "UNKNOWN" and "within" in str(node["summary"]), node
-        assert _reached(board) > before, "the session did not reach ~/.ssh/rc before its deadline"
+        for _ in range(3):  # a login slower than the deadline on a loaded host reaches nothing: again
+            node = _health(capsys, fleet, "--timeout", str(DEADLINE_S))
+            assert node["status"] == "UNKNOWN" and "within" in str(node["summary"]), node
+            if _reached(board) > before:
+                break
+        assert _reached(board) > before, "no session reached ~/.ssh/rc before its deadline"
         _wait_gone(board, "no process or unit of the ~/.ssh/rc session left on the board")
 
         # Fixed: the next run is answered, at the fleet's own deadline.
