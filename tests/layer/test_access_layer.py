@@ -17,6 +17,8 @@ CHECK = LAYER / "classes" / "alma-release-check.bbclass"
 ACCESS = LAYER / "recipes-alma" / "alma-access" / "alma-access_0.1.0.bb"
 DROPIN = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-keys-only.conf"
 SUDOERS = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-admin.sudoers"
+SESSION_END = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-session-end.conf"
+CLIENT_ALIVE = LAYER / "recipes-alma" / "alma-access" / "files" / "50-alma-client-alive.conf"
 
 # oe-core scarthgap's openssh sshd_config, the lines that matter (Include first, defaults commented)
 OE_SSHD_CONFIG = """\
@@ -83,7 +85,8 @@ def do_install(workdir: Path, dest: Path) -> None:
     m = re.search(r"^do_install\(\) \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
     assert m
     body = m.group(1).replace("-o ${ALMA_ADMIN_USER} -g ${ALMA_ADMIN_USER} ", "")
-    for k, v in {"D": str(dest), "WORKDIR": str(workdir), "sysconfdir": "/etc", "ALMA_ADMIN_USER": "alma"}.items():
+    for k, v in {"D": str(dest), "WORKDIR": str(workdir), "sysconfdir": "/etc", "ALMA_ADMIN_USER": "alma",
+                 "systemd_system_unitdir": "/usr/lib/systemd/system"}.items():  # fmt: skip
         body = body.replace("${" + k + "}", v)
     assert "${" not in body
     subprocess.run(["bash", "-euc", body], check=True)
@@ -103,7 +106,7 @@ def rootfs(tmp_path: Path) -> Path:
     root = tmp_path / "rootfs"
     work = tmp_path / "work"
     work.mkdir()
-    for f in (DROPIN, SUDOERS):
+    for f in (DROPIN, SUDOERS, SESSION_END, CLIENT_ALIVE):
         (work / f.name).write_bytes(f.read_bytes())
     assert write_keys(work, ADMIN_PUB).notes == []
     do_install(work, root)

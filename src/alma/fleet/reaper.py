@@ -14,6 +14,9 @@ LIMIT_S counts from the start of the ssh session, not of this program: the login
 when sshd started it, before the account's rc files ran. An rc file that hung past the
 deadline leaves no time at all: exit 124 at once, the command never runs (alma gave up on
 it long ago). Node-local clocks only (time since boot), so the desktop's clock is no part of it.
+A shell that never gets here (its rc file hangs and ignores signals) is ended by the board
+itself on ALMA-OS: the connection's sshd@.service cgroup is killed when alma's ssh goes away
+(alma-access's drop-in, docs/fleet.md).
 What remains out of reach (docs/fleet.md): work handed to another daemon (systemd-run, at,
 cron, a container engine) and processes of another user (sudo) that it may not signal.
 Stdlib only; it must run on the board's python3 (3.12) and any older one (3.8+).

@@ -425,13 +425,60 @@ def _write_ssh(lab: Path) -> None:
     (lab / "known_hosts").write_text("".join(known))
 
 
+# The image's sshd as oe-core's openssh installs it (scarthgap 9.6p1, its default PACKAGECONFIG
+# systemd-sshd-socket-mode; @BASE_BINDIR@/@SBINDIR@ as usrmerge sets them, the port the lab's):
+# one sshd per connection, each its own sshd@.service, and no PAM (ALMA-OS has no pam feature),
+# so a session's processes stay in that unit's cgroup instead of a logind session scope.
+IMAGE_SSHD_SOCKET = """[Unit]
+Conflicts=sshd.service
+Wants=sshdgenkeys.service
+
+[Socket]
+ExecStartPre=/usr/bin/mkdir -p /var/run/sshd
+ListenStream=127.0.0.1:{port}
+Accept=yes
+
+[Install]
+WantedBy=sockets.target
+"""
+IMAGE_SSHD_SERVICE = """[Unit]
+Description=OpenSSH Per-Connection Daemon
+After=sshdgenkeys.service
+
+[Service]
+Environment="SSHD_OPTS="
+EnvironmentFile=-/etc/default/ssh
+ExecStart=-/usr/sbin/sshd -i $SSHD_OPTS
+StandardInput=socket
+KillMode=process
+"""
+
+
+def use_image_sshd(board: Board) -> None:
+    """Before it boots: the board runs sshd as the image does (IMAGE_SSHD_*, ``UsePAM no``),
+    not as this host's ssh.service with PAM (every login a logind session, docs/lab.md)."""
+    up = board.root
+    units, system = up / "usr/lib/systemd/system", up / "etc/systemd/system"
+    (units / "sshd.socket").write_text(IMAGE_SSHD_SOCKET.format(port=board.port))
+    (units / "sshd@.service").write_text(IMAGE_SSHD_SERVICE)
+    (system / "sockets.target.wants").mkdir(exist_ok=True)
+    (system / "sockets.target.wants/sshd.socket").symlink_to("/usr/lib/systemd/system/sshd.socket")
+    for unit in ("ssh.service", "ssh.socket"):  # this host's sshd: not the image's
+        mask = system / unit
+        mask.unlink(missing_ok=True)
+        mask.symlink_to("/dev/null")
+    with open(up / "etc/ssh/sshd_config.d/00-alma-lab.conf", "a") as conf:
+        conf.write("UsePAM no\n")  # first value wins: before sshd_config's UsePAM yes
+
+
 def boards(lab: Path) -> list[Board]:
     """Every board of the lab, half-made ones included (down must find them too)."""
     return [Board(lab, p.parent.name) for p in sorted(lab.glob("*/disk"))]
 
 
-def create(lab: Path, name: str) -> Board:
-    """Mount the board's disk and root, assemble it, start its supervisor (which boots it)."""
+def create(lab: Path, name: str, image_sshd: bool = False) -> Board:
+    """Mount the board's disk and root, assemble it, start its supervisor (which boots it);
+    ``image_sshd``: its sshd as the image runs it (use_image_sshd)."""
     if not _NAME.match(name):
         raise UserError(f"board name {name!r}: lower-case letters, digits and '-' (at most 31)")
     board = Board(lab, name)
@@ -465,6 +512,8 @@ def create(lab: Path, name: str) -> Board:
         machine.flashed_identity(board.identity_dir, board.root, board.disk_dir)
         (board.dir / "board.json").write_text(json.dumps({"name": name, "port": port}) + "\n")
         _write_ssh(lab)
+        if image_sshd:
+            use_image_sshd(board)
         start_supervisor(board)
     except BaseException:
         board.stop(timeout=30)
@@ -492,9 +541,9 @@ def start_supervisor(board: Board) -> None:
 
 
 def up(
-    lab: Path, count: int, prefix: str, progress: Callable[[str], None] = lambda _: None
+    lab: Path, count: int, prefix: str, progress: Callable[[str], None] = lambda _: None, image_sshd: bool = False
 ) -> list[tuple[Board, float]]:
-    made = [create(lab, f"{prefix}{i}") for i in range(1, count + 1)]
+    made = [create(lab, f"{prefix}{i}", image_sshd) for i in range(1, count + 1)]
     progress(f"booting {', '.join(b.name for b in made)}")
     out = []
     for b in made:

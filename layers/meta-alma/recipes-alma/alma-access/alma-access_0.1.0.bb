@@ -1,6 +1,8 @@
 SUMMARY = "ALMA-OS admin access: keys-only sshd policy and the admin user"
 DESCRIPTION = "alma-access-sshd: an sshd_config.d drop-in allowing public-key logins only \
-               (no password, no keyboard-interactive, no root). alma-access-admin: the admin \
+               (no password, no keyboard-interactive, no root), one dropping clients that stopped \
+               answering, and an sshd@.service drop-in ending every process of a session when \
+               its connection ends. alma-access-admin: the admin \
                user (ALMA_ADMIN_USER, default alma) in group wheel, which may use sudo, with \
                the public keys of ALMA_ADMIN_KEYS as its authorized_keys and no password."
 HOMEPAGE = "https://github.com/alma-os/alma-toolchain"
@@ -14,6 +16,8 @@ CVE_PRODUCT = ""
 
 SRC_URI = "\
     file://50-alma-keys-only.conf \
+    file://50-alma-session-end.conf \
+    file://50-alma-client-alive.conf \
     file://50-alma-admin.sudoers \
 "
 S = "${WORKDIR}"
@@ -26,7 +30,7 @@ ALMA_ADMIN_USER ??= "alma"
 ALMA_ADMIN_KEYS ??= ""
 
 PACKAGES = "${PN}-sshd ${PN}-admin"
-FILES:${PN}-sshd += "${sysconfdir}/ssh/sshd_config.d"
+FILES:${PN}-sshd += "${sysconfdir}/ssh/sshd_config.d ${systemd_system_unitdir}/sshd@.service.d"
 FILES:${PN}-admin += "/home/${ALMA_ADMIN_USER} ${sysconfdir}/sudoers.d"
 RDEPENDS:${PN}-sshd = "openssh-sshd"
 RDEPENDS:${PN}-admin = "${PN}-sshd sudo"
@@ -59,6 +63,9 @@ do_install[vardeps] += "ALMA_ADMIN_KEYS ALMA_ADMIN_USER"
 
 do_install() {
     install -D -m 0644 ${WORKDIR}/50-alma-keys-only.conf ${D}${sysconfdir}/ssh/sshd_config.d/50-alma-keys-only.conf
+    install -D -m 0644 ${WORKDIR}/50-alma-client-alive.conf ${D}${sysconfdir}/ssh/sshd_config.d/50-alma-client-alive.conf
+    # oe-core's per-connection sshd@.service: the session ends with its connection
+    install -D -m 0644 ${WORKDIR}/50-alma-session-end.conf ${D}${systemd_system_unitdir}/sshd@.service.d/50-alma-session-end.conf
     install -D -m 0440 ${WORKDIR}/50-alma-admin.sudoers ${D}${sysconfdir}/sudoers.d/50-alma-admin
     # sshd's StrictModes: home and ~/.ssh owned by the user, not writable by others
     install -d -m 0755 -o ${ALMA_ADMIN_USER} -g ${ALMA_ADMIN_USER} ${D}/home/${ALMA_ADMIN_USER}
