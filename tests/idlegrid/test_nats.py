@@ -17,7 +17,6 @@ from erangrid.agent import Agent
 from erangrid.errors import CoordinatorUnreachable
 from erangrid.jobs import Outcome
 from erangrid.nats_queue import NatsQueue
-from support import DEADLINE_S, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -64,22 +63,6 @@ def _queue_for(g, cfg):
     )
 
 
-def _has_checkpoint(q: NatsQueue, job_id: str) -> bool:
-    """The job's checkpoint has reached the KV bucket (what its next attempt resumes from)."""
-    import nats.js.errors
-    from erangrid.nats_queue import _key
-
-    async def go() -> bool:
-        await q._connect()
-        try:
-            entry = await q._kv.get(f"ckpt.{_key(job_id)}")
-        except nats.js.errors.KeyNotFoundError:
-            return False
-        return bool(entry.value)
-
-    return q._run(go())
-
-
 def _chain(hashchain_path, steps, seed, every=0.05):
     return [sys.executable, str(hashchain_path), "--steps", str(steps), "--seed", seed, "--every", str(every)]
 
@@ -114,7 +97,7 @@ def test_yield_naks_with_checkpoint_and_the_job_resumes(grid, machine, nats_serv
     g.drive(agent, lambda: agent.proc is not None)
     g.wait_checkpoint(agent)
     machine.touch_pts(1, time.time())
-    g.drive(agent, lambda: agent.proc is None, poll=0.05)
+    g.drive(agent, lambda: agent.proc is None, timeout=15, poll=0.05)
     assert agent.stats["yields"] == 1
     counts = admin.counts()  # nak: back in the work queue (JetStream counts it unacked until redelivered)
     assert counts["queued"] + counts["leased"] == 1 and counts["done"] == 0
@@ -189,7 +172,7 @@ def test_failures_dead_letter_but_yields_do_not(nats_server):
     assert lease.job.yields == 5 and lease.job.failures == 0
     assert q.fail(lease, "exit code 1", None) == "queued"
     lease = None
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + 10
     while lease is None and time.monotonic() < deadline:
         lease = q.claim("a")
     assert q.fail(lease, "exit code 1 again", None) == "dead"
@@ -211,10 +194,10 @@ def test_kill_9_then_same_node_restart_releases_its_lease_at_once(
         [*eran_grid_cmd, "--config", str(cfg_file), "run"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + DEADLINE_S
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and admin.counts()["leased"] == 0:
             time.sleep(0.1)
-        wait_for(lambda: _has_checkpoint(admin, job), what="a checkpoint in the KV bucket")
+        time.sleep(1.5)  # ... so a checkpoint reaches the KV bucket
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -223,12 +206,9 @@ def test_kill_9_then_same_node_restart_releases_its_lease_at_once(
             proc.wait()
     agent = _agent(g)  # node-a again, with the 120 s AckWait of this consumer's config
     assert agent.start() == 1
-    # Claimed again well inside the 120 s AckWait: only the release can have freed it so soon
-    # (the claim, not the rest of the job: finishing 6 M steps takes long at load 30).
     t0 = time.monotonic()
-    g.drive(agent, lambda: admin.counts()["leased"] == 1 or _done(admin, job), timeout=100)
-    assert time.monotonic() - t0 < 100
-    g.drive(agent, lambda: _done(admin, job), timeout=DEADLINE_S)
+    g.drive(agent, lambda: _done(admin, job), timeout=60)
+    assert time.monotonic() - t0 < 60
     out = json.loads(admin.result(job)[1])
     assert out["digest"] == digest(seed.encode(), 6_000_000) and out["resumed_from"] > 0
     [row] = admin.jobs(("done",))
@@ -246,7 +226,7 @@ def test_server_restart_mid_job_loses_nothing(grid, nats_server, hashchain_path,
     agent.start()
     g.drive(agent, lambda: agent.proc is not None)
     nats_server.stop()
-    line = g.drive(agent, lambda: agent.coord_down_since is not None, timeout=60)
+    line = g.drive(agent, lambda: agent.coord_down_since is not None, timeout=10)
     # A heartbeat failed: it says so, and the job goes on inside its lease (the work is local).
     assert agent.proc is not None and line.startswith("running job"), g.lines
     assert "(coordinator unreachable since 20" in line and "the lease holds until" in line
