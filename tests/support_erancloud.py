@@ -60,6 +60,19 @@ class Procs:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{name} still running after {timeout} s; log:\n{self.log(name)[-3000:]}") from None
 
+    def wait_beside(self, name: str, others: tuple[str, ...], timeout: float) -> int:
+        """Wait for ``name`` to exit; fail at once, with its log, when one of ``others`` (the
+        processes it needs) exits with an error first, rather than waiting out ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (code := self.procs[name].poll()) is None:
+            for other in others:
+                rc = self.procs[other].poll()
+                assert rc in (None, 0), f"{other} exited {rc} while {name} ran; log:\n{self.log(other)[-2000:]}"
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{name} still running after {timeout} s; log:\n{self.log(name)[-3000:]}")
+            time.sleep(0.2)
+        return code
+
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

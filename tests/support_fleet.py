@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from support import DEADLINE_S
+
 REPO = Path(__file__).resolve().parent.parent
 AXE_JS = REPO / "build" / "axe" / "node_modules" / "axe-core" / "axe.min.js"  # npm-installed by .ci/run
 HEALTH = REPO / "tools" / "guard" / "alma-health"
@@ -119,7 +121,7 @@ def launch_sshd(base: Path, port: int) -> subprocess.Popen[bytes]:
     argv = [sshd_bin, "-D", "-e", "-f", str(base / "sshd_config")]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     log.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited {proc.returncode}: {(base / 'sshd.log').read_text()}")
@@ -192,7 +194,7 @@ def served(out: Path) -> Iterator[str]:
                          kwargs={"ready": urls.append, "stop": stop}, daemon=True)  # fmt: skip
     t.start()
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + DEADLINE_S
         while not urls and time.monotonic() < deadline:
             time.sleep(0.05)
         assert urls, "the panel server did not start"

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from support import DEADLINE_S
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -300,7 +302,7 @@ def proc_state(pid: int) -> str:
     return text.rsplit(")", 1)[1].split()[0]
 
 
-def wait_state(pid: int, want: set[str], timeout: float = 5.0) -> str:
+def wait_state(pid: int, want: set[str], timeout: float = DEADLINE_S) -> str:
     deadline = time.monotonic() + timeout
     st = proc_state(pid)
     while st not in want and time.monotonic() < deadline:

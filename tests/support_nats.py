@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from support import DEADLINE_S
+
 
 class NatsServer:
     """A real nats-server (Debian's) on 127.0.0.1 with JetStream in a temp dir."""
@@ -31,7 +33,7 @@ class NatsServer:
         if self.config is not None:
             args = [self.binary, "-c", str(self.config)]
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited: {self.log.read_text()[-2000:]}")
@@ -40,7 +42,7 @@ class NatsServer:
                     return
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError("nats-server did not listen within 15 s")
+        raise RuntimeError(f"nats-server did not listen within {DEADLINE_S:.0f} s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

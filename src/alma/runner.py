@@ -218,7 +218,9 @@ def run(
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         # never through a link: a log named by a tool's own tree must not append into its target
         fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        logf = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in finally
+        # Line-buffered: the log is followed live (docs/build.md: "tail -f it"); block-buffered
+        # it lagged up to 8 KiB behind the tool.
+        logf = open(fd, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in finally
         logf.write(cmdline + "\n")
 
     started = time.monotonic()

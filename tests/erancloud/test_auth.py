@@ -139,7 +139,7 @@ def test_a_flood_of_push_rows_locks_out_neither_the_coordinator_nor_an_honest_wo
     mallory.run(flood(60_000, 300))  # over the push bucket's value limit: none stored
     mallory.run(flood(3_900, 6_000))  # 23 MB of small rows: more than the bucket holds
     info = coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}"))
-    wait_for(lambda: coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}")).state.last_seq >= 6_000, 30,
+    wait_for(lambda: coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}")).state.last_seq >= 6_000, 120,
              "the flood stored")  # fmt: skip
     info = coord.run(coord.store.js.stream_info(f"KV_{PUSH_BUCKET}"))
     assert info.state.bytes <= PUSH_MAX_BYTES and info.state.messages < 6_000  # the oldest rows went
@@ -215,14 +215,14 @@ def test_issue_worker_reloads_the_server_and_revoke_locks_out(auth_server, tmp_p
         except CoordinatorUnreachable:
             return False
 
-    wait_for(lambda: connects("late"), 20, "the server to reload and accept the new worker")
+    wait_for(lambda: connects("late"), 120, "the server to reload and accept the new worker")
     again = issue("late")
     assert again.returncode == 2 and "has a credential already" in again.stderr
     bad = issue("coordinator")
     assert bad.returncode == 2
     creds = _creds(auth, "w1")
     auth.revoke("w1", reload=True)
-    wait_for(lambda: not connects_with(server.url, creds), 20, "the revoked worker locked out")
+    wait_for(lambda: not connects_with(server.url, creds), 120, "the revoked worker locked out")
     coord.close()
 
 

@@ -168,7 +168,7 @@ def test_refused_registration_and_model_hash_mismatch(nats_server, procs, peek, 
 
     # Someone replaces the published model: the worker refuses to train on it.
     p = peek()
-    r = wait_for(lambda: p.state()["round"], 30, "round 0 closing")
+    r = wait_for(lambda: p.state()["round"], 120, "round 0 closing")
     forged = wire.encode_vector("model", np.zeros(2410, np.float32), round=r)
     p.run(p.store.put_blob(protocol.model_key(r), forged))
     res = _run("client", "--nats", url, "--worker-id", "one", "--rounds", "1")

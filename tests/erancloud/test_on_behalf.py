@@ -134,7 +134,7 @@ def test_the_reply_connection_may_write_no_bucket_and_the_coordinator_no_reply(a
             )
         )
 
-    wait_for(violations, 30, "the server's permission violations in its log")
+    wait_for(violations, 120, "the server's permission violations in its log")
     replies.close()
     coord.close()
 

@@ -6,6 +6,7 @@ ended the coordinator with exit 1 and a TypeError traceback from nats-py's close
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -49,3 +50,38 @@ def test_short_outage_is_ridden_out_and_a_long_one_fails_closed(nats_server, pro
     st = p.state()
     assert protocol.check_coordinator_state(st) is None and st["round"] >= before + 2
     p.close()
+
+
+def _coordinator(url: str, procs, tmp_path) -> None:
+    procs.start("coord", "coordinator", "--nats", url, "--rounds", "50", "--min-deltas", "1",
+                "--outage-window", "300", "--status-file", str(tmp_path / "status.json"))  # fmt: skip
+    wait_for((tmp_path / "status.json").exists, 180, "the coordinator")
+
+
+def _frozen_while_the_worker_starts(url: str, procs, frozen, what: str) -> None:
+    """``frozen`` (the server or the coordinator) is stopped, as a loaded machine stalls it,
+    while a worker with 1 s calls starts; thawed once the worker has seen its first call time
+    out (or has exited). The worker must then push its round."""
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        procs.start("w", "client", "--nats", url, "--worker-id", "w", "--rounds", "1",
+                    "--timeout", "1", "--register-timeout", "1")  # fmt: skip
+        wait_for(lambda: f"({what}): timed out" in procs.log("w") or procs.procs["w"].poll() is not None,
+                 120, f"the worker's first {what} timing out")  # fmt: skip
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    assert procs.wait("w", 180) == 0, procs.log("w")[-2000:]
+    assert "delta pushed" in procs.log("w"), procs.log("w")[-2000:]
+
+
+def test_a_server_slower_than_the_first_connect_is_waited_for(nats_server, procs, tmp_path) -> None:
+    # Before: the worker's connect had one --timeout in all and exited 4 ("timed out").
+    _coordinator(nats_server.url, procs, tmp_path)
+    _frozen_while_the_worker_starts(nats_server.url, procs, nats_server.proc, "connect")
+
+
+def test_a_coordinator_slower_than_the_registration_timeout_is_waited_for(nats_server, procs, tmp_path) -> None:
+    # Before: a registration that timed out counted as "no coordinator running" and the worker
+    # gave up after --register-timeout, though the coordinator was there, only busy.
+    _coordinator(nats_server.url, procs, tmp_path)
+    _frozen_while_the_worker_starts(nats_server.url, procs, procs.procs["coord"], "register")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import REPO
+from support import DEADLINE_S, REPO
 from support_fleet import chromium
 
 from alma.fleet import leaks as L
@@ -350,7 +350,7 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
     try:
         assert proc.stderr is not None
         url = None
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + DEADLINE_S
         while url is None and time.monotonic() < deadline:
             line = proc.stderr.readline()
             m = re.search(r"serving (http://127\.0\.0\.1:\d+/)", line)
@@ -378,7 +378,7 @@ def test_serve_loopback_and_rerender(tmp_path: Path) -> None:
             pytest.fail("the page was not re-rendered from the new snapshot")
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
     assert proc.returncode == 0
 
 

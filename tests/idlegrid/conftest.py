@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hypothesis  # noqa: F401 - import before any test starts a thread: CPython 3.11's parser
 import pytest  # is not thread-safe (SystemError "AST constructor recursion depth mismatch")
+from support import DEADLINE_S
 
 IDLEGRID = Path(__file__).resolve().parents[2] / "tools" / "idlegrid"
 if str(IDLEGRID) not in sys.path:
@@ -185,7 +186,7 @@ class Grid:
         path.write_text(to_toml(data))
         return path
 
-    def wait_checkpoint(self, agent, timeout: float = 60.0) -> None:
+    def wait_checkpoint(self, agent, timeout: float = DEADLINE_S) -> None:
         """step() the agent until its running job has written a first checkpoint: the job is a
         fresh interpreter behind the wrapper, and on a loaded host a fixed sleep can end before
         it installed its SIGTERM handler (then a vacate finds nothing to resume from)."""
@@ -195,7 +196,7 @@ class Grid:
         self.drive(agent, state.exists, timeout=timeout, poll=0.05)
 
     @staticmethod
-    def drive(agent, until, timeout: float = 30.0, poll: float | None = None) -> str:
+    def drive(agent, until, timeout: float = DEADLINE_S, poll: float | None = None) -> str:
         """step() the agent with real sleeps until ``until()`` is true; returns the last line."""
         deadline = time.monotonic() + timeout
         line = ""

@@ -60,7 +60,7 @@ def test_vacate_checkpoints_requeues_as_a_yield_and_resumes_from_the_checkpoint(
     g.drive(agent, lambda: agent.proc is not None)
     g.wait_checkpoint(agent)  # it computes and has checkpointed at least once
     machine.touch_pts(1, time.time())
-    g.drive(agent, lambda: agent.proc is None, timeout=10, poll=0.05)  # paused → SIGTERM → exited → yielded
+    g.drive(agent, lambda: agent.proc is None, poll=0.05)  # paused → SIGTERM → exited → yielded
     [row] = g.queue.jobs()
     assert row["state"] == "queued" and row["yields"] == 1 and row["failures"] == 0
     assert row["checkpoint_bytes"] > 0

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from support import DEADLINE_S
 
 
 def run(cmd, *args, stdin=None, timeout=60):
@@ -106,7 +107,7 @@ def test_status_reports_the_running_agents_own_line(grid, eran_grid_cmd):
         [*eran_grid_cmd, "--config", str(cfg), "run"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
             proc = run(eran_grid_cmd, "--config", str(cfg), "status", "--json")
             info = json.loads(proc.stdout)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import DEADLINE_S, wait_for
 
 # A job with a grandchild: the grandchild appends to a file for as long as it lives; the
 # job records each run in a ledger, waits until SECONDS pass (or a release file appears),
@@ -241,7 +241,7 @@ def test_a_vacated_job_yields_with_its_reason_in_the_line(grid, machine) -> None
     g.drive(agent, lambda: agent.proc is not None)
     machine.touch_pts(0, time.time())  # the owner is back
     lines = []
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline and not any(line.startswith("yielded") for line in lines):
         lines.append(agent.step())
         time.sleep(0.05)

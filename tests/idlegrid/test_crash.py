@@ -120,6 +120,6 @@ def test_crash_between_claim_and_start_is_requeued_for_other_nodes_on_lease_expi
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 137
     other = g.agent(node="node-b")
     other.start()
-    g.drive(other, lambda: g.queue.counts()["done"] == 1, timeout=20)
+    g.drive(other, lambda: g.queue.counts()["done"] == 1)
     [row] = g.queue.jobs()
     assert (row["attempts"], row["failures"]) == (2, 1)

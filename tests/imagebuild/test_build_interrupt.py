@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import DEADLINE_S
 from support_build import DRIVER, mark_checked_out, read_record
 
 
@@ -25,7 +26,7 @@ def test_ctrl_c_stops_bitbake_cleanly_and_exits_130(project: Path, fakes: Path) 
         text=True,
     )
     latest = project / "build" / "jetson-orin-nano-devkit" / "alma-build-latest.log"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         if latest.exists() and "NOTE: Running task 23 of 60" in latest.read_text():
             break
@@ -34,7 +35,7 @@ def test_ctrl_c_stops_bitbake_cleanly_and_exits_130(project: Path, fakes: Path) 
         proc.kill()
         pytest.fail("the fake build never reached task 23")
     proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C delivers to alma
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 130, err
     assert "interrupted; bitbake stopped cleanly" in err
     assert "try: run the same command again" in err

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import require_tool
+from support import DEADLINE_S, require_tool
 from support_guard import REPO
 
 from alma.flash.identity import parse_board_line
@@ -96,7 +96,7 @@ def agetty_show(issue: Path) -> str:
     try:
         p = subprocess.Popen([agetty, "--show-issue", "--issue-file", str(issue)], stdin=slave, stdout=slave,
                              stderr=slave)  # fmt: skip
-        p.wait(timeout=20)
+        p.wait(timeout=DEADLINE_S)
         out = b""
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

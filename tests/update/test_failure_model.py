@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import DEADLINE_S
 from support_swu import build_swu
 from support_update import AGENT, MACHINE, SimBoard, kill_tree, load_state, require_swupdate, rootfs_image
 
@@ -59,9 +60,10 @@ def test_power_loss_during_the_rootfs_write_boots_the_old_slot(tmp_path: Path, s
     board.set(fault="power-loss-install")
     env = {**os.environ, "ALMA_OTA_ROOT": str(board.root), "PATH": f"{board.root / 'bin'}:{os.environ['PATH']}"}
     p = subprocess.Popen([sys.executable, str(AGENT), "install", "--run", RUN], env=env, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + DEADLINE_S
     while not load_state(board.root).get("power_cut") and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert load_state(board.root).get("power_cut"), "the install never reached the power cut"
     kill_tree(p.pid)  # the power goes
     p.wait()
     assert board.boot()

@@ -36,7 +36,7 @@ from .errors import (
 )
 from .inner import InnerOpt
 from .model import MLP, hash_worker, train_local
-from .store import TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row, write_atomic
+from .store import TIMEOUTS, TRANSPORT_ERRORS, Creds, Outage, Store, dump_row, parse_row, write_atomic
 
 T = TypeVar("T")
 Log = Callable[[str], None]
@@ -138,7 +138,9 @@ class Worker:
                 self.outage.over()
                 break
             except TRANSPORT_ERRORS as exc:
-                if not self.store.connected:  # NATS is away: an outage, not a missing coordinator
+                # NATS is away, or a coordinator is there but slower than one call (a loaded
+                # machine): an outage, not a missing coordinator (that is "no responders").
+                if not self.store.connected or isinstance(exc, TIMEOUTS):
                     await self.outage.failed(exc, " (register)")
                     deadline = time.monotonic() + self.opts.register_for
                     continue
@@ -225,8 +227,23 @@ class Worker:
             await asyncio.sleep(self.opts.poll)
         return None
 
+    async def connect(self) -> None:
+        """A server that takes longer than ``timeout`` to answer (a loaded machine) is an
+        outage ridden out for ``outage_window``; nothing listening, a refusal or no buckets
+        fail at once."""
+        while True:
+            try:
+                await self.store.connect(create=False)
+                self.outage.over()
+                return
+            except CoordinatorUnreachable as exc:
+                cause, last = exc.__cause__, self.store.last_error
+                if not isinstance(cause, TIMEOUTS) or not (last is None or isinstance(last, TIMEOUTS)):
+                    raise
+                await self.outage.failed(cause, " (connect)")
+
     async def run(self) -> dict[str, Any]:
-        await self.store.connect(create=False)
+        await self.connect()
         try:
             return await self._run()
         finally:
