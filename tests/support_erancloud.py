@@ -14,9 +14,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from support import wait_for  # noqa: F401 (one wait for every test; imported from here by erancloud tests)
 
 ERANCLOUD = Path(__file__).resolve().parent.parent / "tools" / "erancloud"
 if str(ERANCLOUD) not in sys.path:
@@ -184,13 +185,3 @@ def push_delta(client: AuthClient, worker: str, round_no: int, delta: Any, *, re
     else:
         assert client.run(client.store.create_json(key, record))
     return sha
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition", poll: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
