@@ -24,13 +24,25 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from support_lab import virtual_fleet  # noqa: E402
-from support_update import alma, make_cert, make_swu, require_swupdate  # noqa: E402
+from support_update import alma, make_cert, make_swu, records, require_swupdate  # noqa: E402
 
 ARGS = ["--json", "--agent", "sudo -n alma-ota", "--poll", "0.5", "--boot-timeout", "300", "--health-timeout", "120"]
 
 
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def phases(desk: Path, swu: Path) -> str:
+    """Each phase's wall time (the records' ``duration_s``): the slowest board's, summed per name."""
+    worst: dict[str, float] = {}
+    for rec in records(desk, swu).values():
+        per: dict[str, float] = {}
+        for p in rec.phases:
+            per[p.name] = per.get(p.name, 0.0) + (p.duration_s or 0.0)
+        for k, v in per.items():
+            worst[k] = max(worst.get(k, 0.0), v)
+    return "  ".join(f"{k} {v:.1f}" for k, v in worst.items())
 
 
 def one_run(desk: Path, swu: Path, fleet: Path, *args: str) -> tuple[float, dict[str, str], int]:
@@ -55,10 +67,12 @@ def main() -> int:
             print(f"4 virtual boards up; load {load()}")
             one, res1, rc1 = one_run(t / "one", first, fleet, "--node", boards[0].name)
             print(f"one board:                  {one:6.1f} s  {res1} exit {rc1}  load {load()}")
+            print(f"  phases (s): {phases(t / 'one', first)}")
             wave = make_swu(t, signer, "1.2.0")
             four, res4, rc4 = one_run(t / "four", wave, fleet, "--canary", "0", "--batch", "4")
             print(f"4 boards, one wave:         {four:6.1f} s  ratio {four / one:4.2f}x (target <= 1.3x)  "
                   f"exit {rc4}  load {load()}")  # fmt: skip
+            print(f"  phases (s, slowest board): {phases(t / 'four', wave)}")
             print(json.dumps(res4))
     return 0 if rc1 == 0 and rc4 == 0 else 1
 
