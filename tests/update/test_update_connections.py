@@ -4,25 +4,20 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support_update import Lab, make_swu
-
-REPO = Path(__file__).resolve().parents[2]
-FAST = ["--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "15"]
+from support_update import Lab, alma, make_swu
 
 
 @pytest.mark.slow
 def test_a_run_shares_one_ssh_connection_per_board_boot_and_leaves_none_open(
-    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab]
+    tmp_path: Path, signer: tuple[bytes, bytes], lab_factory: Callable[..., Lab], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fleet that keeps no connections (no control_persist): the run's calls to a board still
     ride one connection per boot (the board sees one client port), and none outlives the run."""
@@ -34,14 +29,10 @@ def test_a_run_shares_one_ssh_connection_per_board_boot_and_leaves_none_open(
     # every agent call notes the connection it came in on (client address and port)
     agent = f'echo "$SSH_CONNECTION" >> {seen}; alma-ota'
     run_tmp = Path(tempfile.mkdtemp(prefix="j"))  # short: a control socket path must fit sun_path
+    monkeypatch.setenv("TMPDIR", str(run_tmp))  # where the run makes its control directory
     try:
-        env_tmp = {"TMPDIR": str(run_tmp)}
-        r = subprocess.run(
-            [sys.executable, "-m", "alma", "update", str(swu), "--fleet", str(lab.fleet), "--json",
-             "--agent", agent, *FAST],
-            capture_output=True, text=True, timeout=900, cwd=REPO,
-            env={**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state"), **env_tmp},
-        )  # fmt: skip
+        r = alma(tmp_path, "update", str(swu), "--fleet", str(lab.fleet), "--json", "--agent", agent,
+                 "--poll", "0.1", "--boot-timeout", "60", "--health-timeout", "15")  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
         assert [b["result"] for b in json.loads(r.stdout)["boards"]] == ["COMMITTED"]
         calls = [ln.split() for ln in seen.read_text().splitlines() if ln.strip()]
