@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -24,13 +25,44 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from support_lab import virtual_fleet  # noqa: E402
-from support_update import alma, make_cert, make_swu, require_swupdate  # noqa: E402
+from support_update import alma, make_cert, make_swu, records, require_swupdate  # noqa: E402
 
 ARGS = ["--json", "--agent", "sudo -n alma-ota", "--poll", "0.5", "--boot-timeout", "300", "--health-timeout", "120"]
 
 
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def phases(desk: Path, swu: Path) -> str:
+    """Each phase's wall time (the records' ``duration_s``): the slowest board's, summed per name."""
+    worst: dict[str, float] = {}
+    for rec in records(desk, swu).values():
+        per: dict[str, float] = {}
+        for p in rec.phases:
+            per[p.name] = per.get(p.name, 0.0) + (p.duration_s or 0.0)
+        for k, v in per.items():
+            worst[k] = max(worst.get(k, 0.0), v)
+    return "  ".join(f"{k} {v:.1f}" for k, v in worst.items())
+
+
+def board_cpu(boards: list) -> float:
+    """CPU seconds the boards' own cgroups (docs/lab.md) have used so far."""
+    total = 0.0
+    for b in boards:
+        try:
+            cg = Path((b.dir / "cgroup").read_text().strip())
+            stat = dict(ln.split() for ln in (cg / "cpu.stat").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        total += int(stat.get("usage_usec", 0)) / 1e6
+    return total
+
+
+def desk_cpu() -> float:
+    """CPU seconds of the desktop's side (alma update, its ssh clients) so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def one_run(desk: Path, swu: Path, fleet: Path, *args: str) -> tuple[float, dict[str, str], int]:
@@ -53,12 +85,20 @@ def main() -> int:
         with virtual_fleet(4, ota_cert=signer[0]) as (fleet, boards):
             first = make_swu(t, signer, "1.1.0")
             print(f"4 virtual boards up; load {load()}")
+            cpu = board_cpu(boards), desk_cpu()
             one, res1, rc1 = one_run(t / "one", first, fleet, "--node", boards[0].name)
+            cpu1 = board_cpu(boards) - cpu[0], desk_cpu() - cpu[1]
             print(f"one board:                  {one:6.1f} s  {res1} exit {rc1}  load {load()}")
+            print(f"  phases (s): {phases(t / 'one', first)}")
+            print(f"  CPU (s): boards {cpu1[0]:.1f}  desktop {cpu1[1]:.1f}")
             wave = make_swu(t, signer, "1.2.0")
+            cpu = board_cpu(boards), desk_cpu()
             four, res4, rc4 = one_run(t / "four", wave, fleet, "--canary", "0", "--batch", "4")
+            cpu4 = board_cpu(boards) - cpu[0], desk_cpu() - cpu[1]
             print(f"4 boards, one wave:         {four:6.1f} s  ratio {four / one:4.2f}x (target <= 1.3x)  "
                   f"exit {rc4}  load {load()}")  # fmt: skip
+            print(f"  phases (s, slowest board): {phases(t / 'four', wave)}")
+            print(f"  CPU (s): boards {cpu4[0]:.1f}  desktop {cpu4[1]:.1f}")
             print(json.dumps(res4))
     return 0 if rc1 == 0 and rc4 == 0 else 1
 

@@ -227,3 +227,14 @@ def test_a_reboot_after_a_slot_switch_boots_the_other_slot(lab_board: lab.Board)
         sh(lab_board, "nvbootctrl", "-t", "rootfs", "set-active-boot-slot", "0", check=False)
         lab_board.reboot()
     assert sh(lab_board, "nvbootctrl", "-t", "rootfs", "get-current-slot") == "0"
+
+
+def test_an_admin_login_starts_no_per_user_manager_as_the_image_has_no_pam(lab_board: lab.Board) -> None:
+    """The image is built without PAM: a login starts no user@UID.service there. The lower
+    layer's PAM would start one at the admin's first login of every boot; the lab masks it."""
+    argv = lab_board.ssh_argv(["-o", "BatchMode=yes", "id -u"])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    uid = r.stdout.strip()
+    state = sh(lab_board, "systemctl", "show", "-P", "LoadState,ActiveState", f"user@{uid}.service", check=False)
+    assert state.split() == ["masked", "inactive"], state

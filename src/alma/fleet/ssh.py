@@ -22,12 +22,16 @@ a space would make it read a second, planted file.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import math
 import os
 import shlex
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +112,48 @@ def trust_tag(node: Node, cfg: SshConfig) -> str:
     what = "\0".join([pinned_fingerprint(node) or "unpinned", str(cfg.config or ""), str(cfg.known_hosts or ""),
                        cfg.strict_host_key_checking])  # fmt: skip
     return hashlib.sha256(what.encode()).hexdigest()[:8]
+
+
+# A run's own masters (run_connections): idle this long they end by themselves, should the
+# run die before it closes them.
+RUN_PERSIST_S = 60
+# sun_path holds 108 bytes; ssh binds at the path plus a 17-character suffix, then renames.
+MAX_CONTROL_PATH = 108 - 18
+
+
+@contextlib.contextmanager
+def run_connections(cfg: SshConfig, nodes: Sequence[Node]) -> Iterator[SshConfig]:
+    """The ssh settings for one run of many calls per node: one connection per node shared by
+    the run's calls (a ControlMaster, keyed as ``control_persist``'s are, in a private
+    directory of its own) and closed when the run ends. A fleet that keeps its own masters
+    (``control_persist`` > 0) is used as it is; so is one whose socket path would not fit."""
+    if cfg.control_persist > 0:
+        yield cfg
+        return
+    d = Path(tempfile.mkdtemp(prefix="alma-ssh-"))  # 0700: whoever opens a socket uses the link
+    try:
+        if len(f"{d}/12345678-") + 40 > MAX_CONTROL_PATH:  # %C is 40 hex digits
+            yield cfg
+            return
+        shared = dataclasses.replace(cfg, control_persist=RUN_PERSIST_S, control_dir=d)
+        try:
+            yield shared
+        finally:
+            for n in nodes:
+                close_master(n, shared)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def close_master(node: Node, cfg: SshConfig) -> None:
+    """End the node's shared connection, if one is open (``ssh -O exit``): what a reboot or
+    a power cut leaves of it is dropped, and the next call connects afresh."""
+    if cfg.control_persist <= 0 or not any(control_dir(cfg).iterdir()):
+        return
+    argv = ssh_argv(node, "", cfg)[:-3] + ["-O", "exit", "--", node.ssh]  # the master's own options
+    with contextlib.suppress(ToolError, ToolNotFound):
+        runner.run(argv, timeout=10, check=False, stderr="separate", what=f"ssh -O exit {node.name}",
+                   stop_grace=SSH_STOP_GRACE_S)  # fmt: skip
 
 
 REAPER = Path(__file__).with_name("reaper.py")

@@ -51,6 +51,12 @@ BOARD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # The host's own services (its tree is the board's lower layer) are not the board's: every
 # unit the host enabled is masked except sshd.
 KEEP_HOST_UNITS = {"ssh.service"}
+# Units the lower layer starts on every boot that the image never runs, masked too. The image
+# is built without PAM (no "pam" in the distro's DISTRO_FEATURES), so no login starts a
+# per-user manager there; Debian's PAM (pam_systemd) starts user@UID.service at the admin's
+# first login after each boot: a second systemd in the board, in the path of every
+# post-reboot call (and the stop a reboot waited on, docs/lab.md).
+LOWER_LAYER_MASKS = {"user@.service"}
 OTA_CERT, OTA_KEY = "ota-cert.pem", "ota-key.pem"
 # The boards share the host's network namespace, and SWUpdate 2022.12 talks to itself over the
 # abstract unix socket "NotifyServer", which belongs to the network namespace: two boards
@@ -326,7 +332,7 @@ def assemble(board: Board, port: int, pubkey: str) -> None:
             dropin = system / f"{unit.name}.d"
             dropin.mkdir(exist_ok=True)
             (dropin / "50-alma-lab-boot-id.conf").write_text(machine.BOOT_ID_DROPIN)
-    for unit in _host_enabled_units():
+    for unit in _host_enabled_units() | LOWER_LAYER_MASKS:
         mask = system / unit
         mask.unlink(missing_ok=True)
         mask.symlink_to("/dev/null")

@@ -22,6 +22,7 @@ Invariants (tested in tests/update):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import getpass
 import json
@@ -44,7 +45,7 @@ from alma.errors import Interrupted, UserError
 from alma.fleet.health import node_from_remote
 from alma.fleet.inventory import Fleet, Node
 from alma.fleet.severity import Severity
-from alma.fleet.ssh import RemoteResult, run_remote
+from alma.fleet.ssh import RemoteResult, close_master, run_connections, run_remote
 from alma.ground import utc_now
 from alma.update import records as R
 from alma.update.swu import SwuInfo, version_tuple
@@ -190,6 +191,13 @@ class BoardUpdate:
             for ln in res.stderr[-50:]:
                 f.write(f"  stderr: {board_text(ln, 2000)}\n")
 
+    def _drop_dead_link(self, res: RemoteResult | None = None) -> None:
+        """After a reboot, a lost link or a call cut short, the board's shared connection (if
+        the run keeps one) is closed: a board that went away without closing its end would
+        leave the next calls waiting on a dead link."""
+        if res is None or res.error is not None:
+            close_master(self.node, self.ctx.fleet.ssh)
+
     def _check_cancel(self) -> None:
         if self.ctx.cancel.expired():
             raise _Stop(R.INTERRUPTED, "interrupted (Ctrl-C): run the same command again to resume")
@@ -210,6 +218,7 @@ class BoardUpdate:
             **kw,
         )
         self._log(res)
+        self._drop_dead_link(res)
         self._check_cancel()
         doc: Any = None
         for ln in reversed(res.lines):
@@ -450,6 +459,7 @@ class BoardUpdate:
             max_output=self.ctx.fleet.max_output,
         )
         self._log(res)
+        self._drop_dead_link(res)
         return node_from_remote(res, self.node, now=utc_now(), stale_after=self.ctx.fleet.stale_after)
 
     def _verdict(self, st: dict[str, Any], deadline: float) -> str | None:
@@ -538,6 +548,7 @@ class BoardUpdate:
             if not exc.unreachable:  # the connection dropping is what a reboot does
                 self.done(p, "failed", exc.reason)
                 raise
+        self._drop_dead_link()
         self.done(p)
 
     def _finish_rollback(self, st: dict[str, Any], why: str) -> None:
@@ -568,7 +579,18 @@ def _failed(rec: R.UpdateRecord) -> bool:
 
 
 def run_update(ctx: Context, nodes: list[Node]) -> RunReport:
-    """Update ``nodes`` in waves; records are written as it goes (see the module docstring)."""
+    """Update ``nodes`` in waves; records are written as it goes (see the module docstring).
+    Each board's calls share one ssh connection per boot, closed when the run ends."""
+    fleet = ctx.fleet
+    with run_connections(fleet.ssh, nodes) as ssh:
+        ctx.fleet = dataclasses.replace(fleet, ssh=ssh)
+        try:
+            return _run_waves(ctx, nodes)
+        finally:
+            ctx.fleet = fleet
+
+
+def _run_waves(ctx: Context, nodes: list[Node]) -> RunReport:
     waves = plan_waves(nodes, ctx.opts.canary, ctx.opts.batch)
     # Every record read (and checked) before any board is touched: a bad one stops the run here.
     start = {n.name: _start_record(ctx, n, w) for w, wave in enumerate(waves, start=1) for n in wave}
