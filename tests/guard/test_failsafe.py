@@ -254,6 +254,40 @@ def test_a_restarted_guard_adopts_a_sigstop_its_predecessor_sent_that_is_still_p
     assert run_polls(guard, clock, 5.0) == ["resume"]
 
 
+def test_a_pending_sigstop_acted_on_between_the_two_proc_reads_is_still_adopted(
+    children: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker runs and stops between the restarted guard's reads of its state and of its
+    pending signals: read state first, it looked runnable and then had nothing pending, and
+    the stop was nobody's. Pending first: a stop not pending any more has happened (the
+    kernel dequeues it and sets T under one lock), so the state read after it says T."""
+    import almaguard.pause as pz
+
+    w = spawn_worker(children)
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "cgroup.procs").write_text(f"{w.pid}\n")
+    proc = tmp_path / "proc"
+    (proc / str(w.pid)).mkdir(parents=True)
+
+    def view(state: str, shdpnd: str) -> None:
+        (proc / str(w.pid) / "stat").write_text(f"{w.pid} (python3) {state} 1 1 1 0 -1\n")
+        (proc / str(w.pid) / "status").write_text(f"Name:\tpython3\nSigPnd:\t0000000000000000\nShdPnd:\t{shdpnd}\n")
+
+    view("R", "0000000000040000")  # SIGSTOP sent by the killed guard, not yet acted on
+    real_read = pz.read_text
+
+    def read_text(path: Path) -> str | None:
+        text = real_read(path)
+        if path.parent.parent == proc:
+            view("T", "0000000000000000")  # the worker got the CPU right after this read
+        return text
+
+    monkeypatch.setattr(pz, "read_text", read_text)
+    pauser = Pauser(cg, tmp_path / "run" / "paused.json", proc=proc)
+    assert pauser.method == "sigstop" and pauser.stopped == {w.pid}
+
+
 def test_read_only_state_dir_in_freeze_mode_never_sigstops_the_frozen_group(
     child_cgroup: Path, board: FakeBoard, children: list[subprocess.Popen[bytes]], read_only_run: ReadOnly
 ) -> None:

@@ -41,6 +41,7 @@ from almaboard.paths import Paths
 from almaguard.config import GuardConfig
 from almaguard.forensics import Forensics
 from almaguard.guard import Guard
+from almaguard.pause import stop_pending
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -59,6 +60,7 @@ GARBAGE = ("-273150", "-2147483648", "2147483647", "banana", "", "99999999999999
 
 MUTANT = os.environ.get("ALMA_GUARD_MUTANT", "")
 STATS = {"runs": 0, "polls": 0}
+PROC = Path("/proc")
 
 
 def apply_mutant(name: str, monkeypatch: Any) -> None:
@@ -355,10 +357,11 @@ class GuardFaults(RuleBasedStateMachine):
 
     def _states(self, want_stopped: bool) -> list[str]:
         """The workers' states, once all are as wanted or after a deadline: signal delivery is
-        asynchronous, and a stopped worker shows T only once the loaded machine runs it."""
-        deadline = time.monotonic() + 20.0
+        asynchronous, and a stopped worker shows T only once the loaded machine runs it. A
+        worker with a SIGSTOP still pending counts as stopped ("T"): it is about to be."""
+        deadline = time.monotonic() + 60.0
         while True:
-            states = [proc_state(w.pid) for w in self.workers]
+            states = ["T" if stop_pending(PROC, w.pid) else proc_state(w.pid) for w in self.workers]
             if all((s == "T") == want_stopped for s in states) or time.monotonic() > deadline:
                 return states
             time.sleep(0.002)
@@ -575,11 +578,13 @@ class GuardFaults(RuleBasedStateMachine):
                 assert self.guard.status.shedding, "(2) blind (EMFILE) and not shedding"
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        if self.truth.calm():
+            # The blind polls paused the work (fail closed) and restart the hold-off: (3)
+            # counts from their end, also in the check right after them.
+            self.calm_since = self.t
         self._check()
         self.emfile = False
         self.rw_since = self.t if not self.ro.mounted else None
-        if self.truth.calm():
-            self.calm_since = self.t  # the blind polls restart the hold-off
         self._poll()
 
 
@@ -590,6 +595,39 @@ def with_suppress_kill(p: subprocess.Popen[bytes]) -> None:
         os.kill(p.pid, signal.SIGCONT)
         p.kill()
     p.wait(timeout=5)
+
+
+def _blind_after_long_calm() -> None:
+    machine = GuardFaults()
+    machine.setup()
+    try:
+        machine.wait(10)
+        machine.out_of_descriptors(1)
+        assert machine.guard.transitions[-1][1] == "shed"
+        machine.wait(int(SETTLE))  # (3) checked at every poll: resumed within the hold-off
+        assert machine.guard.transitions[-1][1] == "resume"
+    finally:
+        machine.teardown()
+
+
+def test_blind_polls_after_a_long_calm_pause_the_work_and_restart_the_holdoff() -> None:
+    """EMFILE after a long calm: the guard sheds (fail closed), and (3) counts the calm from
+    the end of the blind polls (the machine once checked it against the calm before them: a
+    false "stranded" whenever the stop had landed by the check), then the work runs again.
+    In a fresh interpreter: how many descriptors the EMFILE poll leaves free (whether its
+    SIGSTOP goes out at all) depends on the holes in the descriptor table, and pytest's vary."""
+    here = Path(__file__).resolve().parent
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('faults', {str(Path(__file__).resolve())!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        "mod._blind_after_long_calm()\n"
+    )
+    root = here.parents[1]
+    path = [root / "tests", here, root / "tools" / "guard", root / "tools" / "board"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -70,7 +70,10 @@ def stop_pending(proc: Path, pid: int) -> bool:
 
 
 def _stopped(proc: Path, pid: int) -> bool:
-    return proc_state(proc, pid) == "T" or stop_pending(proc, pid)
+    # Pending first: the kernel dequeues a SIGSTOP and sets T under one lock, so a stop not
+    # pending any more shows T at the later state read. State first, the worker could stop
+    # between the reads and look runnable with nothing pending.
+    return stop_pending(proc, pid) or proc_state(proc, pid) == "T"
 
 
 def _cgroup_pids(cg: Path) -> list[int]:
