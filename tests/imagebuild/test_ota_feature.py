@@ -52,6 +52,16 @@ def test_the_cert_reaches_bitbake_and_a_private_key_never_does(project, alma, ce
     assert code == 2 and "contains a private key" in err and "PRIVATE" not in out
 
 
+def test_alma_shell_takes_the_cert_as_alma_build_does(project, fakes, alma, cert: Path):  # type: ignore[no-untyped-def]
+    """The shell is the build's configuration: the fix the preflight prints works in both."""
+    code, _, err = alma("shell", "--feature", "ota", "-c", "true")
+    assert code == 2 and "--ota-key" in err and read_record(fakes) == []
+    code, _, err = alma("shell", "--feature", "ota", "--ota-key", str(cert), "-c", "true")
+    assert code == 0, err
+    conf = next((project / "build").glob("*/alma-build.conf")).read_text()
+    assert f'ALMA_OTA_CERT = "{cert.resolve()}"' in conf
+
+
 def test_an_expired_certificate_is_refused_and_one_close_to_expiry_warns_with_its_date(  # type: ignore[no-untyped-def]
     project, alma, tmp_path: Path
 ):

@@ -31,6 +31,14 @@ EXIT_CODES = (
     help="As alma build (repeatable).",
 )
 @click.option("--no-admin-access", is_flag=True, help="As alma build.")
+@click.option(
+    "--ota-key",
+    "ota_cert",
+    metavar="CERT",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="As alma build (feature ota's signing certificate).",
+)
 @click.option("-c", "--command", "command", metavar="CMD", help="Run CMD in the shell instead of an interactive one.")
 def shell(
     machine: str | None,
@@ -40,6 +48,7 @@ def shell(
     build_dir: Path | None,
     admin_keys: tuple[Path, ...],
     no_admin_access: bool,
+    ota_cert: Path | None,
     command: str | None,
 ) -> None:
     """Open kas shell (or run `-c CMD` in it) with exactly the kas files, environment and
@@ -64,6 +73,7 @@ def shell(
         build_dir=build_dir,
         admin_keys=admin_keys,
         no_admin_access=no_admin_access,
+        ota_cert=ota_cert,
         shell=command or "",
     )
     plan = make_plan(req, Project(repo_root()), probes)
