@@ -34,7 +34,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from alma import runner
@@ -92,6 +92,7 @@ def _free_port() -> int:
 class Board:
     lab: Path
     name: str
+    not_ready: str = field(default="", repr=False, compare=False)  # why the last ready() said no
 
     @property
     def dir(self) -> Path:
@@ -173,16 +174,24 @@ class Board:
         return ["ssh", "-F", str(self.lab / "ssh_config"), self.name, *(command or [])]
 
     def ready(self) -> bool:
-        """systemd reached its target (running or degraded) and sshd lets the admin in."""
+        """systemd reached its target (running or degraded) and sshd lets the admin in. What
+        stood in the way is kept in ``not_ready`` for the error a boot that never gets there raises."""
+        self.not_ready = "no init process"
         if self.init_pid() is None:
             return False
         try:
             state = self.exec(["systemctl", "is-system-running"], timeout=30, check=False)
-        except (ToolError, UserError):
+        except (ToolError, UserError) as exc:
+            self.not_ready = f"systemctl is-system-running: {exc}"
             return False
-        if not state.lines or state.lines[-1].strip() not in ("running", "degraded"):
+        said = state.lines[-1].strip() if state.lines else "(nothing)"
+        if said not in ("running", "degraded"):
+            jobs = self.exec(["systemctl", "list-jobs", "--no-legend"], timeout=30, check=False)
+            self.not_ready = f"systemd is {said}; jobs: {'; '.join(ln.strip() for ln in jobs.lines[:5]) or 'none'}"
             return False
         probe = runner.capture(self.ssh_argv(["-o", "BatchMode=yes", "true"]), timeout=30, check=False)
+        said = " ".join(ln.strip() for ln in probe.lines[-3:])[-300:]
+        self.not_ready = f"the admin's ssh login: exit {probe.returncode} {said}".strip()
         return probe.ok
 
     def wait_ready(self, timeout: float = BOOT_TIMEOUT_S, after_boot: int = 0) -> float:
@@ -198,7 +207,8 @@ class Board:
                 return time.monotonic() - start
             time.sleep(0.2)
         raise UserError(
-            f"board {self.name} was not ready after {timeout:.0f} s", hint=f"read {self.dir / 'console.log'}"
+            f"board {self.name} was not ready after {timeout:.0f} s (last seen: {self.not_ready or '?'})",
+            hint=f"read {self.dir / 'console.log'}",
         )
 
     # ---- power ------------------------------------------------------------------------------
