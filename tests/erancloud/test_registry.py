@@ -44,7 +44,9 @@ def test_fake_registrations_expire_and_a_real_worker_gets_in(nats_server, procs,
     assert not refused["accepted"] and "registry is full" in refused["reason"]
     r0 = p.state()["round"]
     wait_for(lambda: p.state()["round"] >= r0 + 5, 60, "five rounds without the fakes")
-    assert "registration of sybil0 expired" in procs.log("coord")
+    # the expiry is logged (and its row deleted) just after the state of the new round is saved
+    wait_for(lambda: "registration of sybil0 expired" in procs.log("coord"), 120, "sybil0's registration to expire")
+    wait_for(lambda: p.get("worker.sybil0") is None, 120, "sybil0's row to be deleted")
     assert p.get("worker.sybil0") is None and p.get("worker.a") is not None
     late = _run("client", "--nats", url, "--worker-id", "late", "--rounds", "1")
     assert late.returncode == 0, late.stderr

@@ -184,7 +184,10 @@ def test_report_check_names_never_become_public_headers(fleet: Fleet) -> None:
     assert "nas-backup01" not in html and "orin-03" not in html
     headers = re.findall(r'<th scope="col"[^>]*>([^<]+)</th>', html)
     assert [h for h in headers if h not in ("node", "role", "status") and not h.startswith("OK ")] == [
-        "storm", "memory", "thermal", "no-local-ai"
+        "storm",
+        "memory",
+        "thermal",
+        "no-local-ai",
     ]
 
 
@@ -474,3 +477,10 @@ def test_problems_page_filters_and_sorts_without_javascript(fleet: Fleet) -> Non
     order = {"CRITICAL": 0, "WARNING": 1, "UNKNOWN": 2}
     assert rows and "OK" not in rows and rows == sorted(rows, key=order.__getitem__)
     assert 'href="problems.html"' in pub.html and 'aria-current="page">All nodes' in pub.html
+
+
+def test_every_check_a_board_reports_has_its_plain_words_on_the_page() -> None:
+    """A check added to the health report without a help line broke the whole page."""
+    from alma.fleet.panel import CHECK_HELP, PUBLIC_CHECKS
+
+    assert set(PUBLIC_CHECKS) <= set(CHECK_HELP)

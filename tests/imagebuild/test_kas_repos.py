@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from imagebuild.test_build_real_kas import git, real_kas_project  # noqa: F401 (a fixture)
-from imagebuild.test_kas_env import _remote_urls
+from imagebuild.test_kas_env import RealKas
 from support_build import read_record
 
 from alma.imagebuild import preflight as pf
@@ -20,10 +20,9 @@ NANO = "jetson-orin-nano-devkit"
 
 
 def _offline(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probes) -> str:  # type: ignore[no-untyped-def]
-    remote = _remote_urls(root, tmp_path)
-    monkeypatch.delenv("TMPDIR", raising=False)
-    monkeypatch.setenv("KAS_PREMIRRORS", f"https://git\\.example\\.invalid/(.*) file://{tmp_path / 'upstream'}/\\1")
-    probes(ls_remote=pf._ls_remote, env=dict(os.environ))
+    kas = RealKas(root, tmp_path, monkeypatch, probes)
+    remote = kas.remote_urls()
+    kas.export(KAS_PREMIRRORS=f"https://git\\.example\\.invalid/(.*) file://{tmp_path / 'upstream'}/\\1")
     return remote
 
 

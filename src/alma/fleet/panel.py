@@ -83,6 +83,7 @@ CHECK_HELP = {
     "links": "Network links: are the expected network cables connected and running at full speed?",
     "watchdog": "Watchdog: is the hardware watchdog that restarts a hung board armed?",
     "disk": "Disk: is there enough free storage space?",
+    "ota_cert": "Update certificate: will the board still accept signed updates (certificate not expired)?",
     DESKTOP_CHECK: "No local AI: the desktop that watches the fleet must not run AI training or models itself.",
 }
 CSS_CLASS = {
@@ -131,7 +132,6 @@ def _page_vocabulary() -> set[str]:
         src, _, _ = env.loader.get_source(env, name)
         words |= {w.lower() for w in re.findall(r"[A-Za-z][\w.-]*", src)}
     return words
-
 
 
 @dataclass
@@ -523,8 +523,10 @@ def status_document(fleet: Fleet, view: dict[str, Any], *, data_time: datetime, 
             }
             for r in view["rows"]
         ],
-        "figures": [{"label": T.html_text(f.label), "value": T.html_text(f.value), "unit": T.html_text(f.unit)}
-                    for f in fleet.panel.figures],  # fmt: skip
+        "figures": [
+            {"label": T.html_text(f.label), "value": T.html_text(f.value), "unit": T.html_text(f.unit)}
+            for f in fleet.panel.figures
+        ],  # fmt: skip
     }
     # Not ASCII-escaped: the leak scan must see names as written (aliases are already
     # sanitized, check names fixed), and UTF-8 JSON is what a badge script expects.
