@@ -6,9 +6,11 @@ on running boards: tests/lab/test_board.py and test_update_board.py."""
 from __future__ import annotations
 
 import json
+import socket
 import tomllib
 from pathlib import Path
 
+from alma.lab import board as lab
 from alma.lab import layout, machine, supervise
 
 
@@ -111,3 +113,16 @@ def test_each_slot_boots_its_own_identity_and_a_rewritten_slot_the_image_s(tmp_p
     assert machine.switch_identity(ident, root, disk, 1) == "slot b: its own identity"  # not rewritten since
     assert (root / "etc/hostname").read_text() == "b-was-renamed\n"
     assert (root / machine.HOST_KEY).read_text() == b_key
+
+
+def test_a_boards_ssh_port_is_never_one_an_outgoing_connection_can_take() -> None:
+    """The board binds its port only when it boots. A port from the ephemeral range can become
+    the local port of any outgoing connection meanwhile (seen: sshd.socket failed with
+    EADDRINUSE, the board never reachable); the lab picks ports the kernel never hands out."""
+    lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {lab._free_port() for _ in range(50)}
+    assert all(not lo <= p <= hi for p in ports), sorted(p for p in ports if lo <= p <= hi)
+    assert len(ports) > 1  # random: parallel labs do not try the same ports in turn
+    for p in ports:  # and free to bind
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))

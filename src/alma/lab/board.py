@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -82,10 +83,37 @@ def require_root() -> None:
             )
 
 
+# The board binds its ssh port only when it boots, after this picked it. A port from the
+# kernel's ephemeral range (what bind(0) hands out) can meanwhile become the local port of
+# any outgoing connection on the host (the lab's own ssh, another test's client): then the
+# board's sshd.socket fails with EADDRINUSE and, a socket unit having no restart, nothing
+# ever listens. Ports below that range are never handed out implicitly.
+LOW_PORT = 20000
+
+
+def _ephemeral_ports() -> range:
+    try:
+        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999  # Linux's default
+    return range(lo, hi + 1)
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port outside the ephemeral range (LOW_PORT's comment), picked at random so that
+    boards made at once by parallel labs do not try the same ones in turn."""
+    ephemeral = _ephemeral_ports()
+    lowest = LOW_PORT if ephemeral.start > LOW_PORT + 1000 else 1024
+    candidates = [p for p in range(lowest, 65536) if p not in ephemeral]
+    for port in random.sample(candidates, 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    span = f"{ephemeral.start}-{ephemeral.stop - 1}"
+    raise ToolError(f"no free port for a board's sshd outside the ephemeral ports ({span})")
 
 
 @dataclass
