@@ -157,3 +157,16 @@ def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_
 def test_a_free_port_is_found_when_few_lie_outside_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lab, "_ephemeral_ports", lambda: range(1024, 65500))
     assert 65500 <= lab._free_port() <= 65535
+
+
+def test_a_sick_images_health_config_is_the_images_never_one_read_through_the_boards_root(tmp_path: Path) -> None:
+    """The board writes its own root: its /etc/alma a link to a host directory must not have
+    the supervisor read a host file into the board's bound health.toml."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "health.toml").write_text('[secret]\ntoken = "the host\'s"\n')
+    (tmp_path / "root/etc").mkdir(parents=True)
+    (tmp_path / "root/etc/alma").symlink_to(host)
+    supervise.boot_files(tmp_path, machine.BootPlan(1, True, "1.2.0", True))
+    shipped = (layout.root() / "tools/guard/conf/health.toml").read_text()
+    assert (tmp_path / "machine/boot/health.toml").read_text() == machine.sick_health(shipped)
