@@ -6,9 +6,12 @@ on running boards: tests/lab/test_board.py and test_update_board.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from alma.lab import board as lab
 from alma.lab import layout, machine, supervise
@@ -57,7 +60,7 @@ def test_an_image_that_hangs_spends_its_retries_and_a_sick_one_boots_critical(tm
 def test_a_header_whose_version_is_not_a_version_does_not_boot(tmp_path: Path) -> None:
     """The header is what a .swu wrote: its version never reaches /etc/alma-release unchecked."""
     slot, disk = _lab(tmp_path)
-    for bad in ('1.0"\nVERSION_ID="9.9', "", "../x", "1" * 80):
+    for bad in ('1.0"\nVERSION_ID="9.9', "", "../x", "1" * 80, "2.0.0\n"):
         _write(disk, 1, machine.image_header(bad) + b"\0" * 200)
         _switch(slot, 1)
         assert not machine.boot_plan(slot, disk).boots, bad
@@ -126,3 +129,44 @@ def test_a_boards_ssh_port_is_never_one_an_outgoing_connection_can_take() -> Non
     for p in ports:  # and free to bind
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+
+
+def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_files(tmp_path: Path) -> None:
+    """The board writes its own root (its admin owns /home/alma): a directory there made an
+    absolute symlink must not make the host-side switch read, unlink or write the host's files."""
+    slot, disk = _lab(tmp_path)
+    root, ident, host = tmp_path / "root", tmp_path / "identity", tmp_path / "host"
+    (root / "etc/ssh").mkdir(parents=True)
+    (root / "home/alma/.ssh").mkdir(parents=True)
+    (root / "etc/hostname").write_text("edge-7\n")
+    (root / "home/alma/.ssh/authorized_keys").write_text("flashed admin key\n")
+    machine.save_identity(root, ident / machine.IMAGE)
+    machine.flashed_identity(ident, root, disk)
+    _write(disk, 1, machine.image_header("2.0.0"))
+    machine.switch_identity(ident, root, disk, 1)  # B booted: its own identity from here
+    host.mkdir()
+    (host / "authorized_keys").write_text("the host's own\n")
+    shutil.rmtree(root / "home/alma/.ssh")
+    (root / "home/alma/.ssh").symlink_to(host)  # what the board's admin may do in B
+    machine.switch_identity(ident, root, disk, 0)  # saves B's, restores A's
+    assert (host / "authorized_keys").read_text() == "the host's own\n"
+    assert not (ident / "APP_b/home/alma/.ssh/authorized_keys").exists()  # nothing of the host's copied
+    assert (root / "etc/hostname").read_text() == "edge-7\n"  # the rest restored all the same
+
+
+def test_a_free_port_is_found_when_few_lie_outside_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lab, "_ephemeral_ports", lambda: range(1024, 65500))
+    assert 65500 <= lab._free_port() <= 65535
+
+
+def test_a_sick_images_health_config_is_the_images_never_one_read_through_the_boards_root(tmp_path: Path) -> None:
+    """The board writes its own root: its /etc/alma a link to a host directory must not have
+    the supervisor read a host file into the board's bound health.toml."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "health.toml").write_text('[secret]\ntoken = "the host\'s"\n')
+    (tmp_path / "root/etc").mkdir(parents=True)
+    (tmp_path / "root/etc/alma").symlink_to(host)
+    supervise.boot_files(tmp_path, machine.BootPlan(1, True, "1.2.0", True))
+    shipped = (layout.root() / "tools/guard/conf/health.toml").read_text()
+    assert (tmp_path / "machine/boot/health.toml").read_text() == machine.sick_health(shipped)

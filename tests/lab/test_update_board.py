@@ -248,7 +248,8 @@ def test_a_sick_image_is_rolled_back_and_five_power_cuts_later_the_old_slot_stil
     old = status(b)
     ident = identity(b)
     swu, _ = new_swu(settled, "sick", health="critical")
-    r = update(tmp_path, settled, swu, "--node", b.name, "--health-timeout", "30")
+    # the window is always waited out on a CRITICAL image: long enough for an answer under load
+    r = update(tmp_path, settled, swu, "--node", b.name, "--health-timeout", "60")
     assert r.returncode == 1, r.stdout + r.stderr
     got = board_result(r, b.name)
     assert got["result"] == "ROLLED_BACK" and "health CRITICAL" in got["reason"], got

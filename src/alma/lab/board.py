@@ -105,7 +105,7 @@ def _free_port() -> int:
     ephemeral = _ephemeral_ports()
     lowest = LOW_PORT if ephemeral.start > LOW_PORT + 1000 else 1024
     candidates = [p for p in range(lowest, 65536) if p not in ephemeral]
-    for port in random.sample(candidates, 200):
+    for port in random.sample(candidates, min(200, len(candidates))):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -214,8 +214,7 @@ class Board:
             return False
         said = state.lines[-1].strip() if state.lines else "(nothing)"
         if said not in ("running", "degraded"):
-            jobs = self.exec(["systemctl", "list-jobs", "--no-legend"], timeout=30, check=False)
-            self.not_ready = f"systemd is {said}; jobs: {'; '.join(ln.strip() for ln in jobs.lines[:5]) or 'none'}"
+            self.not_ready = f"systemd is {said}"  # its jobs are asked once, if it never gets there
             return False
         probe = runner.capture(self.ssh_argv(["-o", "BatchMode=yes", "true"]), timeout=30, check=False)
         said = " ".join(ln.strip() for ln in probe.lines[-3:])[-300:]
@@ -234,6 +233,10 @@ class Board:
                     return time.monotonic() - float((self.dir / "powered-on").read_text())
                 return time.monotonic() - start
             time.sleep(0.2)
+        if self.not_ready.startswith("systemd is "):  # what its boot still waits on
+            with contextlib.suppress(ToolError, UserError):
+                jobs = self.exec(["systemctl", "list-jobs", "--no-legend"], timeout=30, check=False)
+                self.not_ready += f"; jobs: {'; '.join(ln.strip() for ln in jobs.lines[:5]) or 'none'}"
         raise UserError(
             f"board {self.name} was not ready after {timeout:.0f} s (last seen: {self.not_ready or '?'})",
             hint=f"read {self.dir / 'console.log'}",

@@ -132,7 +132,7 @@ HEADER_KEY = "alma-sim"  # the simulated board's convention (tests/support_updat
 MAX_HEADER = 4096
 # The header is the slot's content (whatever a .swu wrote): its version reaches
 # /etc/alma-release only when it is a plain version string.
-_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~_-]{0,63}$")
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+~_-]{0,63}")  # fullmatch: "$" lets a "\n" through
 # A "critical" image: its kernel lacks the fabric NIC's driver, so the link its health
 # configuration expects is absent (alma-health's links check: CRITICAL "... absent").
 SICK_LINK = "almasick0"
@@ -178,7 +178,7 @@ def boot_plan(slot_top: Path, disk_top: Path) -> BootPlan:
     """One power-on: UEFI picks the slot (:func:`power_on`), then the slot's image decides."""
     slot = power_on(slot_top)
     head = read_header(disk_top, slot)
-    if head is None or not _VERSION.match(str(head.get("version", ""))):
+    if head is None or not _VERSION.fullmatch(str(head.get("version", ""))):
         return BootPlan(slot, False, "", False)  # a blank, torn or foreign image does not boot
     boots, critical = head.get("boots") is not False, head.get("health") == "critical"
     return BootPlan(slot, boots, str(head.get("version", "")), critical)
@@ -216,13 +216,25 @@ IDENTITY_FILES = ("etc/hostname", HOST_KEY, HOST_KEY + ".pub", "home/alma/.ssh/a
 IMAGE = "image"  # identity/image: the files as the image installs them (before the flash hook)
 
 
+def _in_root(root: Path, rel: str) -> Path | None:
+    """``root/rel``, or None when a directory on the way there is a symlink. The board writes
+    its own root (its admin owns /home/alma): an absolute link there, followed by this host-side
+    root process, would copy, unlink or write the host's own files."""
+    path = root
+    for part in Path(rel).parent.parts:
+        path = path / part
+        if path.is_symlink():
+            return None
+    return root / rel
+
+
 def save_identity(root: Path, dest: Path) -> None:
     """Copy the identity files of the board's root into ``dest`` (mode and owner kept)."""
     new = dest.with_name(dest.name + ".new")
     shutil.rmtree(new, ignore_errors=True)
     for rel in IDENTITY_FILES:
-        src = root / rel
-        if src.is_file() and not src.is_symlink():
+        src = _in_root(root, rel)
+        if src is not None and src.is_file() and not src.is_symlink():
             (new / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, new / rel)
             st = src.stat()
@@ -234,7 +246,9 @@ def save_identity(root: Path, dest: Path) -> None:
 
 def _restore_identity(src: Path, root: Path) -> None:
     for rel in IDENTITY_FILES:
-        target = root / rel
+        target = _in_root(root, rel)
+        if target is None:
+            continue  # not the board's own directory: left as the board made it
         target.unlink(missing_ok=True)
         if (src / rel).is_file():
             shutil.copy2(src / rel, target)
@@ -269,15 +283,18 @@ def switch_identity(top: Path, root: Path, disk_top: Path, slot: int) -> str:
     stamp = slot_stamp(disk_top, slot)
     if stamps.get(str(slot)) != stamp:  # a new image in this slot: its /etc as installed
         _restore_identity(top / IMAGE, root)
-        key = root / HOST_KEY
-        key.parent.mkdir(parents=True, exist_ok=True)
-        for old in (key, key.with_name(key.name + ".pub")):
-            old.unlink(missing_ok=True)
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "first-boot", "-f", str(key)],
-            check=True, stdin=subprocess.DEVNULL, capture_output=True,
-        )  # fmt: skip
-        done = "rewritten: the image's identity, a new host key"
+        key = _in_root(root, HOST_KEY)
+        if key is None:
+            done = f"rewritten: the image's identity, no host key ({Path(HOST_KEY).parent} is a link)"
+        else:
+            key.parent.mkdir(parents=True, exist_ok=True)
+            for old in (key, key.with_name(key.name + ".pub")):
+                old.unlink(missing_ok=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "first-boot", "-f", str(key)],
+                check=True, stdin=subprocess.DEVNULL, capture_output=True,
+            )  # fmt: skip
+            done = "rewritten: the image's identity, a new host key"
     elif booted != slot:
         _restore_identity(top / SLOT_LABELS[slot], root)
         done = "its own identity"

@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from alma.lab import machine
+from alma.lab import layout, machine
 
+HEALTH_TOML = "/etc/alma/health.toml"
 CGROUP_FILE = "cgroup"  # the board's own cgroup (v2), removed by `alma lab down`
 NSPAWN_REBOOT = 133  # systemd-nspawn's exit status when the container asked for a reboot
 HANG_S = 1.0  # a boot that hangs: this long until the (virtual) watchdog resets the board
@@ -28,7 +29,7 @@ def nspawn_argv(board: Path, plan: machine.BootPlan | None = None) -> list[str]:
     slots = [f"--bind={m / 'disk' / label}:/dev/disk/by-partlabel/{label}" for label in machine.SLOT_LABELS]
     image = [f"--bind-ro={m / 'boot/alma-release'}:/etc/alma-release"] if plan else []
     if plan and plan.critical:
-        image.append(f"--bind-ro={m / 'boot/health.toml'}:/etc/alma/health.toml")
+        image.append(f"--bind-ro={m / 'boot/health.toml'}:{HEALTH_TOML}")
     return [
         "systemd-nspawn",
         "--quiet",
@@ -90,6 +91,18 @@ def remove_cgroup(board: Path) -> bool:
     return not cg.exists()
 
 
+def boot_files(board: Path, plan: machine.BootPlan) -> None:
+    """The booted image's own files (machine.write_boot_files). A sick image's health config
+    is the image's (the layout's source), never read through the board's root: the board
+    writes that (a link there would have this root process read a host file into the board),
+    and a rewritten slot does not carry the old slot's edits."""
+    health = ""
+    if plan.critical:
+        [src] = [f.src for f in layout.load().files if f.dest == HEALTH_TOML]
+        health = (layout.root() / src).read_text()
+    machine.write_boot_files(board / "machine" / "boot", plan, health)
+
+
 def main(argv: list[str]) -> int:
     board = Path(argv[0])
     (board / "supervisor.pid").write_text(f"{os.getpid()}\n")
@@ -108,8 +121,7 @@ def main(argv: list[str]) -> int:
             # the booted slot's /etc: its own identity, or the image's if the slot was rewritten
             m = board / "machine"
             print(machine.switch_identity(m / "identity", board / "root", m / "disk", plan.slot), flush=True)
-            health = (board / "root/etc/alma/health.toml").read_text() if plan.critical else ""
-            machine.write_boot_files(board / "machine/boot", plan, health)
+            boot_files(board, plan)
             (board / "powered-on").write_text(f"{time.monotonic()}\n")  # boot-to-ready counts from here
             with open(board / "console.log", "ab") as console:
                 proc = subprocess.Popen(
