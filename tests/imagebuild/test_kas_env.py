@@ -338,3 +338,30 @@ def test_verify_finds_the_recorded_tmpdir_whatever_tmpdir_its_own_login_exports(
     if os.geteuid() == 0:  # a record another user wrote is not taken (a TMPDIR's parent may be shared)
         os.lchown(mdir / TREE_RECORD, 65534, 65534)
         assert build_tree(root, None, {}).deploy_dir(NANO) is None
+
+
+def test_verify_ignores_a_tree_record_another_user_could_have_written(tmp_path: Path) -> None:
+    """A record that is a link (to a record of ours elsewhere) or group/other-writable is not
+    ours to trust, whoever owns the file it names: verify looks in the tree's own TMPDIRs."""
+    from alma.buildtree import TREE_RECORD, build_tree, read_record
+
+    root = tmp_path / "alma"
+    mdir = root / "build" / NANO
+    mdir.mkdir(parents=True)
+    bb = tmp_path / "elsewhere" / "tmp"
+    Path(f"{bb}-glibc/deploy/images/{NANO}").mkdir(parents=True)
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps({"TMPDIR": str(bb)}))
+    ours.chmod(0o644)
+    assert read_record(ours) == {"TMPDIR": str(bb)}
+    record = mdir / TREE_RECORD
+    record.symlink_to(ours)
+    assert read_record(record) is None
+    assert build_tree(root, None, {}).deploy_dir(NANO) is None
+    record.unlink()
+    record.write_text(ours.read_text())
+    record.chmod(0o666)
+    assert read_record(record) is None
+    assert build_tree(root, None, {}).deploy_dir(NANO) is None
+    record.chmod(0o644)
+    assert build_tree(root, None, {}).deploy_dir(NANO) == Path(f"{bb}-glibc/deploy/images/{NANO}")
