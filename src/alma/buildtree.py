@@ -158,7 +158,9 @@ def build_tree(
         if dirs[name] is None and from_kas(name) is not None:
             dirs[name], how = from_kas(name), "kas files env:"
         sources.append((name, how))
-    tmp = kas_tmpdir if kas_tmpdir is not None else exported("TMPDIR")
+    # not resolved: bitbake makes "<TMPDIR as written>-glibc", beside a link, not beside its target
+    tmp_env = env.get("TMPDIR", "").strip()
+    tmp = kas_tmpdir if kas_tmpdir is not None else Path(os.path.abspath(tmp_env)) if tmp_env else None
     sources.append(("TMPDIR", "kas files local_conf_header" if kas_tmpdir else "environment" if tmp else "default"))
     return BuildTree(
         work,
@@ -216,8 +218,9 @@ def recorded_env(
         data = read_record(record)
         if data is None:
             continue
-        tmp = data.get("TMPDIR")
-        if record == parents[3] / TREE_RECORD or (tmp and parents[2] in (Path(tmp), Path(f"{tmp}-glibc"))):
+        tmp = data.get("TMPDIR")  # as bitbake was given it: through links, which deploy's parents are not
+        made_there = bool(tmp) and parents[2] in {Path(t).resolve() for t in (str(tmp), f"{tmp}-glibc")}
+        if record == parents[3] / TREE_RECORD or made_there:
             return data, record
     return None
 

@@ -365,3 +365,33 @@ def test_verify_ignores_a_tree_record_another_user_could_have_written(tmp_path: 
     assert build_tree(root, None, {}).deploy_dir(NANO) is None
     record.chmod(0o644)
     assert build_tree(root, None, {}).deploy_dir(NANO) == Path(f"{bb}-glibc/deploy/images/{NANO}")
+
+
+def test_an_exported_tmpdir_that_is_a_link_puts_glibc_beside_the_link_as_bitbake_does(tmp_path: Path) -> None:
+    """bitbake appends -glibc to TMPDIR as written: a link's sibling, not its target's (another
+    directory, maybe another disk), is what the disk check measures and the record names."""
+    from alma.buildtree import build_tree
+
+    (tmp_path / "big" / "tmp").mkdir(parents=True)
+    link = tmp_path / "scratch"
+    link.symlink_to(tmp_path / "big" / "tmp")
+    tree = build_tree(tmp_path / "alma", None, {"TMPDIR": str(link)})
+    assert tree.tmp_dir == link
+    assert tree.bitbake_tmpdir(NANO) == Path(f"{link}-glibc")
+
+
+def test_verify_reads_the_record_of_a_tmpdir_reached_through_a_link(tmp_path: Path) -> None:
+    """The record names TMPDIR as bitbake got it (through a linked home, say); the deploy dir
+    verify is given resolves the link: the two are one place."""
+    from alma.buildtree import TREE_RECORD, build_tree, recorded_env
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "home").symlink_to(tmp_path / "data")
+    bb = tmp_path / "home" / "tmp"
+    deploy = Path(f"{bb}-glibc/deploy/images/{NANO}")
+    deploy.mkdir(parents=True)
+    tree = build_tree(tmp_path / "alma", None, {"TMPDIR": str(bb)})
+    tree.machine_dir(NANO).mkdir(parents=True)
+    (tree.machine_dir(NANO) / TREE_RECORD).write_text(json.dumps({"TMPDIR": str(tree.tmp_dir), "DL_DIR": "/dl"}))
+    found = recorded_env(deploy, build_tree(tmp_path / "alma", None, {}), NANO)
+    assert found is not None and found[0]["DL_DIR"] == "/dl"
