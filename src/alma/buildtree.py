@@ -158,7 +158,9 @@ def build_tree(
         if dirs[name] is None and from_kas(name) is not None:
             dirs[name], how = from_kas(name), "kas files env:"
         sources.append((name, how))
-    tmp = kas_tmpdir if kas_tmpdir is not None else exported("TMPDIR")
+    # not resolved: bitbake makes "<TMPDIR as written>-glibc", beside a link, not beside its target
+    tmp_env = env.get("TMPDIR", "").strip()
+    tmp = kas_tmpdir if kas_tmpdir is not None else Path(os.path.abspath(tmp_env)) if tmp_env else None
     sources.append(("TMPDIR", "kas files local_conf_header" if kas_tmpdir else "environment" if tmp else "default"))
     return BuildTree(
         work,
@@ -178,14 +180,21 @@ _RECORD_MAX = 64 << 10
 
 def read_record(record: Path) -> dict[str, str] | None:
     """A TREE_RECORD: name -> value, or None when there is none, it is not ours (another
-    user's file: a TMPDIR's parent may be a shared directory) or not the shape we write."""
+    user's file: a TMPDIR's parent may be a shared directory), another user could have
+    written it (a link, group/other-writable) or not the shape we write. The checks are on
+    the opened file, so the file judged is the file read."""
     import json
+    import stat
 
     try:
-        st = record.stat()
-        if st.st_size > _RECORD_MAX or st.st_uid != os.geteuid():
-            return None
-        data = json.loads(record.read_text(encoding="utf-8"))
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return None
+            if st.st_size > _RECORD_MAX:
+                return None
+            data = json.loads(fh.read(_RECORD_MAX).decode("utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
@@ -209,8 +218,9 @@ def recorded_env(
         data = read_record(record)
         if data is None:
             continue
-        tmp = data.get("TMPDIR")
-        if record == parents[3] / TREE_RECORD or (tmp and parents[2] in (Path(tmp), Path(f"{tmp}-glibc"))):
+        tmp = data.get("TMPDIR")  # as bitbake was given it: through links, which deploy's parents are not
+        made_there = bool(tmp) and parents[2] in {Path(t).resolve() for t in (str(tmp), f"{tmp}-glibc")}
+        if record == parents[3] / TREE_RECORD or made_there:
             return data, record
     return None
 

@@ -273,3 +273,24 @@ def test_a_mirror_owned_by_another_user_names_gits_cause_and_the_safe_directory_
     cfg.write_text(f"[safe]\n\tdirectory = {mirror}\n")
     p = probes(ls_remote=pf._ls_remote, env={"PATH": os.environ["PATH"], "GITCONFIG_FILE": str(cfg)})
     assert pf.unreachable_repos(p, [pin]) == []  # what kas's git will do with that file in its HOME
+
+
+def test_a_tmpdir_on_another_disk_is_measured_for_the_output_and_the_tree_for_downloads_and_sstate(
+    project, fakes, probes, alma, tmp_path
+):
+    mark_checked_out(project)
+    scratch = tmp_path / "scratch"
+    glibc = f"{scratch}-glibc"
+
+    def device(p):
+        return 2 if str(p).startswith(glibc) else 1
+
+    probes(env={"TMPDIR": str(scratch)}, device=device, disk_free=lambda p: 20 * pf.GB)
+    code, _, err = alma("build")
+    assert code == 2
+    assert f"20.0 GB, bitbake's TMPDIR {glibc} needs ~110 GB" in err and "env -u TMPDIR alma build" in err
+    assert "20.0 GB, the build tree needs ~40 GB (downloads and sstate)" in err
+    # room for the output on its disk: only the tree's share is asked of the tree
+    probes(env={"TMPDIR": str(scratch)}, device=device, disk_free=lambda p: (500 if device(p) == 2 else 39) * pf.GB)
+    code, _, err = alma("build")
+    assert code == 2 and "bitbake's TMPDIR" not in err and "39.0 GB, the build tree needs ~40 GB" in err, err

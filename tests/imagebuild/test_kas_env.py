@@ -338,3 +338,60 @@ def test_verify_finds_the_recorded_tmpdir_whatever_tmpdir_its_own_login_exports(
     if os.geteuid() == 0:  # a record another user wrote is not taken (a TMPDIR's parent may be shared)
         os.lchown(mdir / TREE_RECORD, 65534, 65534)
         assert build_tree(root, None, {}).deploy_dir(NANO) is None
+
+
+def test_verify_ignores_a_tree_record_another_user_could_have_written(tmp_path: Path) -> None:
+    """A record that is a link (to a record of ours elsewhere) or group/other-writable is not
+    ours to trust, whoever owns the file it names: verify looks in the tree's own TMPDIRs."""
+    from alma.buildtree import TREE_RECORD, build_tree, read_record
+
+    root = tmp_path / "alma"
+    mdir = root / "build" / NANO
+    mdir.mkdir(parents=True)
+    bb = tmp_path / "elsewhere" / "tmp"
+    Path(f"{bb}-glibc/deploy/images/{NANO}").mkdir(parents=True)
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps({"TMPDIR": str(bb)}))
+    ours.chmod(0o644)
+    assert read_record(ours) == {"TMPDIR": str(bb)}
+    record = mdir / TREE_RECORD
+    record.symlink_to(ours)
+    assert read_record(record) is None
+    assert build_tree(root, None, {}).deploy_dir(NANO) is None
+    record.unlink()
+    record.write_text(ours.read_text())
+    record.chmod(0o666)
+    assert read_record(record) is None
+    assert build_tree(root, None, {}).deploy_dir(NANO) is None
+    record.chmod(0o644)
+    assert build_tree(root, None, {}).deploy_dir(NANO) == Path(f"{bb}-glibc/deploy/images/{NANO}")
+
+
+def test_an_exported_tmpdir_that_is_a_link_puts_glibc_beside_the_link_as_bitbake_does(tmp_path: Path) -> None:
+    """bitbake appends -glibc to TMPDIR as written: a link's sibling, not its target's (another
+    directory, maybe another disk), is what the disk check measures and the record names."""
+    from alma.buildtree import build_tree
+
+    (tmp_path / "big" / "tmp").mkdir(parents=True)
+    link = tmp_path / "scratch"
+    link.symlink_to(tmp_path / "big" / "tmp")
+    tree = build_tree(tmp_path / "alma", None, {"TMPDIR": str(link)})
+    assert tree.tmp_dir == link
+    assert tree.bitbake_tmpdir(NANO) == Path(f"{link}-glibc")
+
+
+def test_verify_reads_the_record_of_a_tmpdir_reached_through_a_link(tmp_path: Path) -> None:
+    """The record names TMPDIR as bitbake got it (through a linked home, say); the deploy dir
+    verify is given resolves the link: the two are one place."""
+    from alma.buildtree import TREE_RECORD, build_tree, recorded_env
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "home").symlink_to(tmp_path / "data")
+    bb = tmp_path / "home" / "tmp"
+    deploy = Path(f"{bb}-glibc/deploy/images/{NANO}")
+    deploy.mkdir(parents=True)
+    tree = build_tree(tmp_path / "alma", None, {"TMPDIR": str(bb)})
+    tree.machine_dir(NANO).mkdir(parents=True)
+    (tree.machine_dir(NANO) / TREE_RECORD).write_text(json.dumps({"TMPDIR": str(tree.tmp_dir), "DL_DIR": "/dl"}))
+    found = recorded_env(deploy, build_tree(tmp_path / "alma", None, {}), NANO)
+    assert found is not None and found[0]["DL_DIR"] == "/dl"

@@ -164,3 +164,15 @@ def test_the_build_rows_of_the_table_reach_bitbake_through_real_kas(offline: Pat
     conf = root / "build" / NANO / "alma-build.conf"
     assert bb["argv"] == ["-R", str(conf), "-k", "-c", "fetch", "core-image-minimal", "virtual/kernel", "-DD"]
     assert 'EXTRA = "1"' in (root / "build" / NANO / "conf" / "local.conf").read_text()  # kas merged the extra file
+
+
+@pytest.mark.parametrize("verb", ["checkout", "lock"])
+def test_checkout_and_lock_take_kas_machine_as_alma_build_does(project, alma, probes, verb: str) -> None:  # type: ignore[no-untyped-def]
+    """The exported KAS_MACHINE is judged once for every verb: named when ALMA-OS has no file
+    for it, refused when --machine asks for another."""
+    probes(env={"KAS_MACHINE": "qemux86-64"})
+    code, _, err = alma(verb)
+    assert code == 2 and "KAS_MACHINE=qemux86-64 is exported, but ALMA-OS has no kas/machines/qemux86-64.yml" in err
+    probes(env={"KAS_MACHINE": NANO})
+    code, _, err = alma(verb, "--machine", "jetson-agx-orin-devkit")
+    assert code == 2 and f"KAS_MACHINE={NANO} is exported but --machine is jetson-agx-orin-devkit" in err

@@ -24,21 +24,66 @@ EXIT_CODES = (
 )
 
 
-@click.command("build", epilog=EXIT_CODES)
-@click.option(
+# The options of the verbs that plan a build (build, shell; checkout/lock and dump take the
+# chain's): declared once so that each verb reads them, and documents them, as alma build does.
+MACHINE = click.option(
     "--machine",
     "-m",
     default=None,
-    help="MACHINE to build for (kas/machines/<name>.yml). Default: jetson-orin-nano-devkit.",
+    help="MACHINE to build for (kas/machines/<name>.yml). Default: KAS_MACHINE when exported, "
+    "else jetson-orin-nano-devkit.",
 )
-@click.option("--image", "-i", default=None, help="Image recipe to build. Default: alma-image.")
-@click.option(
+IMAGE = click.option("--image", "-i", default=None, help="Image recipe to build. Default: alma-image.")
+FEATURE = click.option(
     "--feature",
     "features",
     multiple=True,
     metavar="NAME",
     help="Add kas/features/<NAME>.yml (repeatable), e.g. release, development, shared-sstate.",
 )
+BUILD_DIR = click.option(
+    "--build-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where repositories, downloads, sstate and builds go. Default: <checkout>/build.",
+)
+ADMIN_KEY = click.option(
+    "--admin-key",
+    "admin_keys",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Public key (.pub) for the image's admin user alma (repeatable; keys only, no password). "
+    "Default: [image] admin_keys in alma.toml, else ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub.",
+)
+NO_ADMIN_ACCESS = click.option(
+    "--no-admin-access",
+    is_flag=True,
+    help="Build a sealed appliance: no admin user, no login (a release image otherwise needs a key).",
+)
+OTA_KEY = click.option(
+    "--ota-key",
+    "ota_cert",
+    metavar="CERT",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Feature ota: the PEM certificate whose signature the boards require on every .swu "
+    "(default: [ota] signing_cert in alma.toml; a release with ota needs one).",
+)
+KAS_FILE = click.option(
+    "--kas-file",
+    "kas_files",
+    multiple=True,
+    metavar="FILE[:FILE]",
+    help="More kas files after the features, kas's colon list (repeatable), checked like every kas file; "
+    "inside the checkout (kas merges files of one repository).",
+)
+
+
+@click.command("build", epilog=EXIT_CODES)
+@MACHINE
+@IMAGE
+@FEATURE
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -70,43 +115,11 @@ EXIT_CODES = (
     help="Parallel bitbake tasks (BB_NUMBER_THREADS). Default: one per CPU, capped by RAM. "
     "PARALLEL_MAKE is chosen so that tasks x make jobs fit the RAM at 2 GiB each.",
 )
-@click.option(
-    "--build-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where repositories, downloads, sstate and builds go. Default: <checkout>/build.",
-)
-@click.option(
-    "--admin-key",
-    "admin_keys",
-    multiple=True,
-    metavar="FILE",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Public key (.pub) for the image's admin user alma (repeatable; keys only, no password). "
-    "Default: [image] admin_keys in alma.toml, else ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub.",
-)
-@click.option(
-    "--no-admin-access",
-    is_flag=True,
-    help="Build a sealed appliance: no admin user, no login (a release image otherwise needs a key).",
-)
-@click.option(
-    "--ota-key",
-    "ota_cert",
-    metavar="CERT",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Feature ota: the PEM certificate whose signature the boards require on every .swu "
-    "(default: [ota] signing_cert in alma.toml; a release with ota needs one).",
-)
-@click.option(
-    "--kas-file",
-    "kas_files",
-    multiple=True,
-    metavar="FILE[:FILE]",
-    help="More kas files after the features, kas's colon list (repeatable), checked like every kas file; "
-    "inside the checkout (kas merges files of one repository).",
-)
+@BUILD_DIR
+@ADMIN_KEY
+@NO_ADMIN_ACCESS
+@OTA_KEY
+@KAS_FILE
 @click.option(
     "--target",
     "targets",

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from alma.cli.build import BUILD_DIR, FEATURE, KAS_FILE, MACHINE
+
 EXIT_CODES = (
     "Exit codes: 0 {done}; 1 kas failed (its exit code and last words are printed); "
     "2 bad option, invalid kas file, or a problem found before kas ran (not a checkout, no kas, a repository "
@@ -22,14 +24,10 @@ def repo_options(json_help: str) -> Callable[[Callable[..., Any]], Callable[...,
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         for opt in reversed(
             [
-                click.option("--machine", "-m", default=None, help="MACHINE (kas/machines/<name>.yml). "
-                             "Default: KAS_MACHINE, else jetson-orin-nano-devkit."),
-                click.option("--feature", "features", multiple=True, metavar="NAME",
-                             help="Add kas/features/<NAME>.yml (repeatable)."),
-                click.option("--kas-file", "kas_files", multiple=True, metavar="FILE[:FILE]",
-                             help="More kas files (as alma build)."),
-                click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                             help="As alma build."),
+                MACHINE,
+                FEATURE,
+                KAS_FILE,
+                BUILD_DIR,
                 click.option("--update", is_flag=True, help="kas --update: fetch each repository's branch head "
                              "(the lock is ignored; alma lock rewrites the locks that moved)."),
                 click.option("--json", "as_json", is_flag=True, help=json_help),

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from alma.cli.build import FEATURE, KAS_FILE
+
 EXIT_CODES = "Exit codes: 0 printed; 2 bad option or invalid kas file (with its fix); 70 internal error."
 
 
@@ -14,8 +16,8 @@ EXIT_CODES = "Exit codes: 0 printed; 2 bad option or invalid kas file (with its 
 @click.option(
     "--machine", "-m", default=None, help="MACHINE (kas/machines/<name>.yml). Default: jetson-orin-nano-devkit."
 )
-@click.option("--feature", "features", multiple=True, metavar="NAME", help="Add kas/features/<NAME>.yml (repeatable).")
-@click.option("--kas-file", "kas_files", multiple=True, metavar="FILE[:FILE]", help="More kas files (as alma build).")
+@FEATURE
+@KAS_FILE
 @click.option("--lock", is_flag=True, help="Print the lock instead: overrides.repos.<id>.commit, as kas lock writes.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of YAML.")
 def dump(machine: str | None, features: tuple[str, ...], kas_files: tuple[str, ...], lock: bool, as_json: bool) -> None:

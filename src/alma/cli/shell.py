@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from alma.cli.build import ADMIN_KEY, BUILD_DIR, FEATURE, IMAGE, KAS_FILE, MACHINE, NO_ADMIN_ACCESS, OTA_KEY
+
 EXIT_CODES = (
     "Exit codes: 0 the shell (or -c command) exited 0; 1 it exited non-zero (its own code is printed); "
     "2 bad option, invalid kas file or a preflight problem (each listed with its fix); 70 internal error."
@@ -15,30 +17,14 @@ EXIT_CODES = (
 
 
 @click.command("shell", epilog=EXIT_CODES)
-@click.option(
-    "--machine", "-m", default=None, help="MACHINE (kas/machines/<name>.yml). Default: jetson-orin-nano-devkit."
-)
-@click.option("--image", "-i", default=None, help="Image recipe the plan is for. Default: alma-image.")
-@click.option("--feature", "features", multiple=True, metavar="NAME", help="Add kas/features/<NAME>.yml (repeatable).")
-@click.option("--kas-file", "kas_files", multiple=True, metavar="FILE[:FILE]", help="More kas files (as alma build).")
-@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="As alma build.")
-@click.option(
-    "--admin-key",
-    "admin_keys",
-    multiple=True,
-    metavar="FILE",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="As alma build (repeatable).",
-)
-@click.option("--no-admin-access", is_flag=True, help="As alma build.")
-@click.option(
-    "--ota-key",
-    "ota_cert",
-    metavar="CERT",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="As alma build (feature ota's signing certificate).",
-)
+@MACHINE
+@IMAGE
+@FEATURE
+@KAS_FILE
+@BUILD_DIR
+@ADMIN_KEY
+@NO_ADMIN_ACCESS
+@OTA_KEY
 @click.option("-c", "--command", "command", metavar="CMD", help="Run CMD in the shell instead of an interactive one.")
 def shell(
     machine: str | None,

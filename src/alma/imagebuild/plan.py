@@ -282,18 +282,27 @@ def _check_names(req: BuildRequest) -> None:
         )
 
 
-def _machine_from_env(req: BuildRequest, env: Mapping[str, str]) -> BuildRequest:
-    """kas builds an exported KAS_MACHINE whatever its files say: alma builds it too (its kas
-    file and its build dir), or refuses when --machine asks for another."""
+def machine_of(machine: str, given: bool, env: Mapping[str, str], project: Project) -> str:
+    """The MACHINE kas will use: kas takes an exported KAS_MACHINE whatever its files say, so
+    alma does too (its kas file and its build dir), or refuses when ``--machine`` (``given``)
+    asks for another or ALMA-OS has no kas file for it."""
     exported = env.get("KAS_MACHINE")
-    if exported is None or exported == req.machine:
-        return req
-    if req.machine_given:
+    if exported is None:
+        return machine
+    if exported != machine:
+        if given:
+            raise UserError(
+                f"KAS_MACHINE={exported} is exported but --machine is {machine}: kas would build {exported}",
+                hint=f"unset KAS_MACHINE, or drop --machine (alma builds the exported {exported})",
+            )
+        machine = exported
+    if machine not in project.machines():
         raise UserError(
-            f"KAS_MACHINE={exported} is exported but --machine is {req.machine}: kas would build {exported}",
-            hint=f"unset KAS_MACHINE, or drop --machine (alma builds the exported {exported})",
+            f"KAS_MACHINE={machine} is exported, but ALMA-OS has no kas/machines/{machine}.yml "
+            f"(valid machines: {', '.join(project.machines())})",
+            hint="unset KAS_MACHINE, or export one of the valid machines",
         )
-    return replace(req, machine=exported)
+    return machine
 
 
 def _distro_problem(view: KasView, kas: KasConfig) -> tuple[str, str] | None:
@@ -357,13 +366,7 @@ def make_plan(req: BuildRequest, project: Project, probes: Probes | None = None)
     ``probes`` (the host) sizes the parallelism; without it bitbake's defaults stand."""
     env = probes.env if probes is not None else os.environ
     project.require_layout()
-    req = _machine_from_env(req, env)
-    if env.get("KAS_MACHINE") == req.machine and req.machine not in project.machines():
-        raise UserError(
-            f"KAS_MACHINE={req.machine} is exported, but ALMA-OS has no kas/machines/{req.machine}.yml "
-            f"(valid machines: {', '.join(project.machines())})",
-            hint="unset KAS_MACHINE, or export one of the valid machines",
-        )
+    req = replace(req, machine=machine_of(req.machine, req.machine_given, env, project))
     files = project.kas_files(req.machine, req.features) + project.extra_kas_files(req.kas_files)
     project.check_image(req.image)
     _check_names(req)

@@ -306,8 +306,8 @@ def check_disk(plan: BuildPlan, probes: Probes) -> list[Problem]:
     if elsewhere is None or probes.device(tmp) == probes.device(build_dir):
         parts = [(build_dir, need.gb, "this build", need.why, "build elsewhere: alma build --build-dir /big/disk/alma")]
     else:
-        rest = OUTSIDE_TMP_GB if need.gb > OUTSIDE_TMP_GB else need.gb
-        tmp_gb = need.gb - rest if need.gb > OUTSIDE_TMP_GB else need.gb
+        rest = min(need.gb, OUTSIDE_TMP_GB)
+        tmp_gb = need.gb - rest or need.gb  # a small figure (--check) is not split: each side needs it
         parts = [
             (tmp, tmp_gb, f"bitbake's TMPDIR {tmp}", f"{need.why}, less downloads and sstate", elsewhere),
             (build_dir, rest, "the build tree", "downloads and sstate", "build elsewhere: alma build --build-dir DIR"),
@@ -474,10 +474,9 @@ def unreachable_repos(
 
 def _tmpdir_fix(plan: BuildPlan) -> str | None:
     """How to move bitbake's TMPDIR when it is outside the build tree (None: it is inside)."""
-    source = plan.tree.source("TMPDIR")
     if plan.tree.tmp_dir is None:
         return None
-    if source == "environment":
+    if plan.tree.source("TMPDIR") == "environment":
         return "keep the build output in the build tree: env -u TMPDIR alma build …"
     return "set TMPDIR in the kas file's local_conf_header to a directory on a disk with room"
 

@@ -23,8 +23,9 @@ from typing import Any
 
 from alma import runner
 from alma.buildtree import BuildTree, build_tree
-from alma.errors import PreflightError, ToolError, UserError
+from alma.errors import PreflightError, ToolError
 from alma.imagebuild import preflight as pf
+from alma.imagebuild.plan import machine_of
 from alma.imagebuild.project import DEFAULT_MACHINE, KasConfig, Project, RepoPin, load_kas
 
 TAIL_LINES = 15
@@ -71,13 +72,7 @@ def plan(
     """Offline: the chain checked like alma build checks it, the command and the environment."""
     env = os.environ if env is None else env
     project.require_layout()
-    exported = env.get("KAS_MACHINE")
-    if machine is not None and exported and exported != machine:
-        raise UserError(
-            f"KAS_MACHINE={exported} is exported but --machine is {machine}: kas would use {exported}",
-            hint=f"unset KAS_MACHINE, or drop --machine (alma uses the exported {exported})",
-        )
-    chosen = machine or exported or DEFAULT_MACHINE
+    chosen = machine_of(machine or DEFAULT_MACHINE, machine is not None, env, project)
     files = project.kas_files(chosen, features) + project.extra_kas_files(kas_files)
     kas = load_kas(project, files)
     kas_env = {k: str(v) for k, v in (kas.data.get("env") or {}).items() if v is not None}
