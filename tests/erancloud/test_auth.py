@@ -9,6 +9,7 @@ worker can connect once the server reloaded, a revoked one no longer can."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import stat
@@ -18,6 +19,7 @@ import sys
 import pytest
 from erancloud import protocol
 from erancloud.auth import AuthDir
+from erancloud.client import Options, Worker
 from erancloud.errors import BadBlob, CoordinatorUnreachable
 from erancloud.store import KV_BUCKET, OBJ_BUCKET, PUSH_BUCKET, PUSH_MAX_BYTES, Creds
 from nats.js import api
@@ -232,3 +234,15 @@ def connects_with(url: str, creds: Creds) -> bool:
         return True
     except CoordinatorUnreachable:
         return False
+
+
+def test_a_refused_credential_is_not_ridden_out_as_an_outage(auth_server) -> None:
+    """The worker waits for a server slower than one connect (an outage); a wrong password is
+    a refusal, and waiting changes nothing: it fails at once, the cause named, no retry."""
+    server, _auth = auth_server
+    lines: list[str] = []
+    opts = Options(worker="w1", timeout=10.0, outage_window=60.0, creds=Creds("w1", "not-the-password"))
+    worker = Worker(server.url, opts, lines.append)
+    with pytest.raises(CoordinatorUnreachable, match="uthorization"):
+        asyncio.run(worker.connect())
+    assert not [line for line in lines if "retrying" in line], lines

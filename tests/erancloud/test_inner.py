@@ -128,3 +128,22 @@ def test_the_coordinator_s_flags_reach_the_round_state_and_a_worker_trains_with_
         "inner": "adamw", "warmup": 10, "schedule": "cosine", "total_steps": 60}  # fmt: skip
     assert (st["outer"]["lr"], st["outer"]["momentum"]) == (1.0, 0.5)
     assert json.loads(procs.stdout("w"))["rounds"] == 3
+
+
+@pytest.mark.slow
+def test_a_coordinator_restarted_for_more_rounds_stretches_the_schedule_to_them(
+    nats_server, procs, peek, tmp_path
+) -> None:
+    """The latest coordinator's --rounds wins; the cosine ended with the first one's: the added
+    rounds trained at lr 0, every delta all zeros, all but one refused as duplicates."""
+    status = tmp_path / "status.json"
+    common = ("--nats", nats_server.url, "--h-steps", "5", "--min-deltas", "1", "--round-timeout", "600",
+              "--schedule", "cosine", "--status-file", str(status))  # fmt: skip
+    procs.start("coord", "coordinator", "--rounds", "2", *common)
+    wait_for(status.exists, 180, "the first coordinator")
+    procs.procs["coord"].terminate()
+    procs.wait("coord", 120)
+    procs.start("coord2", "coordinator", "--rounds", "6", *common)
+    st = wait_for(lambda: (s := peek().state()).get("rounds") == 6 and s, 180, "the restarted coordinator's rounds")
+    _, schedule = inner.from_train(st["train"])
+    assert all(schedule.at(step) > 0 for step in range(6 * 5)), [schedule.at(step) for step in range(6 * 5)]

@@ -147,6 +147,21 @@ def test_logind_sessions(machine):
     assert act.at == now and act.what == "graphical session 5"  # input unseen without input devices: present
 
 
+def test_logind_session_files_are_named_by_a_session_id(machine):
+    """logind writes a session file to ".#<id>XXXXXX" and renames it in: that name, half
+    written or left by a crash, is not a session; nor is a name that is no session id (it
+    would reach the log)."""
+    now = time.time()
+    (machine.sessions / "3").write_text(
+        f"UID=1000\nACTIVE=1\nSTATE=active\nTYPE=tty\nCLASS=user\nREALTIME={int((now - 40) * 1e6)}\n"
+    )
+    graphical = "UID=1000\nACTIVE=1\nSTATE=active\nTYPE=wayland\nCLASS=user\nREALTIME=1\n"
+    (machine.sessions / ".#5xY2z9a").write_text(graphical)
+    (machine.sessions / "6\x1b[2J").write_text(graphical)
+    act = presence.session_activity(machine.sessions, now)
+    assert act.what == "session 3", act
+
+
 def _burner() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 

@@ -254,8 +254,7 @@ class Worker:
         st = await self.state()
         train = st["train"]
         model = MLP(inputs=int(train["inputs"]), hidden=int(train["hidden"]), classes=int(train["classes"]))
-        kind, schedule = inner.from_train(train)
-        opt = InnerOpt(kind)  # its state is kept across rounds (DiLoCo), in this process only
+        opt = InnerOpt(inner.from_train(train)[0])  # its state is kept across rounds (DiLoCo), in this process only
         await self.pull_shard(reply, train)
         assert self.shard is not None
         x, y = self.shard
@@ -301,6 +300,7 @@ class Worker:
                     self.log(f"checkpoint of round {meta['round']} is stale (now round {r}): dropped, never pushed")
                 done = int(meta.get("rounds_done", done)) if meta.get("worker") == self.opts.worker else done
             h = int(train["h"])
+            _, schedule = inner.from_train(st["train"])  # each round: a restarted coordinator may run longer
             self.log(f"round {r}: training local steps {start}..{h}")
             local, step, loss = train_local(
                 model, params, x, y, steps=h, lr=float(train["lr"]), batch=int(train["batch"]),

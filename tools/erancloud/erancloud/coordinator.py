@@ -197,6 +197,10 @@ class Coordinator:
         # The latest coordinator's flags win for these (the rest is fixed when training starts).
         row.update(rounds=self.cfg.rounds, min_deltas=self.cfg.min_deltas, round_timeout=self.cfg.round_timeout,
                    quorum_share=self.cfg.quorum_share)  # fmt: skip
+        if "total_steps" in row["train"]:
+            # The schedule ends with the run: a cosine to the old last round would train the
+            # added rounds at lr 0, every worker's delta all zeros, refused as a duplicate.
+            row["train"]["total_steps"] = self.cfg.rounds * int(row["train"]["h"])
         row.setdefault("outliers", {})
         row["suspect_after"] = self.cfg.suspect_after
         # The deadline continues on the monotonic clock, never longer than one round timeout.

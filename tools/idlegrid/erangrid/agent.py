@@ -98,7 +98,6 @@ class Sensors:
         cfg, m = self.cfg, self.cfg.machine
         now = self.clock()
         mono = self._monotonic()
-        owner = self.owner(now)
         if mono >= self._slow_next:
             self._slow_next = mono + cfg.slow_poll * 0.999
             heat = thermal.zone_heat(self.zones.read(mono), cfg.max_temp_c, cfg.zone_max_c)
@@ -110,8 +109,7 @@ class Sensors:
                 self.cpu_share = self.cpu.sample(job_pgid)
                 if self.cpu_share is not None and self.cpu_share > cfg.cpu_busy:
                     self.cpu_busy_at = now
-                    owner = self.owner(now)
-        return Conditions(self._on_ac, self._heat, owner, now)
+        return Conditions(self._on_ac, self._heat, self.owner(now), now)
 
     def owner(self, now: float) -> presence.Activity:
         """The owner's latest activity: terminals and logind sessions as they are now (a stat

@@ -24,6 +24,9 @@ from pathlib import Path
 _VT = re.compile(r"^tty[0-9]+$")
 _SERIAL = re.compile(r"^tty(S|TCU|THS|USB|ACM|AMA|AMLS|MSM|HS|mxc|GS)[0-9]+$")
 _GRAPHICAL = frozenset({"x11", "wayland", "mir"})
+# logind's session ids (session_id_valid: letters and digits). Anything else in the directory
+# is no session: "<id>.ref" fifos, and ".#<id>XXXXXX", the file being written before its rename.
+_SESSION = re.compile(r"^[A-Za-z0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def _read_sessions(sessions: Path) -> tuple[str, Activity]:
     except OSError:
         return "", best
     for name in names:
-        if name.endswith(".ref"):
+        if not _SESSION.match(name):
             continue
         try:
             text = (sessions / name).read_text()
