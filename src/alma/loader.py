@@ -11,12 +11,11 @@ the file and, where it can, the line; nothing here raises anything else for bad 
   bounded (``max_nodes``: the expanded tree may not exceed that many nodes, the classic
   "billion laughs" is refused before anything expands it).
 - :func:`load_toml` / :func:`loads_toml`: tomllib on decoded text, deep nesting refused.
-
-:func:`read_text`, :func:`decode`, the TOML readers and :class:`LoadError` are the board
-library's (``almaboard.config``): host and board read files one way.
 - :func:`load_json`: finite numbers only (``NaN``, ``Infinity`` and ``1e400`` are refused).
 
 The composed YAML node tree is returned too (``compose_yaml``) so callers can point at lines.
+:func:`read_text`, :func:`decode`, the TOML readers and :class:`LoadError` are the board
+library's (``almaboard.config``): host and board read files one way.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ in the boot watch, a script that outlives SIGTERM."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -383,6 +384,34 @@ def test_a_copied_sparse_file_keeps_its_holes(tmp_path: Path) -> None:
     with open(d, "rb") as fh:
         fh.seek(1 << 29)
         assert fh.read(4) == b"data"
+
+
+def test_a_sparse_copy_the_kernel_cannot_finish_is_completed_by_reads_and_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """copy_file_range copies part of an extent, then refuses (EXDEV: another filesystem):
+    the rest is read and written at the same offsets, holes still kept."""
+    src = tmp_path / "s"
+    data = [os.urandom(3 << 20), os.urandom(5000)]
+    with open(src, "wb") as fh:
+        fh.truncate(1 << 30)
+        fh.write(data[0])
+        fh.seek(1 << 29)
+        fh.write(data[1])
+    real, calls = os.copy_file_range, []
+
+    def partial(sfd: int, dfd: int, count: int, off_src: int, off_dst: int) -> int:
+        calls.append(count)
+        if len(calls) == 1:
+            return real(sfd, dfd, min(count, 1 << 20), off_src, off_dst)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", partial)
+    bundles.sparse_copy(src, tmp_path / "d")
+    d = tmp_path / "d"
+    assert len(calls) >= 2  # the kernel copied some, then refused
+    assert sha256(d) == sha256(src)
+    assert d.stat().st_size == 1 << 30 and d.stat().st_blocks * 512 <= 8 << 20
 
 
 # --- 8. leftovers ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,19 @@ def test_missing_file_names_the_default(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("ALMA_FLEET", str(tmp_path / "x.toml"))
     with pytest.raises(ConfigError, match="x.toml"):
         load_fleet()
+
+
+def test_the_fleet_file_is_read_like_every_config_file(tmp_path: Path) -> None:
+    """Capped before it is read (a huge file costs nothing), a bad byte named by its line."""
+    f = tmp_path / "fleet.toml"
+    with open(f, "wb") as fh:
+        fh.write(b'[[node]]\nname = "a1"\nrole = "board"\n')
+        fh.truncate(5 << 20)  # 5 MiB: over the 4 MiB of any config file
+    with pytest.raises(ConfigError, match="over the 4 MiB"):
+        load_fleet(f)
+    f.write_bytes(b'[[node]]\nname = "caf\xe9"\nrole = "board"\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{f}:2: fleet file is not UTF-8 text (byte 0xe9")):
+        load_fleet(f)
 
 
 def test_output_cap_default_and_setting(tmp_path: Path) -> None:

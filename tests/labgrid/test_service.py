@@ -294,13 +294,21 @@ def test_a_client_that_leaves_mid_flash_is_named_in_the_record_not_ctrl_c(svc: t
 
 def test_a_client_that_half_closes_after_its_request_is_flashed_and_gets_its_record(svc: tuple[int, Station]) -> None:
     """shutdown(SHUT_WR) ends only the client's sending side: the service can still send, so
-    the flash goes ahead and its record comes back (it used to read as "left")."""
+    the flash goes ahead and its record comes back (it used to read as "left"). It is asked
+    once whether it still reads, not again by the flash's watcher."""
     port, station = svc
-    peer, _bundle = _in_place(port, station, "half")
-    peer.sock.shutdown(socket.SHUT_WR)
-    final = peer.last()
+    bundle = station.bundle("half")
+    peer = Peer(port)
+    peer.send(_request(bundle, path=str(bundle)))
+    peer.sock.shutdown(socket.SHUT_WR)  # with its request: the service sees it before the flash
+    got = []
+    while (msg := peer.read()) is not None:
+        got.append(msg)
     peer.close()
+    assert got[0] == {"upload": False}, got
+    final = got[-1]
     assert final.get("exit_code") == 0 and final["result"]["result"] == "SUCCESS", final
+    assert got.count({"event": "probe"}) == 1, got
 
 
 def test_a_client_that_half_closes_mid_flash_is_not_taken_for_gone(svc: tuple[int, Station]) -> None:

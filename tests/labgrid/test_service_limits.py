@@ -172,7 +172,7 @@ def test_a_client_gone_before_the_flash_gets_no_flash(tmp_path: Path, monkeypatc
     bundle = deploy / NAME
     bundle.write_bytes(b"b" * 1000)
     flashed: list[Path] = []
-    monkeypatch.setattr(service.Service, "_flash", lambda self, conn, req, b: flashed.append(b))
+    monkeypatch.setattr(service.Service, "_flash", lambda self, conn, req, b, peer: flashed.append(b))
     req = json.loads(_request(1000))
     req["path"] = str(bundle)
     line = json.dumps(req).encode() + b"\n"

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from almaboard import text as T
 
@@ -116,28 +115,6 @@ class FlashEvent:
     banner: bool = False
 
 
-class Flasher(Protocol):
-    """What ``alma flash`` needs from a flash method (initrd-flash today). Setting ``cancel``
-    stops every flash running in any thread; ``kill_all`` stops them without grace."""
-
-    cancel: threading.Event
-    stop_cause: str  # what set ``cancel``, for the record's reason
-
-    def flash(
-        self,
-        bundle_dir: Path,
-        usb_instance: str,
-        on_event: Callable[[FlashEvent], None],
-        *,
-        pass_fds: tuple[int, ...] = (),
-    ) -> FlashOutcome: ...
-
-    def kill_all(self) -> None: ...
-
-    def check(self) -> None:
-        """Refuse (UserError) before any board is touched when the program cannot be trusted."""
-
-
 class _CancellableDeadline(runner.Deadline):
     """A phase deadline that also expires at once when ``cancel`` is set: the runner then
     stops the tool's process group, from whichever thread runs it."""
@@ -157,6 +134,10 @@ class _CancellableDeadline(runner.Deadline):
 
 
 class InitrdFlasher:
+    """The flash method of ``alma flash`` (initrd-flash). Setting ``cancel`` stops every flash
+    running in any thread; ``kill_all`` stops them without grace; ``stop_cause`` is what set
+    ``cancel``, for the record's reason."""
+
     def __init__(
         self,
         timeouts: Mapping[str, float] | None = None,

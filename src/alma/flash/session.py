@@ -36,7 +36,6 @@ from alma.flash.console import INTERRUPTED_REASON, ConsoleWatcher, find_console
 from alma.flash.flasher import (
     TRANSCRIPT,
     FlashArgs,
-    Flasher,
     FlashEvent,
     FlashOutcome,
     InitrdFlasher,
@@ -291,7 +290,7 @@ class FlashSession:
         self,
         opts: FlashOptions,
         *,
-        flasher: Flasher | None = None,
+        flasher: InitrdFlasher | None = None,
         on_event: Event = _noop,
         udev_context: Any = None,
         confirm: Callable[[list[discovery.UsbBoard], BundleChoice], bool] | None = None,

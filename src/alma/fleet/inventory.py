@@ -411,13 +411,10 @@ def _max_output(health: dict[str, Any], src: _Source) -> int:
 
 def load_fleet(path: Path | None = None) -> Fleet:
     p = path or default_fleet_path()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not p.exists():  # the first run's case: its own hint
         raise ConfigError(
             f"fleet file not found: {p}",
             hint="create it (see docs/fleet.md), or pass --fleet FILE / set ALMA_FLEET",
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read fleet file {p}: {exc}", hint="check the file's permissions") from exc
-    return parse_fleet(text, p)
+        )
+    # the one reader of every config file: size-capped before it is read, the line of a bad byte
+    return parse_fleet(loader.read_text(p, what="fleet file", max_bytes=loader.MAX_CONFIG_BYTES), p)

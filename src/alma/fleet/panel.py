@@ -268,7 +268,8 @@ def build_view(fleet: Fleet, snapshot: dict[str, Any], history: History | None =
     by_name = {n.name: n for n in fleet.nodes}
     raw_nodes = [n for n in snapshot["nodes"] if isinstance(n, dict)]
     # Only the project's own check names may become headers: a report's names are not public.
-    checks = [c for c in PUBLIC_CHECKS if any(ch.get("name") == c for n in raw_nodes for ch in _checks_of(n))]
+    reported = {ch.get("name") for n in raw_nodes for ch in _checks_of(n)}  # once, not per header
+    checks = [c for c in PUBLIC_CHECKS if c in reported]
     rows = []
     statuses = []
     for i, n in enumerate(raw_nodes, start=1):

@@ -328,18 +328,19 @@ class Service:
             else:
                 send(conn, {"upload": True})
                 upload = bundle = self._receive(conn, reader, req)
-            gone = peer_state(conn)
-            if gone not in (OPEN, HALF_CLOSED):
+            peer = peer_state(conn)
+            if peer not in (OPEN, HALF_CLOSED):
                 # A client that gave up (e.g. it waited out its timeout while we served another)
                 # must not get a flash nobody watches: nothing touches the board. One that only
                 # half-closed still reads: it is served.
-                raise ProtocolError(f"the client left before the flash began ({gone}); nothing was flashed")
-            self._flash(conn, req, bundle)
+                raise ProtocolError(f"the client left before the flash began ({peer}); nothing was flashed")
+            self._flash(conn, req, bundle, peer)
         finally:
             if upload is not None:
                 shutil.rmtree(upload.parent, ignore_errors=True)
 
-    def _flash(self, conn: socket.socket, req: dict[str, Any], bundle: Path) -> None:
+    def _flash(self, conn: socket.socket, req: dict[str, Any], bundle: Path, peer: str = OPEN) -> None:
+        """``peer``: what ``peer_state`` found just before (a half-closed client is not probed again)."""
         cancel = self.flash_cancel = threading.Event()
         urgent = threading.Event()
         runs: list[Any] = []
@@ -362,7 +363,7 @@ class Service:
             # The client sends nothing more: an end of stream is a half-close (served on) or a
             # close (stop); a reset is a vanished client. Polled, never a timeout on the socket
             # the lines are sent through.
-            state = OPEN
+            state = peer
             while not cancel.wait(0.2):
                 if state == HALF_CLOSED:
                     with contextlib.suppress(OSError):
@@ -419,7 +420,8 @@ class Service:
         run = runs[-1] if runs else None
         if run is None:  # refused before a record could be written (e.g. the records dir)
             assert error is not None
-            send(conn, {"error": error.message, "hint": error.hint})
+            with sending:  # a watch_peer still probing (join above gave up) never interleaves
+                send(conn, {"error": error.message, "hint": error.hint})
             return
         reply: dict[str, Any] = {
             "result": run.record.to_dict(),
@@ -428,7 +430,8 @@ class Service:
         }
         if error is not None:
             reply.update(error=error.message, hint=error.hint)
-        send(conn, reply)
+        with sending:
+            send(conn, reply)
 
     def serve(self) -> None:
         """Every connection in its own thread: a peer that sends nothing (or trickles) costs its
