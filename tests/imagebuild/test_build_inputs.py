@@ -28,6 +28,15 @@ def test_unknown_machine_lists_the_valid_ones(project, fakes, alma):
     _nothing_ran(project, fakes)
 
 
+def test_a_machine_or_feature_name_is_never_a_path(project, fakes, alma):
+    """`--machine ../features/release` named a kas file outside kas/machines/ and was built."""
+    code, _, err = alma("build", "--dry-run", "--machine", "../features/release")
+    assert code == 2 and "unknown machine '../features/release'" in err
+    code, _, err = alma("build", "--dry-run", "--feature", "../machines/jetson-agx-orin-devkit")
+    assert code == 2 and "unknown feature '../machines/jetson-agx-orin-devkit'" in err
+    _nothing_ran(project, fakes)
+
+
 def test_unknown_image_lists_the_valid_ones(project, fakes, alma):
     code, _, err = alma("build", "--image", "core-image-sato")
     assert code == 2

@@ -150,10 +150,7 @@ def add_to_fleet(path: Path, entry: NodeEntry) -> None:
 
 
 def _add_locked(path: Path, entry: NodeEntry) -> None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
+    text = loader.read_text(path, what="fleet file", max_bytes=loader.MAX_CONFIG_BYTES)
     if text.strip():
         # a new fleet file may hold only [ssh]/[health] settings and no node yet
         current = loader.loads_toml(text, path, hint=f"fix the TOML syntax in {path}", label="invalid TOML")

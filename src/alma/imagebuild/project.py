@@ -115,21 +115,22 @@ class Project:
         )
 
     def machine_file(self, machine: str) -> Path:
-        path = self.root / MACHINES_DIR / f"{machine}.yml"
-        if not path.is_file():
-            valid = ", ".join(self.machines()) or "(none: kas/machines/ is empty)"
+        # A name is one of the files listed, never a path fragment ("../x" would reach outside).
+        machines = self.machines()
+        if machine not in machines:
+            valid = ", ".join(machines) or "(none: kas/machines/ is empty)"
             raise UserError(
                 f"unknown machine {machine!r}; valid machines: {valid}",
-                hint=f"alma build --machine {self.machines()[0] if self.machines() else DEFAULT_MACHINE}",
+                hint=f"alma build --machine {machines[0] if machines else DEFAULT_MACHINE}",
             )
-        return path
+        return self.root / MACHINES_DIR / f"{machine}.yml"
 
     def feature_file(self, feature: str) -> Path:
-        path = self.root / FEATURES_DIR / f"{feature}.yml"
-        if not path.is_file():
-            valid = ", ".join(self.features()) or "(none)"
+        features = self.features()
+        if feature not in features:
+            valid = ", ".join(features) or "(none)"
             raise UserError(f"unknown feature {feature!r}; valid features: {valid}", hint="alma build --help")
-        return path
+        return self.root / FEATURES_DIR / f"{feature}.yml"
 
     def check_image(self, image: str) -> None:
         images = self.images()
