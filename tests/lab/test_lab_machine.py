@@ -154,6 +154,25 @@ def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_
     assert (root / "etc/hostname").read_text() == "edge-7\n"  # the rest restored all the same
 
 
+def test_a_directory_the_board_removed_never_stops_its_power_on(tmp_path: Path) -> None:
+    """The admin removed ~/.ssh in slot B: the switch back to A must not crash the supervisor
+    (a board that can never boot again) but leave that file as the board made it."""
+    slot, disk = _lab(tmp_path)
+    root, ident = tmp_path / "root", tmp_path / "identity"
+    (root / "etc/ssh").mkdir(parents=True)
+    (root / "home/alma/.ssh").mkdir(parents=True)
+    (root / "etc/hostname").write_text("edge-7\n")
+    (root / "home/alma/.ssh/authorized_keys").write_text("flashed admin key\n")
+    machine.save_identity(root, ident / machine.IMAGE)
+    machine.flashed_identity(ident, root, disk)
+    _write(disk, 1, machine.image_header("2.0.0"))
+    machine.switch_identity(ident, root, disk, 1)
+    shutil.rmtree(root / "home/alma/.ssh")
+    machine.switch_identity(ident, root, disk, 0)
+    assert (root / "etc/hostname").read_text() == "edge-7\n"
+    assert not (root / "home/alma/.ssh").exists()
+
+
 def test_a_free_port_is_found_when_few_lie_outside_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lab, "_ephemeral_ports", lambda: range(1024, 65500))
     assert 65500 <= lab._free_port() <= 65535

@@ -247,8 +247,8 @@ def save_identity(root: Path, dest: Path) -> None:
 def _restore_identity(src: Path, root: Path) -> None:
     for rel in IDENTITY_FILES:
         target = _in_root(root, rel)
-        if target is None:
-            continue  # not the board's own directory: left as the board made it
+        if target is None or not target.parent.is_dir():
+            continue  # a link, or a directory the board removed: left as the board made it
         target.unlink(missing_ok=True)
         if (src / rel).is_file():
             shutil.copy2(src / rel, target)
