@@ -26,6 +26,7 @@ import json
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -145,12 +146,28 @@ def _keep_admin_keys(root: Path, store: Path, log: list[str]) -> None:
         log.append(f"admin keys of {m.group(1)} saved: {len(lines)}")
 
 
+def _store(root: Path, log: list[str]) -> Path:
+    """/data/alma-identity, a directory only root writes: sshd takes its host keys and admin
+    keys from it. Whatever else stands there (a symlink, another user's directory, one others
+    may write: /data is not root's alone) is set aside unread, never followed. This runs
+    before sysinit.target, before any other user's process could swap it after the check."""
+    store = root / STATE
+    try:
+        st = store.lstat()
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            _set_aside(store, log, "not a directory only root writes")
+    store.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.chmod(store, 0o755)  # made under UMask=0077; sshd's StrictModes: not writable by others
+    return store
+
+
 def keep(root: Path = Path("/"), *, set_kernel: bool = True) -> dict[str, Any]:
     """Save what is missing under ``root``/data/alma-identity, restore the hostname from it."""
-    store = root / STATE
-    store.mkdir(parents=True, exist_ok=True, mode=0o755)
-    os.chmod(store, 0o755)  # sshd's StrictModes: root's and not writable by others
     log: list[str] = []
+    store = _store(root, log)
     stamp = _flashed(root, store)
     name = _keep_hostname(root, store, log, stamp is not None)
     if set_kernel and socket.gethostname() != name:
