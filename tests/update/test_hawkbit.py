@@ -118,3 +118,16 @@ def test_without_a_board_name_the_daemon_does_not_start(tmp_path: Path, signer: 
     out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version="1.1.0")
     assert not out["done"] and out["exited"] not in (None, 0) and out["paths"] == [], out
     assert re.search(r"swupdate-args --suricatta failed", out["log"]), out["log"]
+
+
+def test_a_word_the_launcher_would_split_never_reaches_swupdate(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
+    """The launcher splits SWUPDATE_ARGS at spaces: a running version that would smuggle in
+    another certificate (-k) stops the daemon instead of reaching SWUpdate's command line."""
+    board = _image_board(tmp_path, signer)
+    (board.root / "etc/alma-release").write_text('ID=alma\nVERSION_ID="1.0.0 -k /etc/planted.pem"\n')
+    img = rootfs_image(tmp_path / "rootfs.ext4", "1.1.0")
+    swu = build_swu(tmp_path / "u.swu", machine=MACHINE, version="1.1.0", rootfs=img,
+                    cert_pem=signer[0], key_pem=signer[1], root="")  # fmt: skip
+    out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version="1.1.0")
+    assert not out["done"] and out["exited"] not in (None, 0) and out["paths"] == [], out
+    assert re.search(r"swupdate-args failed.*cannot hand '1\.0\.0 -k /etc/planted\.pem'", out["log"]), out["log"]
