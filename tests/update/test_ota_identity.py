@@ -174,3 +174,19 @@ def test_a_store_not_root_s_alone_is_set_aside_unread(tmp_path: Path, how: str) 
     assert bad.is_symlink() if how == "symlink" else (bad / "hostname").read_text() == "edge-9\n"
     if how == "symlink":
         assert planted.stat().st_mode == mode  # its target not touched either
+
+
+def test_a_store_set_aside_twice_keeps_both(tmp_path: Path) -> None:
+    """A store set aside before stays; the next one gets a name of its own, and the board's
+    own store is made, never left to whatever stood there."""
+    store = flashed(tmp_path)
+    (tmp_path / "data/alma-identity.bad").mkdir()
+    (tmp_path / "data/alma-identity.bad/hostname").write_text("edge-8\n")
+    planted = tmp_path / "data/planted"
+    planted.mkdir()
+    (planted / "hostname").write_text("edge-9\n")
+    store.symlink_to(planted)
+    got = keep(tmp_path)
+    assert got["hostname"] == "edge-7" and not store.is_symlink() and store.is_dir()
+    assert (tmp_path / "data/alma-identity.bad.1").is_symlink()
+    assert (tmp_path / "data/alma-identity.bad/hostname").read_text() == "edge-8\n"

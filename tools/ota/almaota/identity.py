@@ -158,7 +158,15 @@ def _store(root: Path, log: list[str]) -> Path:
         pass
     else:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            _set_aside(store, log, "not a directory only root writes")
+            # a name of its own: one set aside before (a directory) cannot be replaced, and a
+            # failure here would leave sshd reading what stands there
+            for aside in (f"{STATE}.bad", *(f"{STATE}.bad.{i}" for i in range(1, 1000))):
+                if not os.path.lexists(root / aside):
+                    break
+            else:
+                raise BoardError(f"{store} is not root's alone and nowhere to set it aside: remove {store}.bad*")
+            os.rename(store, root / aside)
+            log.append(f"{STATE}: not a directory only root writes: set aside as {aside}")
     store.mkdir(parents=True, exist_ok=True, mode=0o755)
     os.chmod(store, 0o755)  # made under UMask=0077; sshd's StrictModes: not writable by others
     return store
