@@ -141,6 +141,9 @@ def test_no_name_anywhere_is_refused(tmp_path: Path) -> None:
     r = identity(tmp_path)
     assert r.returncode != 0 and "holds none" in r.stderr, r.stderr
     assert not (tmp_path / "data/alma-identity/hostname").exists()
+    # sshd takes its host keys from /data alone: a board without a name still answers ssh
+    key = tmp_path / "data/alma-identity/ssh_host_ed25519_key"
+    assert key.read_bytes() == (tmp_path / "etc/ssh/ssh_host_ed25519_key").read_bytes()
 
 
 @pytest.mark.parametrize("how", ["symlink", "writable by others", "another user's"])

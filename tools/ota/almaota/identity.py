@@ -177,11 +177,12 @@ def keep(root: Path = Path("/"), *, set_kernel: bool = True) -> dict[str, Any]:
     log: list[str] = []
     store = _store(root, log)
     stamp = _flashed(root, store)
+    # the host keys first: sshd reads them only here, so a board with no name still answers ssh
+    _keep_host_keys(root, store, log)
     name = _keep_hostname(root, store, log, stamp is not None)
     if set_kernel and socket.gethostname() != name:
         socket.sethostname(name)  # PID 1 set it from the slot's /etc/hostname before this ran
         log.append(f"hostname {name}: set")
-    _keep_host_keys(root, store, log)
     if stamp is not None:
         _keep_admin_keys(root, store, log)
         write_atomic(store / "flashed", f"{stamp}\n".encode(), mode=0o644)
