@@ -149,8 +149,9 @@ def _keep_admin_keys(root: Path, store: Path, log: list[str]) -> None:
 def _store(root: Path, log: list[str]) -> Path:
     """/data/alma-identity, a directory only root writes: sshd takes its host keys and admin
     keys from it. Whatever else stands there (a symlink, another user's directory, one others
-    may write: /data is not root's alone) is set aside unread, never followed. This runs
-    before sysinit.target, before any other user's process could swap it after the check."""
+    may write: nothing promises /data is root's alone) is set aside unread, never followed.
+    This runs before sysinit.target, before any other user's process could swap it after the
+    check."""
     store = root / STATE
     try:
         st = store.lstat()
