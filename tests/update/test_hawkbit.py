@@ -108,13 +108,26 @@ def test_another_signer_and_an_older_version_are_refused_through_hawkbit_too(
     assert _slot_b(board) == before
 
 
-def test_without_a_board_name_the_daemon_does_not_start(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
-    """A board that cannot say who it is never polls under another's id (nor a made-up one)."""
+@pytest.mark.parametrize(
+    ("path", "text", "why"),
+    [
+        # a board that cannot say who it is never polls under another's id (nor a made-up one)
+        ("etc/hostname", "-bad-\n", r"swupdate-args --suricatta failed"),
+        # the launcher splits SWUPDATE_ARGS at spaces: a running version that would smuggle in
+        # another certificate (-k) stops the daemon instead of reaching SWUpdate's command line
+        ("etc/alma-release", 'ID=alma\nVERSION_ID="1.0.0 -k /etc/planted.pem"\n',
+         r"swupdate-args failed.*cannot hand '1\.0\.0 -k /etc/planted\.pem'"),
+    ],
+    ids=["no board name", "a word the launcher would split"],
+)  # fmt: skip
+def test_the_daemon_does_not_start_on_what_it_cannot_say_safely(
+    tmp_path: Path, signer: tuple[bytes, bytes], path: str, text: str, why: str
+) -> None:
     board = _image_board(tmp_path, signer)
-    (board.root / "etc/hostname").write_text("-bad-\n")
+    (board.root / path).write_text(text)
     img = rootfs_image(tmp_path / "rootfs.ext4", "1.1.0")
     swu = build_swu(tmp_path / "u.swu", machine=MACHINE, version="1.1.0", rootfs=img,
                     cert_pem=signer[0], key_pem=signer[1], root="")  # fmt: skip
     out = run_daemon(tmp_path, board.root, swu, tenant=TENANT, device=DEVICE, version="1.1.0")
     assert not out["done"] and out["exited"] not in (None, 0) and out["paths"] == [], out
-    assert re.search(r"swupdate-args --suricatta failed", out["log"]), out["log"]
+    assert re.search(why, out["log"]), out["log"]

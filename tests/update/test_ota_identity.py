@@ -141,3 +141,55 @@ def test_no_name_anywhere_is_refused(tmp_path: Path) -> None:
     r = identity(tmp_path)
     assert r.returncode != 0 and "holds none" in r.stderr, r.stderr
     assert not (tmp_path / "data/alma-identity/hostname").exists()
+    # sshd takes its host keys from /data alone: a board without a name still answers ssh
+    key = tmp_path / "data/alma-identity/ssh_host_ed25519_key"
+    assert key.read_bytes() == (tmp_path / "etc/ssh/ssh_host_ed25519_key").read_bytes()
+
+
+@pytest.mark.parametrize("how", ["symlink", "writable by others", "another user's"])
+def test_a_store_not_root_s_alone_is_set_aside_unread(tmp_path: Path, how: str) -> None:
+    """/data is not root's alone: what stands at /data/alma-identity and was not made by root
+    alone (another's host key, admin keys, hawkBit name) is never used nor followed."""
+    if how == "another user's" and os.geteuid() != 0:
+        pytest.skip("needs root to hand a directory to another user")
+    store = flashed(tmp_path)
+    keep(tmp_path)
+    updated(tmp_path)
+    planted = tmp_path / "data/planted"
+    store.rename(planted)
+    (planted / "hostname").write_text("edge-9\n")
+    if how == "symlink":
+        store.symlink_to(planted)
+    else:
+        planted.rename(store)
+        planted = store
+        if how == "writable by others":
+            os.chmod(store, 0o777)
+        else:
+            os.chown(store, 65534, 65534)
+    mode = planted.stat().st_mode
+    got = keep(tmp_path)
+    assert got["hostname"] == IMAGE_HOSTNAME  # the slot's name: the planted one is not the board's
+    assert (tmp_path / "etc/hostname").read_text() == IMAGE_HOSTNAME + "\n"
+    assert not store.is_symlink() and store.stat().st_uid == os.geteuid() and store.stat().st_mode & 0o777 == 0o755
+    assert (store / "hostname").read_text() == IMAGE_HOSTNAME + "\n"
+    bad = tmp_path / "data/alma-identity.bad"
+    assert bad.is_symlink() if how == "symlink" else (bad / "hostname").read_text() == "edge-9\n"
+    if how == "symlink":
+        assert planted.stat().st_mode == mode  # its target not touched either
+
+
+def test_a_store_set_aside_twice_keeps_both(tmp_path: Path) -> None:
+    """A store set aside before stays; the next one gets a name of its own, and the board's
+    own store is made, never left to whatever stood there."""
+    store = flashed(tmp_path)
+    (tmp_path / "data/alma-identity.bad").mkdir()
+    (tmp_path / "data/alma-identity.bad/hostname").write_text("edge-8\n")
+    planted = tmp_path / "data/planted"
+    planted.mkdir()
+    (planted / "hostname").write_text("edge-9\n")
+    store.symlink_to(planted)
+    got = keep(tmp_path)
+    assert got["hostname"] == "edge-7" and not store.is_symlink() and store.is_dir()
+    assert (tmp_path / "data/alma-identity.bad.1").is_symlink()
+    assert (tmp_path / "data/alma-identity.bad/hostname").read_text() == "edge-8\n"

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -145,18 +146,44 @@ def _keep_admin_keys(root: Path, store: Path, log: list[str]) -> None:
         log.append(f"admin keys of {m.group(1)} saved: {len(lines)}")
 
 
+def _store(root: Path, log: list[str]) -> Path:
+    """/data/alma-identity, a directory only root writes: sshd takes its host keys and admin
+    keys from it. Whatever else stands there (a symlink, another user's directory, one others
+    may write: nothing promises /data is root's alone) is set aside unread, never followed.
+    This runs before sysinit.target, before any other user's process could swap it after the
+    check."""
+    store = root / STATE
+    try:
+        st = store.lstat()
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            # a name of its own: one set aside before (a directory) cannot be replaced, and a
+            # failure here would leave sshd reading what stands there
+            for aside in (f"{STATE}.bad", *(f"{STATE}.bad.{i}" for i in range(1, 1000))):
+                if not os.path.lexists(root / aside):
+                    break
+            else:
+                raise BoardError(f"{store} is not root's alone and nowhere to set it aside: remove {store}.bad*")
+            os.rename(store, root / aside)
+            log.append(f"{STATE}: not a directory only root writes: set aside as {aside}")
+    store.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.chmod(store, 0o755)  # made under UMask=0077; sshd's StrictModes: not writable by others
+    return store
+
+
 def keep(root: Path = Path("/"), *, set_kernel: bool = True) -> dict[str, Any]:
     """Save what is missing under ``root``/data/alma-identity, restore the hostname from it."""
-    store = root / STATE
-    store.mkdir(parents=True, exist_ok=True, mode=0o755)
-    os.chmod(store, 0o755)  # sshd's StrictModes: root's and not writable by others
     log: list[str] = []
+    store = _store(root, log)
     stamp = _flashed(root, store)
+    # the host keys first: sshd reads them only here, so a board with no name still answers ssh
+    _keep_host_keys(root, store, log)
     name = _keep_hostname(root, store, log, stamp is not None)
     if set_kernel and socket.gethostname() != name:
         socket.sethostname(name)  # PID 1 set it from the slot's /etc/hostname before this ran
         log.append(f"hostname {name}: set")
-    _keep_host_keys(root, store, log)
     if stamp is not None:
         _keep_admin_keys(root, store, log)
         write_atomic(store / "flashed", f"{stamp}\n".encode(), mode=0o644)
