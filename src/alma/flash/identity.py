@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from almaboard.text import is_hostname
+
 from alma import loader
 from alma.errors import UserError
 from alma.ground import write_atomic
@@ -41,7 +43,6 @@ DEVICE_CONF = "/tmp/flashpkg/flashpkg/flashpkg-extra/alma/board.conf"
 MAX_CSV_BYTES = 1 << 20
 MAX_LINE = 512
 MAX_IDENTITIES = 3  # distinct identity lines named in an "ambiguous" reason
-_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _INSTANCE = re.compile(r"^\d{1,3}-\d{1,3}(?:\.\d{1,3}){0,6}$")
 _BOARD_LINE = re.compile(r"^alma-board: name=(?P<name>\S{1,63}) addr=(?P<addr>\S{0,200}) hostkey=(?P<key>\S{1,60})$")
 _PATTERN_SPEC = re.compile(r"^0?[1-9]?d$|^$")
@@ -49,7 +50,7 @@ _PATTERN_SPEC = re.compile(r"^0?[1-9]?d$|^$")
 
 def check_hostname(name: str, where: str = "--hostname") -> str:
     """An RFC 1123 label (1-63 of A-Z a-z 0-9 '-', no hyphen at either end, not all digits)."""
-    if not isinstance(name, str) or not _LABEL.fullmatch(name) or name.isdigit():
+    if not is_hostname(name):
         shown = ascii(name)[:80]
         raise UserError(
             f"{where}: {shown} is not a host name: use 1-63 letters, digits and '-' "
@@ -226,7 +227,7 @@ def parse_board_line(line: str) -> BoardLine | None:
     if len(line) > MAX_LINE or not line.startswith("alma-board: "):
         return None
     m = _BOARD_LINE.fullmatch(line)
-    if not m or not _LABEL.fullmatch(m["name"]) or m["name"].isdigit() or not FINGERPRINT.fullmatch(m["key"]):
+    if not m or not is_hostname(m["name"]) or not FINGERPRINT.fullmatch(m["key"]):
         return None
     addrs: list[str] = []
     for part in m["addr"].split(","):

@@ -15,6 +15,7 @@ terminal, a Nagios line, a JSON document or a web page it passes through one of 
 - ``finite(obj)`` / ``dumps(obj)``: JSON with finite numbers only (non-finite -> null).
 - ``html_text(s)``: ``terminal`` for the visible text; the page escapes it (autoescape) and
   isolates it in ``<bdi>``.
+- ``is_hostname(s)``: the one grammar of a board's name (the flash hook's, in sh, is the same).
 
 Stdlib only: the board runs it too.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from typing import Any
 
@@ -171,3 +173,11 @@ def perf_item(
         return f"{s}:" if rng and low else s
 
     return f"'{nagios_label(label)}'={val}{unit};{num(warn, True)};{num(crit, True)};{num(lo)};{num(hi)}"
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_hostname(name: object) -> bool:
+    """An RFC 1123 label: 1-63 of A-Z a-z 0-9 '-', no '-' at either end, not only digits."""
+    return isinstance(name, str) and _HOSTNAME.fullmatch(name) is not None and not name.isdigit()

@@ -46,6 +46,7 @@ from almaboard import fields as F
 from almaboard import swu as board_swu
 from almaboard.errors import BoardError, UserError, run_main
 from almaboard.files import boot_id, iso, parse_iso, read_json, write_atomic, write_json
+from almaboard.text import is_hostname
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
@@ -55,7 +56,6 @@ ESP_CAPSULE = "boot/efi/EFI/UpdateCapsule/TEGRA_BL.Cap"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # The board's identity as the flash-time hook writes /etc/hostname (an RFC 1123 label): its
 # hawkBit device id. Words handed to SWUpdate's launcher (word-split by sh) stay in _WORD.
-_HOSTNAME = re.compile(r"^(?![0-9]+$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 _WORD = re.compile(r"^[A-Za-z0-9._,:/+-]{1,4096}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:\s*(\w+)", re.MULTILINE)
@@ -293,7 +293,7 @@ def cmd_swupdate_args(b: Board, a: argparse.Namespace) -> dict[str, Any]:
             name = path.read_text(errors="replace").strip()
         except OSError as exc:
             raise UserError(f"{path}: {exc.strerror}: this board has no identity to give hawkBit") from None
-        if not _HOSTNAME.fullmatch(name):
+        if not is_hostname(name):
             raise UserError(f"{path} holds no board name (an RFC 1123 label): not polling hawkBit")
         words = ["-i", name]
     else:

@@ -34,8 +34,7 @@ from typing import Any
 
 from almaboard.errors import BoardError, run_main
 from almaboard.files import write_atomic
-
-from almaota.agent import _HOSTNAME as HOSTNAME
+from almaboard.text import is_hostname
 
 PROG = "alma-identity"
 STATE = "data/alma-identity"
@@ -56,7 +55,7 @@ def _read(path: Path, limit: int = 64 * 1024) -> str | None:
 
 def _hostname(text: str | None) -> str | None:
     name = (text or "").strip()
-    return name if HOSTNAME.fullmatch(name) else None
+    return name if is_hostname(name) else None
 
 
 def _set_aside(path: Path, log: list[str], why: str) -> None:
