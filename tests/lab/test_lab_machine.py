@@ -131,11 +131,10 @@ def test_a_boards_ssh_port_is_never_one_an_outgoing_connection_can_take() -> Non
             s.bind(("127.0.0.1", p))
 
 
-def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_files(tmp_path: Path) -> None:
-    """The board writes its own root (its admin owns /home/alma): a directory there made an
-    absolute symlink must not make the host-side switch read, unlink or write the host's files."""
-    slot, disk = _lab(tmp_path)
-    root, ident, host = tmp_path / "root", tmp_path / "identity", tmp_path / "host"
+def _flashed_then_slot_b(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A board flashed as edge-7 (with an admin key), then booted into a rewritten slot B."""
+    _, disk = _lab(tmp_path)
+    root, ident = tmp_path / "root", tmp_path / "identity"
     (root / "etc/ssh").mkdir(parents=True)
     (root / "home/alma/.ssh").mkdir(parents=True)
     (root / "etc/hostname").write_text("edge-7\n")
@@ -144,6 +143,14 @@ def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_
     machine.flashed_identity(ident, root, disk)
     _write(disk, 1, machine.image_header("2.0.0"))
     machine.switch_identity(ident, root, disk, 1)  # B booted: its own identity from here
+    return root, ident, disk
+
+
+def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_files(tmp_path: Path) -> None:
+    """The board writes its own root (its admin owns /home/alma): a directory there made an
+    absolute symlink must not make the host-side switch read, unlink or write the host's files."""
+    root, ident, disk = _flashed_then_slot_b(tmp_path)
+    host = tmp_path / "host"
     host.mkdir()
     (host / "authorized_keys").write_text("the host's own\n")
     shutil.rmtree(root / "home/alma/.ssh")
@@ -157,16 +164,7 @@ def test_a_link_in_the_boards_root_never_leads_the_identity_switch_to_the_hosts_
 def test_a_directory_the_board_removed_never_stops_its_power_on(tmp_path: Path) -> None:
     """The admin removed ~/.ssh in slot B: the switch back to A must not crash the supervisor
     (a board that can never boot again) but leave that file as the board made it."""
-    slot, disk = _lab(tmp_path)
-    root, ident = tmp_path / "root", tmp_path / "identity"
-    (root / "etc/ssh").mkdir(parents=True)
-    (root / "home/alma/.ssh").mkdir(parents=True)
-    (root / "etc/hostname").write_text("edge-7\n")
-    (root / "home/alma/.ssh/authorized_keys").write_text("flashed admin key\n")
-    machine.save_identity(root, ident / machine.IMAGE)
-    machine.flashed_identity(ident, root, disk)
-    _write(disk, 1, machine.image_header("2.0.0"))
-    machine.switch_identity(ident, root, disk, 1)
+    root, ident, disk = _flashed_then_slot_b(tmp_path)
     shutil.rmtree(root / "home/alma/.ssh")
     machine.switch_identity(ident, root, disk, 0)
     assert (root / "etc/hostname").read_text() == "edge-7\n"
