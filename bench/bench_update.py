@@ -59,6 +59,22 @@ def board_cpu(boards: list) -> float:
     return total
 
 
+def settle(boards: list, quiet: float = 0.05, timeout: float = 120.0) -> float:
+    """Wait until the boards are idle (under ``quiet`` CPU-s in a second, all four together):
+    "ready" means ssh answers, while units of the boot may still run. An anchor started then
+    shares the cores with its neighbours' boots (seen: 3.4 CPU-s in the boards' cgroups
+    during the anchor instead of 1.8, the anchor 9.9 s instead of 5-7). Returns the wait."""
+    t0 = time.monotonic()
+    last = board_cpu(boards)
+    while time.monotonic() - t0 < timeout:
+        time.sleep(1.0)
+        now = board_cpu(boards)
+        if now - last < quiet:
+            break
+        last = now
+    return time.monotonic() - t0
+
+
 def desk_cpu() -> float:
     """CPU seconds of the desktop's side (alma update, its ssh clients) so far."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -84,7 +100,7 @@ def main() -> int:
         print(f"load before boot: {load()}")
         with virtual_fleet(4, ota_cert=signer[0]) as (fleet, boards):
             first = make_swu(t, signer, "1.1.0")
-            print(f"4 virtual boards up; load {load()}")
+            print(f"4 virtual boards up; idle after {settle(boards):.1f} s more; load {load()}")
             cpu = board_cpu(boards), desk_cpu()
             one, res1, rc1 = one_run(t / "one", first, fleet, "--node", boards[0].name)
             cpu1 = board_cpu(boards) - cpu[0], desk_cpu() - cpu[1]
@@ -92,6 +108,7 @@ def main() -> int:
             print(f"  phases (s): {phases(t / 'one', first)}")
             print(f"  CPU (s): boards {cpu1[0]:.1f}  desktop {cpu1[1]:.1f}")
             wave = make_swu(t, signer, "1.2.0")
+            print(f"  idle again after {settle(boards):.1f} s")
             cpu = board_cpu(boards), desk_cpu()
             four, res4, rc4 = one_run(t / "four", wave, fleet, "--canary", "0", "--batch", "4")
             cpu4 = board_cpu(boards) - cpu[0], desk_cpu() - cpu[1]

@@ -64,3 +64,36 @@ def test_the_deadline_counts_from_the_session_shell_so_a_slow_rc_file_runs_nothi
     ok = subprocess.run(["bash", "-c", f'exec "$0" -c "$1" 30 1 "touch {marker}"', sys.executable,
                          REAPER.read_text()], timeout=120, check=False)  # fmt: skip
     assert ok.returncode == 0 and marker.exists()  # a quick shell keeps its time
+
+
+def test_the_command_starts_as_a_fresh_program_would(tmp_path: Path) -> None:
+    """The reaper starts the command without ``subprocess`` (its import was half the reaper's
+    start) and keeps what ``subprocess`` gave it: a session of its own, SIGPIPE and SIGXFSZ at
+    their defaults (Python ignores both: ``yes | head`` would complain instead of ending), and
+    no descriptor above 2 from the reaper (here one left inheritable on purpose)."""
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    cmd = f"cat /proc/$$/stat > {tmp_path}/stat; cat /proc/$$/status > {tmp_path}/status; ls /proc/$$/fd > {tmp_path}/f"
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-S", str(REAPER), "60", "1", cmd], pass_fds=(w,), timeout=120)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert proc.returncode == 0
+    stat = (tmp_path / "stat").read_text()
+    fields = stat[stat.rfind(")") + 2 :].split()
+    assert fields[3] == stat.split()[0]  # session id == the shell's pid: a session of its own
+    sig_ign = next(ln for ln in (tmp_path / "status").read_text().splitlines() if ln.startswith("SigIgn:"))
+    ignored = int(sig_ign.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
+    assert str(w) not in (tmp_path / "f").read_text().split()
+
+
+def test_the_deadline_ends_the_command_and_its_exit_code_is_passed_on(tmp_path: Path) -> None:
+    """The wait is bounded by the limit (an alarm, no subprocess timeout): exit 124 at the
+    deadline, the command's own code otherwise (a signal's as a negative, as before)."""
+    assert subprocess.run([sys.executable, "-I", "-S", str(REAPER), "60", "1", "exit 7"], timeout=120).returncode == 7
+    slow = subprocess.run([sys.executable, "-I", "-S", str(REAPER), "1", "1", "sleep 300"], timeout=120)
+    assert slow.returncode == 124
+    killed = subprocess.run([sys.executable, "-I", "-S", str(REAPER), "60", "1", "kill -9 $$"], timeout=120)
+    assert killed.returncode == 256 - signal.SIGKILL

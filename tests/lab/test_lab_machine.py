@@ -187,3 +187,75 @@ def test_a_sick_images_health_config_is_the_images_never_one_read_through_the_bo
     supervise.boot_files(tmp_path, machine.BootPlan(1, True, "1.2.0", True))
     shipped = (layout.root() / "tools/guard/conf/health.toml").read_text()
     assert (tmp_path / "machine/boot/health.toml").read_text() == machine.sick_health(shipped)
+
+
+# The commands alma-ota runs, in an order that visits every state change (switch, fall back,
+# mark good, capsule verify), and a few it must refuse.
+NVBOOTCTRL_STEPS = [
+    ["-t", "rootfs", "get-current-slot"],
+    ["-t", "rootfs", "dump-slots-info"],
+    ["-t", "rootfs", "get-number-slots"],
+    ["dump-slots-info"],
+    ["-t", "rootfs", "set-active-boot-slot", "1"],
+    ["-t", "rootfs", "dump-slots-info"],
+    ["-t", "rootfs", "set-slot-as-unbootable", "1"],
+    ["-t", "rootfs", "set-active-boot-slot", "0"],
+    ["-t", "rootfs", "mark-boot-successful"],
+    ["-t", "bootloader", "verify"],
+    ["-t", "bootloader", "get-current-slot"],
+    ["-t", "rootfs", "no-such-command"],
+    [],
+]
+
+
+def test_the_board_s_nvbootctrl_answers_and_writes_as_the_simulated_board_s(tmp_path: Path) -> None:
+    """The lab's stand-in reads uefi.json without the json module (a cheap start, as the real
+    native tool's): every command answers, exits and leaves the state exactly as the
+    simulated board's nvbootctrl (tests/support_update.py) does, starting from the state the
+    supervisor writes and from one after a power-on; the supervisor reads what it wrote."""
+    import os
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import support_update
+
+    for powered in (False, True):
+        slot = tmp_path / f"slot{powered}"
+        machine.new_slots(slot)
+        if powered:
+            machine.power_on(slot)
+        sim_root = tmp_path / f"sim{powered}"
+        (sim_root / "sim").mkdir(parents=True)
+        (sim_root / "sim/uefi.json").write_text((slot / "uefi.json").read_text())
+        tool = tmp_path / f"nvbootctrl{powered}"
+        tool.write_text(machine.NVBOOTCTRL.replace("/var/lib/alma-lab/uefi.json", str(slot / "uefi.json")))
+        os.chmod(tool, 0o755)
+        for argv in NVBOOTCTRL_STEPS:
+            got = subprocess.run([str(tool), *argv], capture_output=True, text=True, timeout=60)
+            want_out = subprocess.run(
+                [sys.executable, "-c", "import sys, support_update as s; from pathlib import Path; "
+                 "sys.exit(s.nvbootctrl(Path(sys.argv[1]), sys.argv[2:]))", str(sim_root), *argv],
+                capture_output=True, text=True, timeout=60, cwd=Path(support_update.__file__).parent,
+            )  # fmt: skip
+            assert (got.returncode, got.stdout) == (want_out.returncode, want_out.stdout), argv
+            assert machine.slots(slot) == support_update.load_state(sim_root), argv
+        assert machine.power_on(slot) in (0, 1)  # the supervisor reads what the stand-in wrote
+
+
+def test_the_board_s_nvbootctrl_refuses_a_state_it_cannot_read(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    slot = tmp_path / "slot"
+    machine.new_slots(slot)
+    tool = tmp_path / "nvbootctrl"
+    tool.write_text(machine.NVBOOTCTRL.replace("/var/lib/alma-lab/uefi.json", str(slot / "uefi.json")))
+    os.chmod(tool, 0o755)
+    good = (slot / "uefi.json").read_text()
+    for bad in (good[:-5], good.replace('"normal"', '"nor\\"mal"', 1), good + "x", good.replace("3", "3.5", 1)):
+        (slot / "uefi.json").write_text(bad)
+        r = subprocess.run([str(tool), "-t", "rootfs", "mark-boot-successful"], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+        assert r.returncode != 0 and "ValueError" in r.stderr
+        assert (slot / "uefi.json").read_text() == bad  # nothing written

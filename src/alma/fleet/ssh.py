@@ -167,7 +167,8 @@ def remote_command(command: str, seconds: float | None) -> str:
     limit = max(1, math.ceil(seconds))
     reaper = shlex.quote(REAPER.read_text(encoding="utf-8"))
     return (
-        f"if command -v python3 >/dev/null 2>&1; then exec python3 -c {reaper} {limit} {REMOTE_KILL_AFTER_S} {inner}; "
+        f"if command -v python3 >/dev/null 2>&1; "
+        f"then exec python3 -I -S -c {reaper} {limit} {REMOTE_KILL_AFTER_S} {inner}; "
         f"elif command -v timeout >/dev/null 2>&1; then exec timeout -k {REMOTE_KILL_AFTER_S} {limit} sh -c {inner}; "
         f"else exec sh -c {inner}; fi"
     )

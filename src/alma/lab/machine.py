@@ -359,18 +359,92 @@ BindReadOnlyPaths=/run/alma-lab-boot-id:/proc/sys/kernel/random/boot_id
 
 # The board's nvbootctrl: stdlib only, run by the board's python3 (same output as L4T R36's
 # tool for what alma-ota reads: get-current-slot, dump-slots-info, set-active-boot-slot,
-# mark-boot-successful, set-slot-as-unbootable, bootloader verify).
-NVBOOTCTRL = r'''#!/usr/bin/python3
+# mark-boot-successful, set-slot-as-unbootable, bootloader verify). The real one is a small
+# native program that alma-ota starts a dozen times per update, so the stand-in costs little
+# more than the interpreter's start: isolated and without site (-IS: no site-packages scan,
+# no .pth files, no PYTHON* variables), and without the json module, whose import (re, enum)
+# was half of each call (measured: 16.5 ms of CPU per call before, 9 after; a bare start is 6).
+# It reads and writes uefi.json (what the supervisor writes with json: objects, lists,
+# integers, booleans, plain strings) with the few lines below; anything else is refused.
+NVBOOTCTRL = r'''#!/usr/bin/python3 -IS
 """nvbootctrl of an alma lab virtual board (state: /var/lib/alma-lab/uefi.json, on the host)."""
-import json, os, sys
+import os, sys
 STATE = "/var/lib/alma-lab/uefi.json"
 RETRIES = 3
+WORDS = {"true": True, "false": False, "null": None}
+def load(text):
+    """uefi.json as the lab writes it: objects, lists, integers, booleans, plain strings."""
+    pos = 0
+    def skip():
+        nonlocal pos
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+    def value():
+        nonlocal pos
+        skip()
+        c = text[pos:pos + 1]
+        if c in ("{", "["):
+            pos += 1
+            out = {} if c == "{" else []
+            close = "}" if c == "{" else "]"
+            skip()
+            while text[pos:pos + 1] != close:
+                if c == "{":
+                    key = value()
+                    skip()
+                    if not isinstance(key, str) or text[pos:pos + 1] != ":":
+                        raise ValueError(f"bad object at byte {pos}")
+                    pos += 1
+                    out[key] = value()
+                else:
+                    out.append(value())
+                skip()
+                if text[pos:pos + 1] == ",":
+                    pos += 1
+                    skip()
+                elif text[pos:pos + 1] != close:
+                    raise ValueError(f"expected , or {close} at byte {pos}")
+            pos += 1
+            return out
+        if c == '"':
+            end = text.find('"', pos + 1)
+            got = text[pos + 1:end] if end > 0 else "\\"
+            if "\\" in got or any(ord(ch) < 32 for ch in got):
+                raise ValueError(f"unsupported string at byte {pos}")
+            pos = end + 1
+            return got
+        start = pos
+        while pos < len(text) and (text[pos].isalnum() or text[pos] == "-"):
+            pos += 1
+        word = text[start:pos]
+        if word in WORDS:
+            return WORDS[word]
+        if word.lstrip("-").isdigit() and word.isascii():
+            return int(word)
+        raise ValueError(f"unsupported value {word[:20]!r} at byte {start}")
+    got = value()
+    skip()
+    if pos != len(text):
+        raise ValueError(f"trailing data at byte {pos}")
+    return got
+def dump(v):
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        if '"' in v or "\\" in v or any(ord(ch) < 32 for ch in v):
+            raise ValueError(f"unsupported string {v[:20]!r}")
+        return f'"{v}"'
+    if isinstance(v, list):
+        return "[" + ", ".join(dump(x) for x in v) + "]"
+    return "{" + ", ".join(f"{dump(k)}: {dump(x)}" for k, x in v.items()) + "}"
 def main(argv):
     target = "bootloader"
     if argv[:1] == ["-t"]:
         target, argv = argv[1], argv[2:]
     with open(STATE) as fh:
-        st = json.load(fh)
+        st = load(fh.read())
     rf, bl = st["rootfs"], st["bootloader"]
     cmd = argv[0] if argv else ""
     letter = "AB"
@@ -412,7 +486,7 @@ def main(argv):
         return 1
     tmp = STATE + ".new"
     with open(tmp, "w") as fh:
-        json.dump(st, fh, indent=1)
+        fh.write(dump(st) + "\n")
     os.replace(tmp, STATE)
     return 0
 sys.exit(main(sys.argv[1:]))

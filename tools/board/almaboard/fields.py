@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
@@ -59,12 +58,26 @@ def _name(value: Any) -> str:
     )
 
 
-@dataclass(frozen=True)
 class Field:
-    """One key's type and range. ``parse`` gets the raw value and returns the checked one."""
+    """One key's type and range. ``parse`` gets the raw value and returns the checked one.
 
+    Immutable. A plain class rather than a dataclass: ``dataclasses`` imports ``inspect``
+    (with ``ast``, ``dis``, ``tokenize``), a fifth of an on-board program's imports, paid at
+    every start (alma-ota starts once per update step and per status poll)."""
+
+    __slots__ = ("parse", "describe")
     parse: Callable[[Any], Any]
     describe: str  # "a number in [0, 150]": what the hint says a good value is
+
+    def __init__(self, parse: Callable[[Any], Any], describe: str) -> None:
+        object.__setattr__(self, "parse", parse)
+        object.__setattr__(self, "describe", describe)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Field is immutable: cannot set {name}")
+
+    def __repr__(self) -> str:
+        return f"Field(describe={self.describe!r})"
 
     def __call__(self, value: Any) -> Any:
         return self.parse(value)

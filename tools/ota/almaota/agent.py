@@ -30,28 +30,28 @@ import argparse
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from almaboard import fields as F
-from almaboard import swu as board_swu
 from almaboard.errors import BoardError, UserError, run_main
 from almaboard.files import boot_id, iso, parse_iso, read_json, write_atomic, write_json
-from almaboard.text import is_hostname
+
+# Imported where a step needs them, not at every start: each call from the desktop (one per
+# phase, a status every poll) is a Python start, and the .swu reader, hashing and temporary
+# dirs serve only receive and install (measured on a virtual board: half the agent's imports).
+if TYPE_CHECKING:
+    from almaboard import swu as board_swu
 
 PROG = "alma-ota"
 VERSION = "0.1.0"
 SLOT_NAMES = ("a", "b")
-CAPSULE_STAGING = board_swu.CAPSULE_STAGING
 ESP_CAPSULE = "boot/efi/EFI/UpdateCapsule/TEGRA_BL.Cap"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # The board's identity as the flash-time hook writes /etc/hostname (an RFC 1123 label): its
@@ -73,7 +73,10 @@ class StepFailed(BoardError):
     exit_code = 4
 
 
-vtuple = board_swu.version_tuple
+def vtuple(text: str) -> tuple[int, ...]:
+    from almaboard.swu import version_tuple
+
+    return version_tuple(text)
 
 
 _PATH = F.string(r"/?[^\x00]+", max_len=4096, what="a path")
@@ -132,20 +135,28 @@ class Board:
     def tmpdir(self) -> Path:
         """SWUpdate's TMPDIR (its sockets live there: a short path, < 108 bytes; private, 0700)."""
         if self._tmp is None:
+            import tempfile
+
             self._tmp = Path(tempfile.mkdtemp(prefix="alma-ota-"))
         return self._tmp
 
     def nvbootctrl(self, target: str, *args: str) -> str:
         return self.tool(str(self.cfg.get("nvbootctrl", "nvbootctrl")), "-t", target, *args).stdout
 
-    def current_slot(self) -> str:
+    def current_slot(self, dump: str | None = None) -> str:
+        """The running slot: from ``dump`` (``-t rootfs dump-slots-info``'s "Current rootfs
+        slot" line, which ``status`` reads anyway) or else asked from ``get-current-slot``."""
+        named = re.search(r"^Current rootfs slot:\s*([AB])\s*$", dump or "", re.MULTILINE)
+        if named:
+            return SLOT_NAMES["AB".index(named.group(1))]
         out = self.nvbootctrl("rootfs", "get-current-slot").strip()
         if out not in ("0", "1"):
             raise StepFailed(f"could not identify the current boot slot (nvbootctrl said {out[:40]!r})")
         return SLOT_NAMES[int(out)]
 
-    def slots(self) -> dict[str, Any]:
-        text = self.nvbootctrl("rootfs", "dump-slots-info")
+    def slots(self, dump: str | None = None) -> dict[str, Any]:
+        """Both slots' state; ``dump``: the rootfs ``dump-slots-info`` output, if already read."""
+        text = self.nvbootctrl("rootfs", "dump-slots-info") if dump is None else dump
         active = re.search(r"^Active rootfs slot:\s*([AB])", text, re.MULTILINE)
         info: dict[str, Any] = {"active": active.group(1).lower() if active else None}
         for m in _SLOT_LINE.finditer(text):
@@ -246,13 +257,14 @@ def running_version(b: Board) -> str | None:
 
 
 def cmd_status(b: Board, _: argparse.Namespace) -> dict[str, Any]:
-    cur = b.current_slot()
+    dump = b.nvbootctrl("rootfs", "dump-slots-info")  # one call for the current slot and both slots
+    cur = b.current_slot(dump)
     guard = b.tool(str(b.cfg.get("systemctl", "systemctl")), "is-active", "alma-guard.service", check=False)
     return {
         "machine": b.cfg.get("machine"),
         "version": running_version(b),
         "current_slot": cur,
-        "slots": b.slots(),
+        "slots": b.slots(dump),
         "boot_id": b.boot_id(),
         "lock": b.lock(),
         "pending": b.pending(),
@@ -284,6 +296,8 @@ def _gate_args(b: Board, target: str, *, allow_downgrade: bool) -> list[str]:
 
 
 def cmd_swupdate_args(b: Board, a: argparse.Namespace) -> dict[str, Any]:
+    from almaboard.text import is_hostname
+
     """What meta-swupdate's launcher (swupdate.sh, sourcing /etc/swupdate/conf.d/50-alma-ota)
     passes to the SWUpdate daemon polling hawkBit: ``SWUPDATE_ARGS`` (config file, the gate,
     the inactive slot) or, with ``--suricatta``, ``SWUPDATE_SURICATTA_ARGS`` (the device id)."""
@@ -340,6 +354,8 @@ def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     if not _HEX64.fullmatch(a.sha256) or not 0 < a.size <= MAX_SWU or not 0 <= a.offset < a.size:
         raise UserError("receive needs --sha256 (64 hex), --size (bytes) and an --offset below the size")
     part = b.state / "incoming.swu.part"
+    import hashlib
+
     h = hashlib.sha256()
     n = 0
     if a.offset:  # resume a cut push: the bytes already here count toward the hash
@@ -370,6 +386,8 @@ def cmd_receive(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _readback(device: Path, size: int) -> str:
+    import hashlib
+
     h = hashlib.sha256()
     left = size
     with device.open("rb") as f:
@@ -384,6 +402,8 @@ def _readback(device: Path, size: int) -> str:
 
 def _read_swu(swu: Path) -> board_swu.Swu:
     """The received file through the one reader and allowlist the desktop uses (almaboard.swu)."""
+    from almaboard import swu as board_swu
+
     try:
         return board_swu.read(swu, label="the received .swu")
     except board_swu.SwuRefused as exc:
@@ -436,6 +456,8 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _arm_capsule(b: Board, im: dict[str, Any], sw: dict[str, Any]) -> dict[str, Any]:
+    from almaboard.swu import CAPSULE_STAGING
+
     staged = b.root / CAPSULE_STAGING
     new = str(im.get("version", ""))
     running = b.slots().get("bootloader_version") or "0"
@@ -634,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
                     out = handlers[args.cmd](board, args)
                 finally:
                     if board._tmp is not None:
+                        import shutil
+
                         shutil.rmtree(board._tmp, ignore_errors=True)
         except BoardError as exc:
             print(json.dumps({"error": str(exc), "code": exc.exit_code}))
