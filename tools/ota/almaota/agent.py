@@ -13,8 +13,10 @@ Invariants (each tested in tests/update):
   seen exit 1 after "SWUPDATE successful"). A power loss before the switch boots the old
   slot, unchanged.
 - A new slot is never marked successful by this agent except on ``commit``, which the host
-  sends only after health passed; an uncommitted slot is retried by the bootloader at most
-  its retry count, then the bootloader falls back (meta-tegra's redundant boot).
+  sends only after health passed, or by ``settle`` when it judges a hawkBit install (``claim``
+  and ``adopt``, SWUpdate's hooks) healthy on the new slot after a fresh boot; an uncommitted
+  slot is retried by the bootloader at most its retry count, then the bootloader falls back
+  (meta-tegra's redundant boot).
 - The capsule is armed only when its version differs from the running bootloader's and is
   not below the lowest supported version (a blocked downgrade would leave a broken update).
 - One run at a time: ``begin`` creates the lock file with O_EXCL in the persistent state
@@ -350,7 +352,7 @@ def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _forget_incoming(b: Board) -> None:
-    for name in ("incoming.swu.part", "incoming.swu"):
+    for name in ("incoming.swu.part", "incoming.swu", DAEMON_SWU):
         (b.state / name).unlink(missing_ok=True)
 
 
@@ -401,13 +403,18 @@ def _readback(device: Path, size: int) -> str:
     return h.hexdigest()
 
 
-def _read_swu(b: Board, swu: Path) -> board_swu.Swu:
-    """The file through the one reader and allowlist the desktop uses (almaboard.swu: member
-    names' grammar, no unlisted member, nothing written outside a slot), for this machine."""
+def _read_swu(swu: Path) -> board_swu.Swu:
+    """The received file through the one reader and allowlist the desktop uses (almaboard.swu:
+    member names' grammar, no unlisted member, nothing written outside a slot)."""
     try:
-        got = board_swu.read(swu, label="the received .swu")
+        return board_swu.read(swu, label="the received .swu")
     except board_swu.SwuRefused as exc:
         raise UserError(exc.message, hint=exc.hint) from None
+
+
+def _read_for_board(b: Board, swu: Path) -> board_swu.Swu:
+    """:func:`_read_swu`, and made for this board's machine."""
+    got = _read_swu(swu)
     machine = str(b.cfg["machine"])
     if got.machine != machine:
         raise UserError(f"this .swu is for {got.machine}, this board is {machine}: refused")
@@ -422,7 +429,7 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         raise UserError("nothing received: push the .swu first")
     cur = b.current_slot()
     target = "b" if cur == "a" else "a"
-    got = _read_swu(b, swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
+    got = _read_for_board(b, swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
     gate = _gate_args(b, target, allow_downgrade=a.allow_downgrade)
     argv = [str(b.cfg.get("swupdate", "swupdate")), *gate, "-i", str(swu)]
     lock_file = b.cfg.get("install_lock")
@@ -491,7 +498,7 @@ def cmd_adopt(b: Board, _: argparse.Namespace) -> dict[str, Any]:
     try:
         if not swu.is_file():
             raise StepFailed(f"SWUpdate left no copy of what it installed ({swu}): not switching")
-        got = _read_swu(b, swu)
+        got = _read_for_board(b, swu)
         cur = b.current_slot()
         target = "b" if cur == "a" else "a"
         baseline = _health_warnings(b)
