@@ -5,8 +5,12 @@ started by the real launcher with nothing passed by hand, polling a DDI stand-in
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 from support_board import run_shell_function
 from support_hawkbit import URL, run_daemon
 from support_swu import DESCRIPTION, Payload, build_swu, description, pack, sha256_file
-from support_update import MACHINE, SimBoard, agent, load_state, make_cert, rootfs_image
+from support_update import AGENT, MACHINE, SimBoard, agent, load_state, make_cert, rootfs_image
 
 from alma.imagebuild import ota
 
@@ -242,3 +246,39 @@ def test_a_hawkbit_install_is_refused_while_an_alma_update_run_holds_the_board(
     rc, st = agent(board, "status")
     assert st["lock"]["run"] == "desk-1" and st["pending"] is None, st
     assert not (board.root / STATE / "hawkbit.swu").exists()
+
+
+def test_adopt_refuses_what_the_agents_reader_refuses_and_switches_nothing(
+    tmp_path: Path, signer: tuple[bytes, bytes]
+) -> None:
+    """What the daemon installed is the agent's to judge: a copy its reader refuses (here made
+    for another machine) is never switched to, and the daemon's lease is let go."""
+    board = _image_board(tmp_path, signer)
+    rc, out = agent(board, "claim")
+    assert rc == 0 and out["lock"]["run"] == "hawkbit", out
+    img = rootfs_image(tmp_path / "rootfs.ext4", "1.1.0")
+    build_swu(board.root / STATE / "hawkbit.swu", machine="jetson-orin-nano-devkit", version="1.1.0", rootfs=img,
+              cert_pem=signer[0], key_pem=signer[1], root="")  # fmt: skip
+    rc, out = agent(board, "adopt")
+    assert rc == 2 and "this .swu is for jetson-orin-nano-devkit" in out["error"], out
+    rc, st = agent(board, "status")
+    assert st["lock"] is None and st["pending"] is None and st["last"]["result"] == "FAILED", st
+    assert load_state(board.root)["rootfs"]["active"] == 0 and not load_state(board.root)["reboot_requested"]
+
+
+def test_the_hooks_leave_an_ssh_runs_own_install_alone(tmp_path: Path, signer: tuple[bytes, bytes]) -> None:
+    """SWUpdate reads /etc/swupdate.cfg without -f, so ``alma-ota install``'s own ``swupdate -i``
+    runs the daemon's hooks too, while install holds the agent's step lock: they answer at
+    once and touch nothing (the ssh run switches and judges its install)."""
+    board = _image_board(tmp_path, signer)
+    rc, out = agent(board, "begin", "--run", "desk-1", "--host", "desk")
+    assert rc == 0, out
+    env = {**os.environ, "ALMA_OTA_ROOT": str(board.root), "ALMA_OTA_INSTALL": "desk-1"}
+    with open(board.root / STATE / ".agent.lock", "a") as step:
+        fcntl.flock(step, fcntl.LOCK_EX)  # as install holds it while its SWUpdate runs
+        for hook in ("claim", "adopt"):
+            r = subprocess.run([sys.executable, str(AGENT), hook], env=env, capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
+            assert r.returncode == 0 and "is its own" in r.stdout, (hook, r.stdout, r.stderr)
+    rc, st = agent(board, "status")
+    assert st["lock"]["run"] == "desk-1" and st["pending"] is None, st
