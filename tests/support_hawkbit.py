@@ -163,6 +163,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             while not ddi.done.is_set() and p.poll() is None and time.monotonic() < deadline:
                 ddi.done.wait(0.2)
+            # then what the daemon's hooks do after its last feedback (the agent's adopt)
+            until = spec.get("until")
+            while until and p.poll() is None and time.monotonic() < deadline and not _holds(until):
+                time.sleep(0.2)
         finally:
             exited = p.poll()
             if exited is None:
@@ -172,8 +176,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {"paths": ddi.paths, "feedback": ddi.feedback, "done": ddi.done.is_set(), "exited": exited}
 
 
-def run_daemon(tmp: Path, board: Path, swu: Path, *, tenant: str, device: str, version: str) -> dict[str, Any]:
-    """Run the image's SWUpdate daemon on ``board`` against a DDI stand-in offering ``swu``."""
+def _holds(until: dict[str, str]) -> bool:
+    try:
+        return until.get("text", "") in Path(until["path"]).read_text()
+    except OSError:
+        return False
+
+
+def run_daemon(tmp: Path, board: Path, swu: Path, *, tenant: str, device: str, version: str,
+               until: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the image's SWUpdate daemon on ``board`` against a DDI stand-in offering ``swu``;
+    with ``until`` (``path`` and ``text``), past the action's end until that file holds that text."""
     import pytest
     from support import require_tool
 
@@ -188,7 +201,7 @@ def run_daemon(tmp: Path, board: Path, swu: Path, *, tenant: str, device: str, v
     work = tmp / "ddi-run"
     (work / "tmp").mkdir(parents=True)
     spec = {"board": str(board), "swu": str(swu), "tenant": tenant, "device": device, "version": version,
-            "tmp": str(work / "tmp"), "log": str(work / "swupdate.log")}  # fmt: skip
+            "tmp": str(work / "tmp"), "log": str(work / "swupdate.log"), "until": until}  # fmt: skip
     (work / "run.json").write_text(json.dumps(spec))
     unshare = shutil.which("unshare", path="/usr/bin:/bin") or "unshare"
     r = subprocess.run([unshare, "--net", "--mount", "--", sys.executable, __file__, str(work / "run.json")],

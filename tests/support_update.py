@@ -230,6 +230,14 @@ def sim_tool(name: str, argv: list[str]) -> int:
     return 0
 
 
+def agent(b: SimBoard, *args: str, stdin: bytes | None = None) -> tuple[int, dict[str, Any]]:
+    """One call of the board's agent, as root on the board: exit code and its JSON answer."""
+    env = {**os.environ, "ALMA_OTA_ROOT": str(b.root), "PATH": f"{b.root / 'bin'}:{os.environ['PATH']}"}
+    r = subprocess.run([sys.executable, str(AGENT), *args], input=stdin or b"", capture_output=True, env=env,
+                       timeout=600)  # fmt: skip
+    return r.returncode, json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+
 # ---- one board --------------------------------------------------------------------------------
 
 
@@ -293,6 +301,9 @@ class SimBoard:
             p.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} {tool} "$@"\n')
             p.chmod(0o755)
         (r / "bin/alma-ota").symlink_to(AGENT)
+        # the board's own health report, read from this tree (the agent judges a hawkBit install with it)
+        (r / "bin/alma-health").write_text(f'#!/bin/sh\nexec {sys.executable} {HEALTH} "$@"\n')
+        (r / "bin/alma-health").chmod(0o755)
         self._health_tree()
         self._running(load_state(r))
 

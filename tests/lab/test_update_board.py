@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -391,3 +392,84 @@ def test_two_desktops_the_second_is_refused_busy_naming_the_holder(settled: Lab,
     assert second["run"] != holder.run and [ph["name"] for ph in second["phases"]] == ["check"], second
     assert rc == 0 and board_result(doc, b.name)["result"] == "COMMITTED", doc
     assert_runs(b, other(old["current_slot"]), version)
+
+
+# ---- the hawkBit path: the board judges what its SWUpdate daemon installed --------------------
+
+
+def _hawkbit_install(b: lab.Board, swu: Path) -> dict[str, Any]:
+    """What the image's SWUpdate daemon and its hooks do with a download (the daemon itself
+    runs in tests/update/test_hawkbit.py; here the board has no hawkBit to poll): ``claim``
+    (preupdatecmd), SWUpdate with the daemon's own words writing the inactive slot from its
+    copy of the .swu (``-o``: installed from that file), then ``adopt`` (postupdatecmd), which
+    switches the slot and reboots the board for real."""
+    before = status(b)
+    claimed = json.loads(sh(b, "alma-ota", "claim").splitlines()[-1])
+    assert claimed["lock"]["run"] == "hawkbit", claimed
+    words = sh(b, "alma-ota", "swupdate-args").split()
+    at = words.index("-o")
+    copy = words[at + 1]
+    shutil.copyfile(swu, f"/proc/{b.init_pid()}/root{copy}")
+    del words[at : at + 2]  # SWUpdate takes -i or -o, never both
+    # the lab's SWUpdate, in a network namespace of its own (docs/lab.md: NotifyServer); its
+    # exit code races its child (docs/ota.md): its words, and then adopt's read-back, judge
+    out = sh(b, "/usr/local/sbin/swupdate", *words, "-i", copy, timeout=300, check=False)
+    assert "SWUPDATE successful" in out, out[-3000:]
+    boots = b.boots()
+    sh(b, "alma-ota", "adopt", check=False, timeout=120)  # the reboot may end this session
+    b.wait_ready(after_boot=boots)
+    return before
+
+
+def _settled_by_the_board(b: lab.Board) -> dict[str, Any]:
+    """Starts the settle unit as its timer does (every 5 min) until the board has a verdict."""
+
+    def verdict() -> dict[str, Any] | None:
+        with contextlib.suppress(Exception):
+            st = status(b)
+            if st["pending"] is None and st["lock"] is None:
+                return st
+            sh(b, "systemctl", "start", "alma-ota-settle.service", check=False, timeout=120)
+        return None
+
+    got = wait_for("the board's own verdict", verdict, timeout=300)
+    assert isinstance(got, dict)
+    return got
+
+
+def test_a_hawkbit_install_is_judged_healthy_and_committed_by_the_boards_settle_unit(settled: Lab) -> None:
+    b = settled.boards[0]
+    swu, version = new_swu(settled, "hawkbit")
+    old = _hawkbit_install(b, swu)
+    new = other(old["current_slot"])
+    st = _settled_by_the_board(b)
+    assert st["last"]["result"] == "COMMITTED" and "committed by the board" in st["last"]["why"], st
+    assert st["boot_id"] != old["boot_id"], st  # judged after a fresh boot
+    assert_runs(b, new, version)
+
+
+def test_a_sick_hawkbit_install_is_rolled_back_by_the_board_and_its_old_slot_stays_good(settled: Lab) -> None:
+    b = settled.boards[0]
+    swu, _ = new_swu(settled, "hawkbit-sick", health="critical")
+    old = _hawkbit_install(b, swu)
+
+    def judged_sick() -> dict[str, Any] | None:
+        sh(b, "systemctl", "start", "alma-ota-settle.service", check=False, timeout=120)
+        pend = status(b)["pending"] or {}
+        return pend if "health CRITICAL" in str(pend.get("verdict")) else None
+
+    wait_for("the board's health verdict on the sick slot", judged_sick, timeout=300)
+    # the verifying window (health_s) over, without waiting for it: its stamp moved
+    path = Path(f"/proc/{b.init_pid()}/root/data/alma-ota/pending.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "verifying_since": "2000-01-01T00:00:00Z"}))
+    boots = b.boots()
+    sh(b, "systemctl", "start", "--no-block", "alma-ota-settle.service")  # rolls back and reboots
+    b.wait_ready(after_boot=boots)
+    st = _settled_by_the_board(b)
+    assert st["last"]["result"] == "ROLLED_BACK" and machine.SICK_LINK in st["last"]["why"], st
+    assert_runs(b, old["current_slot"], old["version"])
+    sick = SLOT[other(old["current_slot"])]
+    assert uefi(b)["slots"][sick]["status"] == "unbootable", uefi(b)
+    for _ in range(2):
+        b.reboot(power_cut=True)
+        assert_runs(b, old["current_slot"], old["version"])

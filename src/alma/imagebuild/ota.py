@@ -168,7 +168,11 @@ def suricatta_config(s: OtaSettings) -> str:
 
     What is per board is not here: the launcher (meta-swupdate's swupdate.sh) sources
     alma-ota's /etc/swupdate/conf.d/50-alma-ota, which adds the certificate, machine, inactive
-    slot and the device id (``-u "-i <hostname>"``) from ``alma-ota swupdate-args``.
+    slot, the copy of the .swu for the agent (``-o``) and the device id (``-u "-i <hostname>"``)
+    from ``alma-ota swupdate-args``. The hooks hand each install to the board's agent: before
+    any image is written it takes the board's lease (``claim``: refused while an ``alma
+    update`` run holds it), after a successful install it switches and reboots (``adopt``);
+    the board then judges the new slot itself (``alma-ota settle``, docs/ota.md).
     """
     assert s.hawkbit_url is not None
     return (
@@ -176,6 +180,8 @@ def suricatta_config(s: OtaSettings) -> str:
         "globals :\n{\n"
         "\tverbose = true;\n"
         "\tloglevel = 5;\n"
+        '\tpreupdatecmd = "alma-ota claim";\n'
+        '\tpostupdatecmd = "alma-ota adopt";\n'
         "};\n"
         "suricatta :\n{\n"
         f'\turl = "{s.hawkbit_url}";\n'

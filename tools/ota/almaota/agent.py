@@ -13,8 +13,10 @@ Invariants (each tested in tests/update):
   seen exit 1 after "SWUPDATE successful"). A power loss before the switch boots the old
   slot, unchanged.
 - A new slot is never marked successful by this agent except on ``commit``, which the host
-  sends only after health passed; an uncommitted slot is retried by the bootloader at most
-  its retry count, then the bootloader falls back (meta-tegra's redundant boot).
+  sends only after health passed, or by ``settle`` when it judges a hawkBit install (``claim``
+  and ``adopt``, SWUpdate's hooks) healthy on the new slot after a fresh boot; an uncommitted
+  slot is retried by the bootloader at most its retry count, then the bootloader falls back
+  (meta-tegra's redundant boot).
 - The capsule is armed only when its version differs from the running bootloader's and is
   not below the lowest supported version (a blocked downgrade would leave a broken update).
 - One run at a time: ``begin`` creates the lock file with O_EXCL in the persistent state
@@ -62,6 +64,17 @@ _SLOT_LINE = re.compile(r"^slot:\s*(\d+),\s*(?:retry_count:\s*(\d+),\s*)?status:
 TOOL_TIMEOUT_S = 600
 LEASE_S = 3600.0  # a run's lock lapses this long after its last step (ota.json: lease_s)
 VERIFY_S = 1800.0  # an uncommitted new slot may run this long unjudged (ota.json: verify_s)
+# A hawkBit install is judged by the board itself: healthy within this long after its first
+# boot on the new slot, or rolled back (ota.json: health_s; settle judges at boot and by timer).
+HEALTH_S = 900.0
+# The SWUpdate daemon polling hawkBit is one run on the board, under this run id: its
+# preupdatecmd (``claim``) takes the lease, its postupdatecmd (``adopt``) takes the install.
+DAEMON_RUN = "hawkbit"
+DAEMON_SWU = "hawkbit.swu"  # the daemon's copy of the .swu it installs (swupdate -o)
+# Set for the SWUpdate that ``install`` runs: it reads the image's /etc/swupdate.cfg as well
+# (SWUpdate's default config file) and so runs its pre/post-update hooks, which belong to the
+# daemon; the ssh run's own steps switch and judge that install.
+IN_INSTALL = "ALMA_OTA_INSTALL"
 MAX_SWU = 16 << 30
 
 
@@ -94,6 +107,8 @@ CONFIG_FIELDS: F.Schema = {
     "swupdate": _TOOL,
     "set_osindications": _TOOL,
     "reboot": _TOOL,
+    "health": _TOOL,
+    "health_s": F.duration(),
 }
 
 
@@ -112,7 +127,9 @@ class Board:
 
     # ---- tools ----------------------------------------------------------------------------
 
-    def tool(self, *argv: str, check: bool = True, stdin: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    def tool(
+        self, *argv: str, check: bool = True, stdin: Any = subprocess.DEVNULL, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         try:
             r = subprocess.run(
                 list(argv),
@@ -121,7 +138,7 @@ class Board:
                 timeout=TOOL_TIMEOUT_S,
                 stdin=stdin,
                 cwd=self.root,
-                env={**os.environ, "TMPDIR": str(self.tmpdir())},
+                env={**os.environ, "TMPDIR": str(self.tmpdir()), **(env or {})},
             )
         except FileNotFoundError:
             raise StepFailed(f"{argv[0]} is not installed on this board (the ota feature ships it)") from None
@@ -314,6 +331,10 @@ def cmd_swupdate_args(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         target = "b" if b.current_slot() == "a" else "a"  # never the running slot
         cfg = b.root / "etc/swupdate.cfg"
         words = (["-f", str(cfg)] if cfg.is_file() else []) + _gate_args(b, target, allow_downgrade=False)
+        # The whole .swu kept where ``adopt`` reads it: the agent checks what was installed
+        # with its own reader and reads the slot back against it (SWUpdate saves the stream,
+        # then installs from that copy: core/stream_interface.c, save_stream).
+        words += ["-o", str(b.state / DAEMON_SWU)]
     bad = [w for w in words if not _WORD.fullmatch(w)]
     if bad:
         raise UserError(f"cannot hand {bad[0][:80]!r} to SWUpdate's launcher (it splits words)")
@@ -345,7 +366,7 @@ def cmd_begin(b: Board, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _forget_incoming(b: Board) -> None:
-    for name in ("incoming.swu.part", "incoming.swu"):
+    for name in ("incoming.swu.part", "incoming.swu", DAEMON_SWU):
         (b.state / name).unlink(missing_ok=True)
 
 
@@ -401,13 +422,23 @@ def _readback(device: Path, size: int) -> str:
 
 
 def _read_swu(swu: Path) -> board_swu.Swu:
-    """The received file through the one reader and allowlist the desktop uses (almaboard.swu)."""
+    """The received file through the one reader and allowlist the desktop uses (almaboard.swu:
+    member names' grammar, no unlisted member, nothing written outside a slot)."""
     from almaboard import swu as board_swu
 
     try:
         return board_swu.read(swu, label="the received .swu")
     except board_swu.SwuRefused as exc:
         raise UserError(exc.message, hint=exc.hint) from None
+
+
+def _read_for_board(b: Board, swu: Path) -> board_swu.Swu:
+    """:func:`_read_swu`, and made for this board's machine."""
+    got = _read_swu(swu)
+    machine = str(b.cfg["machine"])
+    if got.machine != machine:
+        raise UserError(f"this .swu is for {got.machine}, this board is {machine}: refused")
+    return got
 
 
 def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -418,11 +449,7 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         raise UserError("nothing received: push the .swu first")
     cur = b.current_slot()
     target = "b" if cur == "a" else "a"
-    machine = str(b.cfg["machine"])
-    got = _read_swu(swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
-    if got.machine != machine:
-        raise UserError(f"this .swu is for {got.machine}, this board is {machine}: refused")
-    sw, images = got.software, got.images[target]
+    got = _read_for_board(b, swu)  # before SWUpdate: refuse what writes outside the slot, or rides along
     gate = _gate_args(b, target, allow_downgrade=a.allow_downgrade)
     argv = [str(b.cfg.get("swupdate", "swupdate")), *gate, "-i", str(swu)]
     lock_file = b.cfg.get("install_lock")
@@ -430,15 +457,24 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
         if lock_file:  # a simulated host runs several boards' SWUpdate: its sockets are host-wide
             fh = stack.enter_context(open(str(lock_file), "w"))
             fcntl.flock(fh, fcntl.LOCK_EX)
-        r = b.tool(*argv, check=False)
+        r = b.tool(*argv, check=False, env={IN_INSTALL: run})
     log = (r.stdout + r.stderr)[-20000:]
     (b.state / f"swupdate-{run}.log").write_text(log)
     failed = "SWUpdate *failed*" in log or "successful" not in log
     if failed:
         errors = [ln.split("ERROR :", 1)[-1].strip() for ln in log.splitlines() if "ERROR" in ln and "ERROR :" in ln]
         raise StepFailed("SWUpdate refused the update: " + ("; ".join(errors[:3]) or f"exit {r.returncode}"))
+    out = _switch(b, run, got, cur, target, {})
+    swu.unlink()
+    return out
+
+
+def _switch(b: Board, run: str, got: board_swu.Swu, cur: str, target: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """After SWUpdate wrote ``target``: read it back against the signed sha256, arm the capsule,
+    switch the boot slot and record the pending update (with the boot it was installed in)."""
+    sw = got.software
     out: dict[str, Any] = {"slot": target, "from": cur, "version": sw.get("version"), "capsule": None}
-    for im in images:
+    for im in got.images[target]:
         if im["type"] == "raw":
             dev = b.root / str(im["device"]).lstrip("/")
             size = got.members[im["filename"]].size
@@ -449,10 +485,88 @@ def cmd_install(b: Board, a: argparse.Namespace) -> dict[str, Any]:
     b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(target)))
     write_json(
         b.state / "pending.json",
-        {"run": run, "slot": target, "from": cur, "version": sw.get("version"), "boot": b.boot_id()},
+        {"run": run, "slot": target, "from": cur, "version": sw.get("version"), "boot": b.boot_id(), **extra},
     )
-    swu.unlink()
     return out
+
+
+def cmd_claim(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    """SWUpdate's ``preupdatecmd`` on the daemon polling hawkBit (swupdate.cfg): runs once the
+    signature and machine are checked, before any image is written. The daemon's install
+    takes the board's lease as any run does: refused busy (SWUpdate then installs nothing)
+    while an ``alma update`` run holds the board, and an ``alma update`` is refused while the
+    daemon's install holds it. An update already installed and not yet judged refuses too."""
+    pend = b.pending()
+    try:
+        if pend is not None:
+            raise Busy(f"board busy: the update to {pend.get('version')} of run {pend.get('run')} is not judged yet")
+        return cmd_begin(b, argparse.Namespace(run=DAEMON_RUN, host="the hawkBit daemon"))
+    except BoardError:
+        (b.state / DAEMON_SWU).unlink(missing_ok=True)  # never installed: no copy kept
+        raise
+
+
+def cmd_adopt(b: Board, _: argparse.Namespace) -> dict[str, Any]:
+    """SWUpdate's ``postupdatecmd`` on the daemon polling hawkBit: its install becomes the
+    agent's, as ``install`` ends for an ssh run. The daemon's copy (``swupdate -o``) is read
+    with the agent's reader (allowlist, names, machine), the slot read back against it, the
+    boot slot switched, the pending update recorded with the running slot, the boot id and
+    the health warnings already there (the board judges the new slot against them), then
+    the board reboots. Anything refused: nothing switched, the lease let go, last.json says why."""
+    b.require(DAEMON_RUN)
+    swu = b.state / DAEMON_SWU
+    try:
+        if not swu.is_file():
+            raise StepFailed(f"SWUpdate left no copy of what it installed ({swu}): not switching")
+        got = _read_for_board(b, swu)
+        cur = b.current_slot()
+        target = "b" if cur == "a" else "a"
+        baseline = _health_warnings(b)
+        out = _switch(b, DAEMON_RUN, got, cur, target, {"judge": "board", "baseline_warnings": baseline})
+    except BoardError as exc:
+        b.forget("FAILED", f"hawkBit install not taken: {exc}", {"run": DAEMON_RUN})
+        raise
+    swu.unlink()
+    return {**out, "rebooting": True}
+
+
+def _health(b: Board) -> dict[str, Any]:
+    """The board's own ``alma-health --json`` (docs/guard.md), never saved state changed."""
+    argv = [str(b.cfg.get("health", "alma-health")), "--root", str(b.root), "--json", "--no-save"]
+    try:
+        r = b.tool(*argv, check=False)
+        got = json.loads(r.stdout)
+    except (StepFailed, ValueError):
+        return {"status": "UNKNOWN", "checks": []}
+    return got if isinstance(got, dict) else {"status": "UNKNOWN", "checks": []}
+
+
+def _health_warnings(b: Board) -> list[str]:
+    checks = _health(b).get("checks")
+    return sorted(str(c.get("name"))[:64] for c in checks or [] if isinstance(c, dict) and c.get("status") == "WARNING")
+
+
+def _board_verdict(b: Board, pend: dict[str, Any]) -> str | None:
+    """None when the running slot is healthy, else why not: the desktop's rule (docs/ota.md,
+    "Healthy means"): the guard active, alma-health OK, or WARNING where every WARNING check
+    already was one before the update."""
+    guard = b.tool(str(b.cfg.get("systemctl", "systemctl")), "is-active", "alma-guard.service", check=False)
+    state = guard.stdout.strip() or "unknown"
+    if state != "active":
+        return f"the guard is not running ({state})"
+    h = _health(b)
+    status = str(h.get("status"))
+    checks = [c for c in h.get("checks") or [] if isinstance(c, dict)]
+    bad = "; ".join(f"{c.get('name')}: {c.get('summary')}" for c in checks if c.get("status") != "OK")[:300]
+    if status == "OK":
+        return None
+    if status == "WARNING":
+        before = set(pend.get("baseline_warnings") or [])
+        new = sorted(n for c in checks if c.get("status") == "WARNING" and (n := str(c.get("name"))[:64]) not in before)
+        if not new:
+            return None
+        return f"health WARNING, new since the update: {', '.join(new)} ({bad})"
+    return f"health {status[:16]}: {bad}"
 
 
 def _arm_capsule(b: Board, im: dict[str, Any], sw: dict[str, Any]) -> dict[str, Any]:
@@ -545,7 +659,7 @@ def cmd_settle(b: Board, _: argparse.Namespace) -> dict[str, Any]:
     if cur != pend.get("slot"):
         _back_on_old_slot(b, cur)
         why = (
-            "rolled back"
+            "rolled back" + (f": {pend['verdict']}" if pend.get("verdict") else "")
             if pend.get("rolling_back")
             else f"slot {pend.get('slot')} did not stay: the bootloader fell back"
         )
@@ -555,6 +669,8 @@ def cmd_settle(b: Board, _: argparse.Namespace) -> dict[str, Any]:
     if "verifying_since" not in pend:
         pend = {**pend, "verifying_since": iso(now), "verifying_boot": b.boot_id()}
         write_json(b.state / "pending.json", pend)
+    if pend.get("judge") == "board" and not pend.get("rolling_back"):
+        return _settle_by_health(b, pend, cur, now)
     verify_s = b.cfg.get("verify_s", VERIFY_S)
     verify_s = float(verify_s) if isinstance(verify_s, (int, float)) and verify_s > 0 else VERIFY_S
     late = parse_iso(str(pend["verifying_since"])) + verify_s <= now
@@ -564,6 +680,29 @@ def cmd_settle(b: Board, _: argparse.Namespace) -> dict[str, Any]:
         write_json(b.state / "pending.json", {**pend, "rolling_back": True})
         return {"settled": "no verdict in time: rolling back", "rebooting": True}
     return {"settled": "verifying", "since": pend["verifying_since"]}
+
+
+def _settle_by_health(b: Board, pend: dict[str, Any], cur: str, now: float) -> dict[str, Any]:
+    """The board's own verdict on an update nobody else judges (the hawkBit path): healthy on
+    the new slot after a fresh boot: committed; not healthy once ``health_s`` has passed since
+    its first boot there: rolled back (new slot unbootable, old slot active, reboot; the next
+    boot's settle marks the old slot good). Every verdict is of the slot and boot it was taken on."""
+    boot = b.boot_id()
+    why = _board_verdict(b, pend)
+    if why is None and b.current_slot() == cur == pend.get("slot") and b.boot_id() == boot != pend.get("boot"):
+        b.nvbootctrl("rootfs", "mark-boot-successful")
+        b.nvbootctrl("bootloader", "verify")
+        b.forget("COMMITTED", f"healthy on slot {cur} (boot {boot}): committed by the board", pend)
+        return {"settled": "committed", "slot": cur, "version": pend.get("version")}
+    why = why or "the slot or boot changed while judged"
+    health_s = b.cfg.get("health_s", HEALTH_S)
+    if parse_iso(str(pend["verifying_since"])) + float(health_s) > now:
+        write_json(b.state / "pending.json", {**pend, "verdict": why})
+        return {"settled": "verifying", "since": pend["verifying_since"], "why": why}
+    b.nvbootctrl("rootfs", "set-slot-as-unbootable", str(SLOT_NAMES.index(cur)))
+    b.nvbootctrl("rootfs", "set-active-boot-slot", str(SLOT_NAMES.index(str(pend["from"]))))
+    write_json(b.state / "pending.json", {**pend, "rolling_back": True, "verdict": why})
+    return {"settled": f"not healthy within {float(health_s):.0f} s: rolling back", "why": why, "rebooting": True}
 
 
 def cmd_abort(b: Board, a: argparse.Namespace) -> dict[str, Any]:
@@ -616,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("settle", help="finish what no desktop will (run at boot and by a timer)")
     sp_args = sub.add_parser("swupdate-args", help="the SWUpdate daemon's words (hawkBit: conf.d/50-alma-ota)")
     sp_args.add_argument("--suricatta", action="store_true", help="the suricatta words (the device id)")
+    sub.add_parser("claim", help="the hawkBit daemon's install takes the board (SWUpdate preupdatecmd)")
+    sub.add_parser("adopt", help="switch to what the hawkBit daemon installed and reboot (postupdatecmd)")
     sp_abort = sub.add_parser("abort", help="release the board and undo an uncommitted update")
     sp_abort.add_argument("--reboot", action="store_true", help="then reboot into the old slot")
     for name in ("begin", "receive", "install", "reboot", "commit", "rollback", "release"):
@@ -642,7 +783,14 @@ def main(argv: list[str] | None = None) -> int:
         "settle": cmd_settle,
         "abort": cmd_abort,
         "swupdate-args": cmd_swupdate_args,
+        "claim": cmd_claim,
+        "adopt": cmd_adopt,
     }
+    if args.cmd in ("claim", "adopt") and os.environ.get(IN_INSTALL):
+        # The SWUpdate of an ssh run's ``install`` (which holds the agent's step lock): that
+        # run switches and judges its own install.
+        print(json.dumps({"skipped": f"the install of run {os.environ[IN_INSTALL][:64]} is its own"}))
+        return 0
 
     def body() -> int:
         board: Board | None = None
@@ -672,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(out["words"]), flush=True)
             return 0
         print(json.dumps(out, sort_keys=True), flush=True)
-        if args.cmd in ("abort", "settle") and out.get("rebooting"):
+        if args.cmd in ("abort", "settle", "adopt") and out.get("rebooting"):
             board.tool(str(board.cfg.get("reboot", "reboot")))  # after the answer: a reboot ends the session
         return 0
 
