@@ -233,12 +233,23 @@ def test_queue_list_shows_malformed_rows_instead_of_crashing(grid, eran_grid_cmd
 # -- the yield line names its reason -------------------------------------------------------
 
 
-def test_a_vacated_job_yields_with_its_reason_in_the_line(grid, machine) -> None:
-    g = grid(vacate_after=0.1)
-    g.hashchain(50_000_000)
+STUBBORN = (
+    "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "pathlib.Path(sys.argv[1]).touch(); time.sleep(3600)"
+)
+
+
+@pytest.mark.parametrize("stubborn", [False, True], ids=["checkpointed", "killed-after-grace"])
+def test_a_vacated_job_yields_with_its_reason_in_the_line(grid, machine, tmp_path: Path, stubborn: bool) -> None:
+    g = grid(vacate_after=0.1, grace=0.2)
+    ignoring = tmp_path / "ignoring-sigterm"
+    if stubborn:  # ignores SIGTERM, as a job too slow to checkpoint within the grace looks
+        g.queue.submit([sys.executable, "-c", STUBBORN, str(ignoring)], b"seed", name="stubborn")
+    else:
+        g.hashchain(50_000_000)
     agent = g.agent()
     agent.start()
-    g.drive(agent, lambda: agent.proc is not None)
+    g.drive(agent, lambda: agent.proc is not None and (ignoring.exists() or not stubborn))
     machine.touch_pts(0, time.time())  # the owner is back
     lines = []
     deadline = time.monotonic() + DEADLINE_S

@@ -661,8 +661,9 @@ class Agent:
             if now - self.term_sent_at >= self.cfg.grace:
                 self.proc.kill()
                 self.proc.wait()
-                self._yield(self.pause_reason + ", killed after grace")
-                return f"yielded job {job_id}: killed after {ago(self.cfg.grace)} grace"
+                why = self.pause_reason or "vacated"  # _yield clears pause_reason
+                self._yield(why + ", killed after grace")
+                return f"yielded job {job_id} ({why}): killed after {ago(self.cfg.grace)} grace"
             return f"vacating job {job_id} ({self.pause_reason}): waiting for its checkpoint"
 
         if reason:
