@@ -18,6 +18,17 @@ settings.register_profile("alma", database=None)
 settings.load_profile("alma")
 
 REPO = Path(__file__).resolve().parent.parent
+BOARD_TIER = REPO / "tests" / "lab"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The board tier's files share their virtual boards (module fixtures): one xdist group per
+    # file keeps a file's tests on one worker under `--dist loadgroup`. xdist hands out the
+    # biggest groups first, so their long waits on reboots and ssh overlap the rest of the suite.
+    for item in items:
+        if item.path.is_relative_to(BOARD_TIER):
+            item.add_marker(pytest.mark.xdist_group(f"board-tier-{item.path.stem}"))
 
 
 @pytest.fixture(autouse=True)
