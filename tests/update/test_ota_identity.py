@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,58 @@ def test_a_store_set_aside_twice_keeps_both(tmp_path: Path) -> None:
     assert got["hostname"] == "edge-7" and not store.is_symlink() and store.is_dir()
     assert (tmp_path / "data/alma-identity.bad.1").is_symlink()
     assert (tmp_path / "data/alma-identity.bad/hostname").read_text() == "edge-8\n"
+
+
+# -- sshd with the image's drop-in, when /data holds no identity -------------------------------
+
+
+def _sshd_with_the_dropin(root: Path) -> tuple[Path, int]:
+    """sshd_config of the image's drop-in (00-alma-identity.conf) with / moved to ``root``."""
+    from support_fleet import free_port
+
+    dropin = (REPO / "tools/ota/ssh/00-alma-identity.conf").read_text()
+    dropin = dropin.replace(" /data/", f" {root}/data/").replace(" /etc/", f" {root}/etc/")
+    port = free_port()
+    cfg = root / "sshd_config"
+    cfg.write_text(f"ListenAddress 127.0.0.1\nPort {port}\nPidFile {root}/sshd.pid\nUsePAM no\n{dropin}")
+    return cfg, port
+
+
+def _offered_key(cfg: Path, port: int) -> str:
+    """The ed25519 host key a real sshd with ``cfg`` offers (ssh-keyscan)."""
+    sshd, keyscan = require_tool("/usr/sbin/sshd"), require_tool("ssh-keyscan")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            r = subprocess.run([keyscan, "-t", "ed25519", "-p", str(port), "127.0.0.1"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+            if r.stdout.strip():
+                return r.stdout.split()[2]
+            time.sleep(0.2)
+        raise AssertionError(f"sshd never answered (exit {proc.poll()})")
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
+def test_sshd_answers_with_the_slots_own_key_when_data_holds_none(tmp_path: Path) -> None:
+    # /data failed to mount (or was wiped before alma-identity ran): sshd must not exit
+    # "no hostkeys available", or the board is out of reach until someone opens its console
+    slot_key = host_key(tmp_path)
+    cfg, port = _sshd_with_the_dropin(tmp_path)
+    sshd = require_tool("/usr/sbin/sshd")
+    r = subprocess.run([sshd, "-t", "-f", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert _offered_key(cfg, port) == slot_key.with_name(slot_key.name + ".pub").read_text().split()[1]
+
+
+def test_sshd_offers_the_pinned_key_on_data_before_the_slots_own(tmp_path: Path) -> None:
+    store = flashed(tmp_path)
+    keep(tmp_path)
+    updated(tmp_path)  # the new slot made a key of its own at its first boot
+    pinned = (store / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    assert pinned != (tmp_path / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[1]
+    cfg, port = _sshd_with_the_dropin(tmp_path)
+    assert _offered_key(cfg, port) == pinned
