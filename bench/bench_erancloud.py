@@ -1,7 +1,7 @@
 """ERANCLOUD: Local-SGD (outer Nesterov over pseudo-gradients, DiLoCo) against a FAIR
 synchronous data-parallel baseline, side by side in one run, at an equal number of samples.
 
-    nice -n 10 .venv/bin/python bench/bench_erancloud.py [--steps 2000] [--inner nesterov|adamw]
+    nice -n 10 .venv/bin/python bench/bench_erancloud.py [--steps 2000[,8000,...]] [--inner nesterov|adamw]
         [--seeds 0,1,2] [--only sync,h50,h500,late,byz] [--jobs 2]
 
 Fairness (what the first version of this benchmark got wrong: plain SGD at an untuned lr for
@@ -23,7 +23,10 @@ the baseline, Nesterov only on the Local-SGD side, settings picked on the split 
   again at the setting chosen, x 1/sqrt 2 and x sqrt 2, then x 2 and x 2 sqrt 2 (or their
   inverses) on the better side;
 * every Local-SGD run has whole rounds only: with the default 2,000 steps, H = 500 has four
-  outer rounds, H = 50 forty;
+  outer rounds, H = 50 forty. ``--steps 2000,8000`` prints one table per horizon, each line
+  tuned again at that horizon with the same budget (the best lr and outer step move with it),
+  every gap against the baseline of the same horizon (DiLoCo, Douillard et al. 2023, runs
+  H = 500 over tens of thousands of steps: four rounds are not the regime it is meant for);
 * every reported figure is the mean over ``--seeds`` (>= 3) with min and max; samples and
   characters seen are printed per line, the loss gap with the perplexity ratio exp(loss gap).
 
@@ -373,32 +376,19 @@ def _setting(t: Task) -> str:
     return f"lr {lr:.4g}" + (f" outer {o[0]:g}/{o[1]:g}" if key != "sync" else f" warmup {100 * warmup:g} %")
 
 
-def main() -> int:
+def lm_table(steps: int, args: argparse.Namespace, seeds: list[int], only: set[str]) -> None:
+    """(b) at one horizon: every line tuned with the same budget, then reported, then the
+    targets, each figure labelled with the horizon it is for."""
     global _LM
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=2000, help="steps of 128 samples (default 2000: H=500 has 4 rounds)")
-    ap.add_argument("--inner", choices=("nesterov", "adamw"), default="nesterov", help="inner optimizer, both sides")
-    ap.add_argument("--warmup", type=float, default=0.05, help="linear warmup, fraction of the steps (default 0.05)")
-    ap.add_argument("--seeds", default="0,1,2", help="report seeds (default 0,1,2)")
-    ap.add_argument("--only", default="", help="comma list of lines: sync,h50,h500,late,byz")
-    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (independent runs; default 2)")
-    ap.add_argument("--no-digits", action="store_true", help="skip (a)")
-    ap.add_argument("--cache", type=Path, default=None,
-                    help="JSON-lines file of finished runs (keyed by every setting): a run interrupted on a loaded "
-                         "machine resumes where it stopped; each figure is still computed once")  # fmt: skip
-    args = ap.parse_args()
-    seeds = [int(x) for x in args.seeds.split(",")]
-    only = set(filter(None, args.only.split(",")))
-    t0 = time.monotonic()
-    if not args.no_digits:
-        digits_table(seeds)
-    _LM = lm = Lm(args.steps, args.inner, args.warmup)
+    _LM = lm = Lm(steps, args.inner, args.warmup)
     count = lm.model.count
-    samples = args.steps * BATCH * WORKERS
-    print(f"(b) char-LM: {count} parameters; inner {args.inner} (erancloud.inner), total batch {BATCH * WORKERS}, "
-          f"{args.steps} steps (warmup {lm.warmup}, then cosine); {samples} samples = {samples * (CONTEXT + 1)} "
-          f"characters read per line; tuning split (seed {TUNE_SEED}), {BUDGET} configurations per line; "
-          f"report split: seeds {seeds}", flush=True)  # fmt: skip
+    samples = steps * BATCH * WORKERS
+    epochs = samples / sum(len(s) for s in lm.shards)
+    print(f"(b) char-LM at {steps} steps: {count} parameters; inner {args.inner} (erancloud.inner), total batch "
+          f"{BATCH * WORKERS}, {steps} steps (warmup {lm.warmup}, then cosine; H=500: {steps // 500} outer rounds, "
+          f"H=50: {steps // 50}); {samples} samples = {samples * (CONTEXT + 1)} characters read per line "
+          f"({epochs:.2f} passes over the training text); tuning split (seed {TUNE_SEED}), {BUDGET} configurations "
+          f"per line; report split: seeds {seeds}", flush=True)  # fmt: skip
     wanted = [k for k in NAMES if not only or k in only]
     tuned_as = {k: ("h50" if k in ("late", "byz") else k) for k in wanted}  # whose settings a line uses
     to_tune = [k for k in ("sync", "h50", "h500") if k in tuned_as.values()]
@@ -410,7 +400,8 @@ def main() -> int:
             done[row["key"]] = float(row["loss"])
 
     def run_all(pool: concurrent.futures.Executor, tasks: list[Task]) -> list[float]:
-        keys = {t: json.dumps([args.steps, args.inner, *t]) for t in tasks}
+        # The key holds every setting of a run: the horizon, the inner optimizer and the task.
+        keys = {t: json.dumps([steps, args.inner, *t]) for t in tasks}
         futures = {pool.submit(_run, t): t for t in tasks if keys[t] not in done}
         for fut in concurrent.futures.as_completed(futures):
             key = keys[futures[fut]]
@@ -466,7 +457,8 @@ def main() -> int:
         tasks = [(k, *chosen[tuned_as[k]][1:3], "report", s, chosen[tuned_as[k]][5]) for k in wanted for s in seeds]
         got = dict(zip(tasks, run_all(pool, tasks), strict=True))
     results: dict[str, float] = {}
-    print(f"    report split, seeds {seeds} (loss: mean, min, max; gap and perplexity ratio against the baseline):")
+    print(f"    report split at {steps} steps, seeds {seeds} (loss: mean, min, max; gap and perplexity ratio against "
+          f"the baseline at {steps} steps):")  # fmt: skip
     for key in wanted:
         h = H_OF[key]
         vals = [got[(key, *chosen[tuned_as[key]][1:3], "report", s, chosen[tuned_as[key]][5])] for s in seeds]
@@ -478,7 +470,7 @@ def main() -> int:
         print(f"    {NAMES[key]:<48} {_setting(chosen[tuned_as[key]]):<26} loss {np.mean(vals):.3f} "
               f"(min {min(vals):.3f} max {max(vals):.3f}) {rel:>20}  {bps:>9.1f} B/sample {ratio}",
               flush=True)  # fmt: skip
-    print("targets (against the fair baseline):")
+    print(f"targets at {steps} steps (against the fair baseline at {steps} steps):")
     for key, limit, what in (("h50", 3, "H=50 within +3 %"), ("h500", 6, "H=500 within +6 % at >= 500x fewer bytes"),
                              ("late", 6, "one of four yielding every round within +6 %")):  # fmt: skip
         if key in results and "sync" in results:
@@ -489,6 +481,33 @@ def main() -> int:
         gap = 100 * (results["byz"] / results["h50"] - 1)
         print(f"    one Byzantine worker of four within +3 % of the honest run: {'met' if gap <= 3 else 'NOT met'} "
               f"({gap:+.1f} %)")  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", default="2000",
+                    help="steps of 128 samples, or a comma list of horizons, each its own table "
+                         "(default 2000: H=500 has 4 rounds)")  # fmt: skip
+    ap.add_argument("--inner", choices=("nesterov", "adamw"), default="nesterov", help="inner optimizer, both sides")
+    ap.add_argument("--warmup", type=float, default=0.05, help="linear warmup, fraction of the steps (default 0.05)")
+    ap.add_argument("--seeds", default="0,1,2", help="report seeds (default 0,1,2)")
+    ap.add_argument("--only", default="", help="comma list of lines: sync,h50,h500,late,byz")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (independent runs; default 2)")
+    ap.add_argument("--no-digits", action="store_true", help="skip (a)")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="JSON-lines file of finished runs (keyed by every setting): a run interrupted on a loaded "
+                         "machine resumes where it stopped; each figure is still computed once")  # fmt: skip
+    args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    only = set(filter(None, args.only.split(",")))
+    horizons = [int(x) for x in args.steps.split(",")]
+    if any(h < 500 or h % 500 for h in horizons):
+        ap.error("every --steps must be a multiple of 500 (whole rounds for H=50 and H=500)")
+    t0 = time.monotonic()
+    if not args.no_digits:
+        digits_table(seeds)
+    for steps in horizons:
+        lm_table(steps, args, seeds, only)
     print(f"total {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -113,6 +113,26 @@ def test_outer_step_is_nesterov_and_fedavg_is_the_mean() -> None:
     assert Outer().weight(2) == 0.0
 
 
+def test_the_outer_step_over_rounds_is_diloco_s_torch_sgd_nesterov() -> None:
+    """DiLoCo's outer step: the pseudo-gradient theta_old - mean(theta_workers) fed to
+    torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True), written out as torch documents it
+    (b_1 = g_1, b_t = mu b_{t-1} + g_t; theta -= lr (g_t + mu b_t)). Over several rounds, so
+    heavy-ball (theta -= lr b_t) or a lost momentum would differ."""
+    rng = np.random.default_rng(5)
+    p = rng.normal(size=6).astype(np.float32)
+    mom = np.zeros(6, np.float32)
+    ref_p, buf = p.astype(np.float64), None
+    outer = Outer(aggregate="mean")
+    for _ in range(4):
+        workers = [ref_p + rng.normal(scale=0.1, size=6) for _ in range(3)]
+        deltas = [((w - ref_p).astype(np.float32), 1.0) for w in workers]
+        g = ref_p - np.mean(workers, axis=0)
+        buf = g if buf is None else 0.9 * buf + g
+        ref_p = ref_p - 0.7 * (g + 0.9 * buf)
+        p, mom = outer.step(p, mom, deltas)
+        assert np.allclose(p, ref_p, atol=1e-5)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(protocol.TRAIN_LIMITS)),
                        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)))  # fmt: skip
