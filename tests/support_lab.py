@@ -38,18 +38,19 @@ def require_lab() -> None:
 
 @contextlib.contextmanager
 def virtual_lab(
-    count: int = 1, ota_cert: bytes | None = None, image_sshd: bool = False
+    count: int = 1, ota_cert: bytes | None = None, image_sshd: bool = False, cpus: float | None = None
 ) -> Iterator[tuple[Path, list[lab.Board]]]:
     """``ota_cert``: the certificate the boards' image bakes in (default: the lab makes its
     own pair, ``<lab>/ota-cert.pem`` and ``ota-key.pem``). ``image_sshd``: the boards run
-    sshd as the image does (alma.lab.board.use_image_sshd)."""
+    sshd as the image does (alma.lab.board.use_image_sshd). ``cpus``: each board's own CPU
+    budget (`alma lab up --cpus`), None: they share the host's cores."""
     require_lab()
     lab_dir = Path(tempfile.mkdtemp(prefix="alma-lab-"))
     prefix = f"t{uuid.uuid4().hex[:8]}-"  # machine names are host-wide: unique per test
     if ota_cert is not None:
         (lab_dir / lab.OTA_CERT).write_bytes(ota_cert)
     try:
-        made = lab.up(lab_dir, count, prefix, image_sshd=image_sshd)
+        made = lab.up(lab_dir, count, prefix, image_sshd=image_sshd, cpus=cpus)
         yield lab_dir, [b for b, _ in made]
     finally:
         lab.down(lab_dir)
@@ -58,11 +59,11 @@ def virtual_lab(
 
 @contextlib.contextmanager
 def virtual_fleet(
-    count: int = 2, ota_cert: bytes | None = None, image_sshd: bool = False
+    count: int = 2, ota_cert: bytes | None = None, image_sshd: bool = False, cpus: float | None = None
 ) -> Iterator[tuple[Path, list[lab.Board]]]:
     """``count`` boards and a fleet file reaching them (what `alma lab up --fleet` writes),
     for `alma fleet ...` / `alma update --fleet FILE` against real systemd over real ssh."""
-    with virtual_lab(count, ota_cert, image_sshd) as (lab_dir, boards):
+    with virtual_lab(count, ota_cert, image_sshd, cpus) as (lab_dir, boards):
         fleet = lab_dir / "fleet.toml"
         fleet.write_text(lab.fleet_toml(lab_dir))
         try:

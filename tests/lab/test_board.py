@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,6 +20,7 @@ from alma.lab import board as lab
 from alma.lab import machine, supervise
 
 pytestmark = pytest.mark.slow
+CPUS = 0.3  # each board's CPU budget in the up-to-down test (`alma lab up --cpus`)
 
 UNITS = (
     "alma-guard.service",
@@ -64,8 +66,9 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
     names: list[str] = []
     try:
         code, out, err = run_cli(
-            capsys, "lab", "up", "--boards", "2", "--prefix", prefix, "--fleet", fleet, "--dir", lab_dir, "--json"
-        )
+            capsys, "lab", "up", "--boards", "2", "--prefix", prefix, "--fleet", fleet, "--dir", lab_dir, "--json",
+            "--cpus", str(CPUS),
+        )  # fmt: skip
         assert code == 0, err
         names = [b["name"] for b in json.loads(out)["boards"]]
         assert names == [f"{prefix}1", f"{prefix}2"]
@@ -76,6 +79,14 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
         trees = {n: Path(f"/proc/{lab.Board(lab_dir, n).init_pid()}/cgroup").read_text() for n in names}
         assert len(set(trees.values())) == len(names), trees
         assert all(f"/alma-lab-{n}/" in tree for n, tree in trees.items()), trees
+
+        # each board held to its own CPU budget: a login's busy loop gets at most its share
+        # (an upper bound the kernel enforces; a busy host can only give it less)
+        b1 = lab.Board(lab_dir, names[0])
+        spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 2: pass\nprint(time.process_time())"
+        used = float(subprocess.run(b1.ssh_argv([shlex.join(["python3", "-c", spin])]), capture_output=True, text=True,
+                                    check=True, timeout=120).stdout)  # fmt: skip
+        assert used <= 2 * CPUS * 1.5, f"{used:.2f} CPU-s in 2 s on a board held to {CPUS} cores"
 
         code, out, err = run_cli(capsys, "fleet", "health", "--fleet", fleet, "--json")
         report = json.loads(out)
@@ -112,6 +123,8 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
     # vanish while it walks
     ours = {f"alma-lab-{n}" for n in names}
     assert v2 is None or not [d for _, dirs, _ in os.walk(v2) for d in dirs if d in ours]
+    v1cpu = supervise.cgroup1_mount(Path("/proc/self/mountinfo").read_text(), "cpu")
+    assert v1cpu is None or not [d for _, dirs, _ in os.walk(v1cpu) for d in dirs if d in ours]
 
 
 def _freeze_file() -> str:

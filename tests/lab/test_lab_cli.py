@@ -19,3 +19,17 @@ def test_not_root_is_a_usage_error_that_says_what_to_run(
     assert "needs root" in err and "sudo alma lab" in err
     assert "Traceback" not in err
     assert not lab_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "verb", [["up", "--cpus", "nan"], ["up", "--cpus", "inf"], ["heat", "vb1", "tj", "nan"]], ids=str
+)
+def test_a_non_finite_number_is_refused_before_anything_is_touched(
+    verb: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """click's FloatRange lets nan through (every comparison with nan is false)."""
+    lab_dir = tmp_path / "lab"
+    code, _, err = run_cli(capsys, "lab", *verb, "--dir", lab_dir)
+    assert code == 2
+    assert "finite" in err or "range" in err
+    assert not lab_dir.exists()

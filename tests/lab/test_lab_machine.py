@@ -92,6 +92,35 @@ def test_the_cgroup_v2_mount_is_found_on_hybrid_and_unified_hosts() -> None:
     assert supervise.cgroup2_mount("37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
 
 
+def test_the_cpu_controller_s_v1_hierarchy_is_found_by_its_option_not_its_name() -> None:
+    mountinfo = (
+        "36 35 0:31 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "37 35 0:32 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
+        "38 35 0:33 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+    )
+    assert supervise.cgroup1_mount(mountinfo, "cpu") == Path("/sys/fs/cgroup/cpu,cpuacct")
+    assert supervise.cgroup1_mount(mountinfo, "cpuacct") == Path("/sys/fs/cgroup/cpu,cpuacct")
+    assert supervise.cgroup1_mount(mountinfo, "memory") is None  # "cpuset" is not "cpu" either
+
+
+def test_a_board_whose_cpu_budget_cannot_be_enforced_is_not_booted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`alma lab up --cpus` on a host with no cpu controller to hold the board to it: the
+    supervisor says so and exits before booting anything (a board pretending to have a budget
+    would make every figure measured on it wrong)."""
+    board = tmp_path / "vb1"
+    board.mkdir()
+    (board / supervise.CPUS_FILE).write_text("0.5\n")
+    monkeypatch.setattr(supervise, "own_cgroup", lambda b: None)
+    monkeypatch.setattr(supervise, "cgroup1_mount", lambda mountinfo, controller: None)
+    booted: list[object] = []
+    monkeypatch.setattr(supervise.subprocess, "Popen", lambda *a, **k: booted.append(a))
+    assert supervise.main([str(board)]) == 1
+    assert booted == []
+    assert not (board / "supervisor.pid").exists()
+
+
 def test_each_slot_boots_its_own_identity_and_a_rewritten_slot_the_image_s(tmp_path: Path) -> None:
     """On a board /etc is the slot's: the lab keeps each slot's identity files and puts the
     booted one's in place at power-on; a slot SWUpdate wrote boots the image's, a new host key."""

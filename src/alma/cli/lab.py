@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from alma.cli.output import secho
+from alma.cli.output import finite, secho
 
 if TYPE_CHECKING:
     from alma.lab.board import Board
@@ -74,10 +74,25 @@ _OTA_CERT_HELP = (
 )
 @click.option("--prefix", default="vb", show_default=True, help="Board names: PREFIX1, PREFIX2, ...")
 @click.option("--ota-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=_OTA_CERT_HELP)
+@click.option(
+    "--cpus",
+    type=click.FloatRange(min=0.05, max=float(os.cpu_count() or 1)),
+    callback=finite,
+    default=None,
+    help="Hold each board to this many of the host's cores (CFS bandwidth on its cgroup), as a real board "
+    "has cores of its own: boards measured side by side then do not slow each other down through the "
+    "host. Default: the host's cores, shared.",
+)
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the boards as JSON.")
 def up(
-    count: int, fleet_path: Path | None, prefix: str, ota_cert: Path | None, lab_dir: Path | None, as_json: bool
+    count: int,
+    fleet_path: Path | None,
+    prefix: str,
+    ota_cert: Path | None,
+    cpus: float | None,
+    lab_dir: Path | None,
+    as_json: bool,
 ) -> None:
     """Start virtual boards and wait until each one is ready (systemd up, ssh answers)."""
     from alma.lab import board
@@ -86,7 +101,7 @@ def up(
     lab_path = _lab_dir(lab_dir)
     if ota_cert is not None:
         board.use_ota_cert(lab_path, ota_cert)
-    made = board.up(lab_path, count, prefix, progress=lambda m: secho(m, err=True))
+    made = board.up(lab_path, count, prefix, progress=lambda m: secho(m, err=True), cpus=cpus)
     if fleet_path is not None:
         from alma.ground import write_atomic
 
@@ -173,7 +188,7 @@ def reboot(name: str, power_cut: bool, lab_dir: Path | None) -> None:
 @lab.command(epilog=EPILOG)
 @click.argument("name")
 @click.argument("zone")
-@click.argument("celsius", type=click.FloatRange(-40, 150))
+@click.argument("celsius", type=click.FloatRange(-40, 150), callback=finite)
 @_dir_option
 def heat(name: str, zone: str, celsius: float, lab_dir: Path | None) -> None:
     """Set thermal ZONE of board NAME (tj, tj-thermal or thermal_zone8) to CELSIUS."""

@@ -41,7 +41,8 @@ def console(stderr: bool = False) -> Any:
 
 
 def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """click's FloatRange lets ``inf`` and ``nan`` through: a deadline must be a number."""
+    """click's FloatRange lets ``inf`` and ``nan`` through (every comparison with nan is
+    false): a deadline, a temperature, a CPU budget must be a number."""
     if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value!r} is not a finite number of seconds")
+        raise click.BadParameter(f"{value!r} is not a finite number")
     return value

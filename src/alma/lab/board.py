@@ -227,7 +227,10 @@ class Board:
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.supervisor() is None:
-                raise UserError(f"board {self.name} stopped while booting", hint=f"read {self.dir / 'console.log'}")
+                raise UserError(
+                    f"board {self.name} stopped while booting",
+                    hint=f"read {self.dir / 'supervisor.log'} and {self.dir / 'console.log'}",
+                )
             if self.boots() > after_boot and self.ready():
                 with contextlib.suppress(OSError, ValueError):
                     return time.monotonic() - float((self.dir / "powered-on").read_text())
@@ -523,9 +526,10 @@ def boards(lab: Path) -> list[Board]:
     return [Board(lab, p.parent.name) for p in sorted(lab.glob("*/disk"))]
 
 
-def create(lab: Path, name: str, image_sshd: bool = False) -> Board:
+def create(lab: Path, name: str, image_sshd: bool = False, cpus: float | None = None) -> Board:
     """Mount the board's disk and root, assemble it, start its supervisor (which boots it);
-    ``image_sshd``: its sshd as the image runs it (use_image_sshd)."""
+    ``image_sshd``: its sshd as the image runs it (use_image_sshd); ``cpus``: the board's own
+    CPU budget in cores (supervise.cpu_budget), None: it shares the host's."""
     if not _NAME.match(name):
         raise UserError(f"board name {name!r}: lower-case letters, digits and '-' (at most 31)")
     board = Board(lab, name)
@@ -561,6 +565,8 @@ def create(lab: Path, name: str, image_sshd: bool = False) -> Board:
         _write_ssh(lab)
         if image_sshd:
             use_image_sshd(board)
+        if cpus is not None:
+            (board.dir / supervise.CPUS_FILE).write_text(f"{cpus}\n")
         start_supervisor(board)
     except BaseException:
         board.stop(timeout=30)
@@ -588,9 +594,14 @@ def start_supervisor(board: Board) -> None:
 
 
 def up(
-    lab: Path, count: int, prefix: str, progress: Callable[[str], None] = lambda _: None, image_sshd: bool = False
+    lab: Path,
+    count: int,
+    prefix: str,
+    progress: Callable[[str], None] = lambda _: None,
+    image_sshd: bool = False,
+    cpus: float | None = None,
 ) -> list[tuple[Board, float]]:
-    made = [create(lab, f"{prefix}{i}", image_sshd) for i in range(1, count + 1)]
+    made = [create(lab, f"{prefix}{i}", image_sshd, cpus) for i in range(1, count + 1)]
     progress(f"booting {', '.join(b.name for b in made)}")
     out = []
     for b in made:

@@ -20,6 +20,9 @@ from alma.lab import layout, machine
 
 HEALTH_TOML = "/etc/alma/health.toml"
 CGROUP_FILE = "cgroup"  # the board's own cgroup (v2), removed by `alma lab down`
+CPUS_FILE = "cpus"  # the board's CPU budget in cores (`alma lab up --cpus`); absent: the host's, shared
+CPU_CGROUP_FILE = "cpu-cgroup"  # where that budget is enforced when not in CGROUP_FILE's (cgroup v1)
+CPU_PERIOD_US = 100_000
 NSPAWN_REBOOT = 133  # systemd-nspawn's exit status when the container asked for a reboot
 HANG_S = 1.0  # a boot that hangs: this long until the (virtual) watchdog resets the board
 
@@ -75,20 +78,68 @@ def own_cgroup(board: Path) -> Path | None:
     return cg
 
 
-def remove_cgroup(board: Path) -> bool:
-    """Remove the board's cgroup tree (deepest first); True when none is left."""
+def cgroup1_mount(mountinfo: str, controller: str) -> Path | None:
+    """Where the cgroup v1 hierarchy holding ``controller`` is mounted (``/sys/fs/cgroup/cpu``
+    or ``.../cpu,cpuacct`` on a hybrid host), from /proc/self/mountinfo."""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = right.split()
+        if len(fields) >= 3 and fields[0] == "cgroup" and controller in fields[2].split(","):
+            return Path(left.split()[4])
+    return None
+
+
+def cpu_budget(board: Path, own: Path | None) -> Path | None:
+    """Hold the board to its CPU budget (CPUS_FILE), as a real board is held to its own cores:
+    CFS bandwidth on the board's cgroup, v2's ``cpu.max`` where the cpu controller can be
+    enabled for it, else (a hybrid host, whose unified tree has no controllers) a cgroup of the
+    board's own in v1's cpu hierarchy. Returns where, None without a budget; OSError when it
+    cannot be enforced (the board must not boot pretending it is)."""
     try:
-        cg = Path((board / CGROUP_FILE).read_text().strip())
-    except OSError:
-        return True
-    if cg.name != f"alma-lab-{board.name}" or not cg.is_dir():
-        return True  # not one we made, or gone
-    for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        cpus = float((board / CPUS_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    quota = f"{max(1000, round(cpus * CPU_PERIOD_US))}"
+    if own is not None:
+        with contextlib.suppress(OSError):  # refused when the parent holds processes of its own
+            (own.parent / "cgroup.subtree_control").write_text("+cpu\n")
+        if (own / "cpu.max").exists():
+            (own / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}\n")
+            return own
+    mount = cgroup1_mount(Path("/proc/self/mountinfo").read_text(), "cpu")
+    if mount is None:
+        raise OSError("no cpu controller for the board: cgroup v2's cpu.max cannot be enabled, no v1 cpu hierarchy")
+    mine = next(
+        (f[2] for f in (ln.split(":", 2) for ln in Path("/proc/self/cgroup").read_text().splitlines())
+         if len(f) == 3 and "cpu" in f[1].split(",")),
+        "/",
+    )  # fmt: skip
+    cg = mount / mine.lstrip("/") / f"alma-lab-{board.name}"
+    cg.mkdir(exist_ok=True)
+    (board / CPU_CGROUP_FILE).write_text(f"{cg}\n")
+    (cg / "cpu.cfs_period_us").write_text(f"{CPU_PERIOD_US}\n")
+    (cg / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+    (cg / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    return cg
+
+
+def remove_cgroup(board: Path) -> bool:
+    """Remove the board's cgroup trees (deepest first); True when none is left."""
+    left = False
+    for file in (CGROUP_FILE, CPU_CGROUP_FILE):
+        try:
+            cg = Path((board / file).read_text().strip())
+        except OSError:
+            continue
+        if cg.name != f"alma-lab-{board.name}" or not cg.is_dir():
+            continue  # not one we made, or gone
+        for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()
         with contextlib.suppress(OSError):
-            d.rmdir()
-    with contextlib.suppress(OSError):
-        cg.rmdir()
-    return not cg.exists()
+            cg.rmdir()
+        left = left or cg.exists()
+    return not left
 
 
 def boot_files(board: Path, plan: machine.BootPlan) -> None:
@@ -106,12 +157,18 @@ def boot_files(board: Path, plan: machine.BootPlan) -> None:
 def main(argv: list[str]) -> int:
     board = Path(argv[0])
     (board / "supervisor.pid").write_text(f"{os.getpid()}\n")
+    own = None
     try:
-        own_cgroup(board)
+        own = own_cgroup(board)
     except OSError as exc:  # booted all the same, sharing its caller's cgroup tree (docs/lab.md)
         print(f"no cgroup of the board's own: {exc}", flush=True)
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     try:
+        try:
+            cpu_budget(board, own)
+        except OSError as exc:
+            print(f"cannot hold the board to its CPU budget, not booting it: {exc}", flush=True)
+            return 1
         while not (board / "stop").exists():
             plan = machine.boot_plan(board / "machine/slot", board / "machine/disk")
             if not plan.boots:
