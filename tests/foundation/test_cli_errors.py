@@ -195,3 +195,46 @@ def test_a_broken_alma_toml_is_exit_2_naming_it(tmp_path: Path, content: bytes, 
         settings.config(tmp_path)
     assert str(tmp_path / "alma.toml") in ei.value.message and needle in ei.value.message
     assert ei.value.exit_code == 2
+
+
+def _float_options() -> list[tuple[tuple[str, ...], str]]:
+    """Every option of every verb whose value is a float: (command path, option name)."""
+    found: list[tuple[tuple[str, ...], str]] = []
+
+    def walk(cmd: click.Command, path: tuple[str, ...]) -> None:
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, (*path, name))
+            return
+        for p in cmd.params:
+            if isinstance(p, click.Option) and isinstance(p.type, click.types.FloatParamType):
+                found.append((path, max(p.opts, key=len)))
+
+    walk(climain.cli, ())
+    return found
+
+
+FLOAT_OPTIONS = _float_options()
+
+
+def test_the_walk_finds_the_float_options() -> None:
+    assert (("lab", "up"), "--cpus") in FLOAT_OPTIONS and (("update",), "--poll") in FLOAT_OPTIONS
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize(("path", "option"), FLOAT_OPTIONS, ids=lambda x: " ".join(x) if isinstance(x, tuple) else x)
+def test_every_float_option_refuses_a_non_finite_number_before_anything_runs(
+    path: tuple[str, ...], option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """click's FloatRange lets nan through (every comparison with nan is false) and inf past a
+    lower bound: a deadline, a poll interval, a size cap or a CPU budget of nan would wait for
+    ever, spin, or crash in time.sleep. Each is refused as a usage error, first."""
+    with pytest.raises(SystemExit) as ei:
+        climain.main([*path, option, value])
+    err = capsys.readouterr().err
+    usage = 3 if path == ("fleet", "health") else 2  # fleet health speaks Nagios: 3 is UNKNOWN
+    assert ei.value.code == usage, err
+    assert "finite" in err or (value == "inf" and "range" in err), err

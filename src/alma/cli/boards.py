@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 from almaboard import text as T
 
-from alma.cli.output import console, emit_json, is_tty
+from alma.cli.output import console, emit_json, finite, is_tty
 
 if TYPE_CHECKING:
     from alma.flash.discovery import UsbBoard
@@ -27,6 +27,7 @@ EXIT_WAIT_TIMEOUT = 124  # like timeout(1): --wait saw no board in recovery mode
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0),
+    callback=finite,
     default=None,
     help="With --wait: give up after S seconds (default: wait forever).",
 )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from almaboard import text as T
 
-from alma.cli.output import console, emit_json, is_tty, secho
+from alma.cli.output import console, emit_json, finite, is_tty, secho
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,7 +80,9 @@ def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
     metavar="PORT|auto|none",
     help="Serial console to watch for the boot (auto: the board's USB serial UART if one is found).",
 )
-@click.option("--boot-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, help="Seconds.")
+@click.option(
+    "--boot-timeout", type=click.FloatRange(min=0), callback=finite, default=300.0, show_default=True, help="Seconds."
+)
 @click.option(
     "--phase-timeout",
     multiple=True,
@@ -102,6 +104,7 @@ def _phase_timeouts(values: tuple[str, ...]) -> dict[str, float]:
 @click.option(
     "--unpack-cap",
     type=click.FloatRange(min=0, min_open=True),
+    callback=finite,
     metavar="GB",
     help="Refuse bundles whose unpacked data exceeds GB (default: free space less 1 GB decides).",
 )

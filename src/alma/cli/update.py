@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from alma.cli.output import is_tty
+from alma.cli.output import finite, is_tty
 from alma.errors import UserError
 
 
@@ -72,6 +72,7 @@ from alma.errors import UserError
 @click.option(
     "--boot-timeout",
     type=click.FloatRange(min=1),
+    callback=finite,
     default=300.0,
     show_default=True,
     help="Seconds a board may take to come back after the reboot.",
@@ -79,6 +80,7 @@ from alma.errors import UserError
 @click.option(
     "--health-timeout",
     type=click.FloatRange(min=0),
+    callback=finite,
     default=120.0,
     show_default=True,
     help="Seconds a board may take, once back, to prove healthy; then it is rolled back.",
@@ -87,6 +89,7 @@ from alma.errors import UserError
     "--poll",
     "poll_s",
     type=click.FloatRange(min=0.05),
+    callback=finite,
     default=2.0,
     show_default=True,
     help="Seconds between two questions to a rebooting board.",
