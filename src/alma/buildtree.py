@@ -41,6 +41,20 @@ DOWNLOADS = "downloads"
 SSTATE = "sstate-cache"
 
 
+def with_tclibcappend(tmpdir: str) -> Path:
+    """bitbake's TMPDIR once oe-core has appended TCLIBCAPPEND: a string concatenation, so a
+    TMPDIR written ``/x/`` becomes ``/x/-glibc`` (a directory inside /x), not ``/x-glibc``."""
+    return Path(f"{tmpdir}-glibc")
+
+
+def as_written(tmpdir: str) -> str:
+    """An exported TMPDIR as bitbake will concatenate it: kept as written when absolute (only
+    a relative one is made absolute, keeping a trailing '/')."""
+    if tmpdir.startswith("/"):
+        return tmpdir
+    return os.path.abspath(tmpdir) + ("/" if tmpdir.endswith("/") else "")
+
+
 # What kas (and bitbake) take from the environment. An exported value wins over the default
 # tree (docs/shared-builds.md): a shared DL_DIR/SSTATE_DIR, or a work dir on another disk.
 ENV_NAMES = ("KAS_WORK_DIR", "KAS_BUILD_DIR", "DL_DIR", "SSTATE_DIR")
@@ -52,7 +66,7 @@ class BuildTree:
     downloads_dir: Path | None = None  # DL_DIR when exported (else <work_dir>/downloads)
     sstate_dir: Path | None = None  # SSTATE_DIR when exported (else <work_dir>/sstate-cache)
     build_dir: Path | None = None  # KAS_BUILD_DIR when exported (else <work_dir>/<machine>)
-    tmp_dir: Path | None = None  # bitbake's TMPDIR before TCLIBCAPPEND, when not <TOPDIR>/tmp
+    tmp_dir: str | None = None  # bitbake's TMPDIR as written, before TCLIBCAPPEND, when not <TOPDIR>/tmp
     sources: tuple[tuple[str, str], ...] = ()  # (name, where its value came from)
 
     @property
@@ -78,17 +92,17 @@ class BuildTree:
         (exported or the kas files'), the one the last build of ``machine`` recorded, then the
         default under TOPDIR; each with and without TCLIBCAPPEND's ``-glibc``."""
         recorded = read_record(self.machine_dir(machine) / TREE_RECORD) or {}
-        bases = [self.tmp_dir, Path(recorded["TMPDIR"]) if recorded.get("TMPDIR", "").startswith("/") else None]
+        bases = [self.tmp_dir, recorded["TMPDIR"] if recorded.get("TMPDIR", "").startswith("/") else None]
         out: list[Path] = []
         for tmp in dict.fromkeys(b for b in bases if b is not None):
-            out += [Path(f"{tmp}-glibc"), tmp]
+            out += [with_tclibcappend(tmp), Path(tmp)]
         return out + [self.machine_dir(machine) / t for t in TMPDIR_NAMES]
 
     def bitbake_tmpdir(self, machine: str) -> Path:
         """bitbake's TMPDIR for a build of ``machine`` with this tree (the ALMA distro keeps
         TCLIBCAPPEND): what the disk check measures."""
         tmp = self.tmp_dir
-        return Path(f"{tmp}-glibc") if tmp else self.machine_dir(machine) / TMPDIR_NAMES[0]
+        return with_tclibcappend(tmp) if tmp else self.machine_dir(machine) / TMPDIR_NAMES[0]
 
     def deploy_dirs(self, machine: str) -> list[Path]:
         """Every place DEPLOY_DIR_IMAGE of ``machine`` can be, most likely first."""
@@ -119,7 +133,7 @@ def build_tree(
     build_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     kas_env: Mapping[str, str] | None = None,
-    kas_tmpdir: Path | None = None,
+    kas_tmpdir: str | None = None,
 ) -> BuildTree:
     """The tree of checkout ``root``.
 
@@ -160,7 +174,7 @@ def build_tree(
         sources.append((name, how))
     # not resolved: bitbake makes "<TMPDIR as written>-glibc", beside a link, not beside its target
     tmp_env = env.get("TMPDIR", "").strip()
-    tmp = kas_tmpdir if kas_tmpdir is not None else Path(os.path.abspath(tmp_env)) if tmp_env else None
+    tmp = kas_tmpdir if kas_tmpdir is not None else as_written(tmp_env) if tmp_env else None
     sources.append(("TMPDIR", "kas files local_conf_header" if kas_tmpdir else "environment" if tmp else "default"))
     return BuildTree(
         work,
@@ -219,7 +233,7 @@ def recorded_env(
         if data is None:
             continue
         tmp = data.get("TMPDIR")  # as bitbake was given it: through links, which deploy's parents are not
-        made_there = bool(tmp) and parents[2] in {Path(t).resolve() for t in (str(tmp), f"{tmp}-glibc")}
+        made_there = bool(tmp) and parents[2] in {Path(str(tmp)).resolve(), with_tclibcappend(str(tmp)).resolve()}
         if record == parents[3] / TREE_RECORD or made_there:
             return data, record
     return None

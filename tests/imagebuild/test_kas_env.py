@@ -376,8 +376,33 @@ def test_an_exported_tmpdir_that_is_a_link_puts_glibc_beside_the_link_as_bitbake
     link = tmp_path / "scratch"
     link.symlink_to(tmp_path / "big" / "tmp")
     tree = build_tree(tmp_path / "alma", None, {"TMPDIR": str(link)})
-    assert tree.tmp_dir == link
+    assert tree.tmp_dir == str(link)
     assert tree.bitbake_tmpdir(NANO) == Path(f"{link}-glibc")
+
+
+@pytest.mark.parametrize("written", ["{d}/", "{d}/./", "{d}//"])
+def test_a_tmpdir_written_with_a_trailing_slash_gets_glibc_inside_it_as_bitbake_does(
+    written: str, tmp_path: Path
+) -> None:
+    """oe-core's defaultsetup.conf appends to the text (``TMPDIR .= "${TCLIBCAPPEND}"``): a TMPDIR
+    written ``/x/`` is ``/x/-glibc``, a directory inside /x, not ``/x-glibc`` beside it. Exported
+    or set by a kas file, the plan, the disk check and verify must look where bitbake writes."""
+    from alma.buildtree import build_tree
+    from alma.imagebuild.plan import kas_tmpdir
+
+    d = tmp_path / "scratch"
+    value = written.format(d=d)
+    inside = d / "-glibc"
+    tree = build_tree(tmp_path / "alma", None, {"TMPDIR": value})
+    assert tree.bitbake_tmpdir(NANO) == inside
+    assert tree.deploy_dirs(NANO)[0] == inside / "deploy" / "images" / NANO
+
+    class Kas:
+        data = {"local_conf_header": {"tmp": f'TMPDIR = "{value}"\n'}}
+
+    got, expr = kas_tmpdir(Kas(), tmp_path / "topdir")  # type: ignore[arg-type]
+    assert expr is None and got is not None
+    assert build_tree(tmp_path / "alma", None, {}, kas_tmpdir=got).bitbake_tmpdir(NANO) == inside
 
 
 def test_verify_reads_the_record_of_a_tmpdir_reached_through_a_link(tmp_path: Path) -> None:

@@ -256,7 +256,7 @@ def kas_sets(kas: KasConfig, *names: str) -> tuple[str, ...]:
 _TMPDIR_SET = re.compile(r'^[ \t]*(?:export[ \t]+)?TMPDIR[ \t]*:?=[ \t]*"([^"]*)"[ \t]*$', re.M)
 
 
-def kas_tmpdir(kas: KasConfig, topdir: Path) -> tuple[Path | None, str | None]:
+def kas_tmpdir(kas: KasConfig, topdir: Path) -> tuple[str | None, str | None]:
     """bitbake's TMPDIR as the kas files set it in local_conf_header (kas writes the blocks in
     key order; the last plain assignment wins, and beats an exported TMPDIR): (path, None), or
     (None, the expression) when it is not a literal path alma can resolve (only ${TOPDIR} is)."""
@@ -267,7 +267,7 @@ def kas_tmpdir(kas: KasConfig, topdir: Path) -> tuple[Path | None, str | None]:
     value = found[-1].replace("${TOPDIR}", str(topdir))
     if "${" in value or not value.startswith("/"):
         return None, found[-1]
-    return Path(value), None
+    return value, None  # as written: bitbake appends -glibc to this text
 
 
 def _check_names(req: BuildRequest) -> None:
