@@ -85,3 +85,54 @@ def test_a_coordinator_slower_than_the_registration_timeout_is_waited_for(nats_s
     # gave up after --register-timeout, though the coordinator was there, only busy.
     _coordinator(nats_server.url, procs, tmp_path)
     _frozen_while_the_worker_starts(nats_server.url, procs, procs.procs["coord"], "register")
+
+
+PROBE = """
+import asyncio, sys
+import nats, nats.errors
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    try:
+        await nc.request(sys.argv[2], b"{}", timeout=2)
+        print("answered")
+    except nats.errors.NoRespondersError:
+        print("no responders")
+    except nats.errors.TimeoutError:
+        print("timeout")
+    await nc.close()
+asyncio.run(main())
+"""
+
+
+def test_the_status_file_is_written_only_once_the_server_holds_the_registration_subscription(
+    nats_server, tmp_path, monkeypatch
+) -> None:
+    """Readiness is the status file: a worker started once it exists must not meet "no
+    responders" (under load it did: the file was written before the subscription reached the
+    server, and a worker with --register-timeout 1 gave up on a coordinator that was there).
+    The probe runs while the coordinator is held inside its first status write, so what it
+    sees is the server's view alone: "timeout" (forwarded to the held coordinator), never
+    "no responders"."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from erancloud import coordinator
+
+    class Held(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def probe(self: coordinator.Coordinator) -> None:
+        subject = f"{protocol.REGISTER_PREFIX}.probe"
+        r = subprocess.run([sys.executable, "-c", PROBE, nats_server.url, subject],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        seen.append(r.stdout.strip() or r.stderr[-500:])
+        raise Held
+
+    monkeypatch.setattr(coordinator.Coordinator, "write_status", probe)
+    cfg = coordinator.Config(rounds=1, status_path=tmp_path / "status.json")
+    with pytest.raises(Held):
+        asyncio.run(coordinator.run(nats_server.url, cfg, lambda _: None))
+    assert seen == ["timeout"]

@@ -33,3 +33,15 @@ def test_a_non_finite_number_is_refused_before_anything_is_touched(
     assert code == 2
     assert "finite" in err or "range" in err
     assert not lab_dir.exists()
+
+
+def test_more_cpus_per_board_than_the_host_has_is_refused_before_anything_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("alma.lab.board.os.geteuid", lambda: 0)
+    monkeypatch.setattr("alma.cli.lab.os.cpu_count", lambda: 2)
+    lab_dir = tmp_path / "lab"
+    code, _, err = run_cli(capsys, "lab", "up", "--boards", "4", "--cpus", "3", "--dir", lab_dir)
+    assert code == 2
+    assert "this host has 2 cores" in err and "--cpus 0.5" in err
+    assert not lab_dir.exists()

@@ -76,7 +76,7 @@ _OTA_CERT_HELP = (
 @click.option("--ota-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=_OTA_CERT_HELP)
 @click.option(
     "--cpus",
-    type=click.FloatRange(min=0.05, max=float(os.cpu_count() or 1)),
+    type=click.FloatRange(min=0.05),  # at most the host's cores: checked in the body (the help is host-free)
     callback=finite,
     default=None,
     help="Hold each board to this many of the host's cores (CFS bandwidth on its cgroup), as a real board "
@@ -95,9 +95,13 @@ def up(
     as_json: bool,
 ) -> None:
     """Start virtual boards and wait until each one is ready (systemd up, ssh answers)."""
+    from alma.errors import UserError
     from alma.lab import board
 
     board.require_root()
+    host_cpus = os.cpu_count() or 1
+    if cpus is not None and cpus > host_cpus:
+        raise UserError(f"--cpus {cpus:g}: this host has {host_cpus} cores", hint=f"--cpus {host_cpus / count:g}")
     lab_path = _lab_dir(lab_dir)
     if ota_cert is not None:
         board.use_ota_cert(lab_path, ota_cert)

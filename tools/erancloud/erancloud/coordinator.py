@@ -792,8 +792,12 @@ async def run(
         await replies.connect(buckets=False)
         await coord.load_or_init()
         await coord._save_state()  # take the round state: a second coordinator would now fail its CAS
-        coord.write_status()
         sub = await replies.nc.subscribe(f"{protocol.REGISTER_PREFIX}.*", cb=coord.on_register)
+        # The status file says "serving": written once the server holds the subscription (a
+        # flush is a round trip behind the SUB), so a worker started after it never meets "no
+        # responders" from a coordinator that is there but had not subscribed yet.
+        await replies.nc.flush(timeout=max(1, round(timeout)))
+        coord.write_status()
         watcher: Any = None
         outage = Outage(store, cfg.outage_window, log)
         last_status = time.monotonic()
