@@ -1,8 +1,11 @@
 """`alma lint` says what it is doing before the slow parts (it printed
 nothing for ~20 s while oelint-adv ran, and looked hung). The real CLI in its own process, its
-stderr read line by line as it arrives: the first progress line must come within 1 s of the
-interpreter's own start-up (measured in the same test: `alma --version`), and the line naming
-oelint-adv before oelint-adv's first file is read. stdout stays findings only."""
+stderr read line by line as it arrives, with Python's own import trace in the same stream
+(PYTHONPROFILEIMPORTTIME): the first progress line must come before kas or its schema
+(jsonschema) is imported (an order in one stream, whatever the host's load), and the line naming
+oelint-adv before oelint-adv's first file is read. stdout stays findings only. (A limit of
+"1 s after the interpreter's start-up" failed beside 16 busy loops: the order is the property,
+the start-up it rides on is bench/bench_startup.py's.)"""
 
 from __future__ import annotations
 
@@ -22,22 +25,19 @@ def _lines_with_times(argv: list[str], env: dict[str, str]) -> tuple[list[tuple[
     return lines, out, proc.wait(timeout=600)
 
 
-def test_lint_shows_progress_within_a_second_of_start_up_and_before_oelint(checkout: Path) -> None:
-    env = dict(os.environ, ALMA_ROOT=str(checkout), PYTHONUNBUFFERED="1")
-
-    def start_up() -> float:
-        t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "alma", "--version"], env=env, capture_output=True, check=True)
-        return time.monotonic() - t0
-
-    before = start_up()
+def test_lint_shows_progress_before_its_slow_imports_and_before_oelint(checkout: Path) -> None:
+    env = dict(os.environ, ALMA_ROOT=str(checkout), PYTHONUNBUFFERED="1", PYTHONPROFILEIMPORTTIME="1")
     lines, out, code = _lines_with_times([sys.executable, "-m", "alma", "lint"], env)
-    start = max(before, start_up())  # measured either side of the run: the host's load moves
     assert code == 0, (lines, out)
     progress = [(t, line) for t, line in lines if line.startswith("alma lint: ")]
     assert progress, lines
-    first_t, first = progress[0]
-    assert first_t < start + 1.0, f"first progress line after {first_t:.2f} s (start-up {start:.2f} s)"
+    stream = [line for _, line in lines]
+    first = stream.index(progress[0][1])
+    imported = [line.rsplit("|", 1)[-1].strip() for line in stream if line.startswith("import time:")]
+    assert "kas" in imported and "jsonschema" in imported, imported[-20:]  # the trace sees them
+    heavy = [i for i, line in enumerate(stream) if line.startswith("import time:")
+             and line.rsplit("|", 1)[-1].strip().split(".")[0] in ("kas", "jsonschema")]  # fmt: skip
+    assert first < min(heavy), stream[: min(heavy) + 1][-10:]
     steps = [line for _, line in progress]
     assert any("kas files" in s for s in steps), steps
     assert any("running oelint-adv on layers/" in s for s in steps), steps
