@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from support import REPO
+from support import REPO, wait_for
 from support_fleet import HEALTH, Sshd
 from support_guard import FakeBoard, orin_zones
 
@@ -304,8 +305,22 @@ def test_control_persist_reuses_one_connection(sshd: Sshd, boards: dict[str, Pat
         shutil.rmtree(cm, ignore_errors=True)
 
 
+def _running(argv: list[str]) -> int:
+    """How many processes on this host run exactly ``argv``."""
+    want = "\0".join(argv).encode() + b"\0"
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            n += Path(f"/proc/{pid}/cmdline").read_bytes() == want
+        except OSError:
+            continue
+    return n
+
+
 def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> None:
-    f = fleet_file(tmp_path, sshd, [("node-h1", "board", "sleep 600"), ("node-h2", "board", "sleep 600")])
+    # a duration of this test's own, so its remote commands can be told from every other test's
+    hang = ["sleep", f"600.{uuid.uuid4().int % 10**6:06d}"]
+    f = fleet_file(tmp_path, sshd, [("node-h1", "board", " ".join(hang)), ("node-h2", "board", " ".join(hang))])
     proc = subprocess.Popen(
         [*ALMA, "fleet", "health", "--fleet", str(f), "--no-save", "--timeout", "300"],
         cwd=REPO,
@@ -313,7 +328,10 @@ def test_ctrl_c_stops_every_call_and_exits_130(sshd: Sshd, tmp_path: Path) -> No
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.0)  # both ssh calls are connected and waiting
+    # both ssh calls connected and their commands running (a fixed sleep here was not enough
+    # under load: the interrupt landed while Python was still importing)
+    wait_for(lambda: _running(hang) == 2 or proc.poll() is not None, 120, "both nodes' commands running")
+    assert proc.poll() is None, proc.communicate()
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
