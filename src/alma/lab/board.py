@@ -69,6 +69,16 @@ exec /usr/bin/unshare --net -- /usr/bin/swupdate "$@"
 """
 
 
+def _namespace_init(pid: int) -> bool:
+    """Whether ``pid`` is PID 1 of a pid namespace below the host's (NSpid ends in 1)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                ids = line.split()[1:]
+                return len(ids) > 1 and ids[-1] == "1"
+    return False
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         raise UserError(
@@ -180,12 +190,23 @@ class Board:
         return self._pid("supervisor")
 
     def init_pid(self) -> int | None:
-        """The container's PID 1, as a host pid (the child of systemd-nspawn)."""
+        """The container's PID 1, as a host pid: the descendant of systemd-nspawn that is PID 1
+        of its own pid namespace. Not merely nspawn's first child: while the container starts,
+        that is nspawn's outer child (in the host's namespace), and a power cut or an nsenter
+        aimed at it would miss the board."""
         nspawn = self._pid("nspawn")
         if nspawn is None:
             return None
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            return int(Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()[0])
+        level = [nspawn]
+        for _ in range(3):  # nspawn -> outer child -> PID 1, until the outer child exits
+            below: list[int] = []
+            for pid in level:
+                with contextlib.suppress(OSError, ValueError):
+                    below += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            for pid in below:
+                if _namespace_init(pid):
+                    return pid
+            level = below
         return None
 
     def boots(self) -> int:
