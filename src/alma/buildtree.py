@@ -232,8 +232,8 @@ def recorded_env(
         data = read_record(record)
         if data is None:
             continue
-        tmp = data.get("TMPDIR")  # as bitbake was given it: through links, which deploy's parents are not
-        made_there = bool(tmp) and parents[2] in {Path(str(tmp)).resolve(), with_tclibcappend(str(tmp)).resolve()}
+        tmp = data.get("TMPDIR") or ""  # as bitbake was given it: through links, which deploy's parents are not
+        made_there = bool(tmp) and parents[2] in {Path(tmp).resolve(), with_tclibcappend(tmp).resolve()}
         if record == parents[3] / TREE_RECORD or made_there:
             return data, record
     return None

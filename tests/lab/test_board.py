@@ -118,12 +118,12 @@ def test_up_fleet_health_over_ssh_heat_then_down_leaves_nothing(
         assert not [line for line in added if line.split(":")[0] in ("alma", "eran-job", "wheel")], added
     assert not lab_dir.exists()
     assert not any(Path("/run/systemd/nspawn/propagate", n).exists() for n in names)
-    v2 = supervise.cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+    v2 = supervise.cgroup_mount(Path("/proc/self/mountinfo").read_text())
     # no cgroup left; os.walk, unlike rglob, steps over the cgroups of other tests' boards that
     # vanish while it walks
     ours = {f"alma-lab-{n}" for n in names}
     assert v2 is None or not [d for _, dirs, _ in os.walk(v2) for d in dirs if d in ours]
-    v1cpu = supervise.cgroup1_mount(Path("/proc/self/mountinfo").read_text(), "cpu")
+    v1cpu = supervise.cgroup_mount(Path("/proc/self/mountinfo").read_text(), "cpu")
     assert v1cpu is None or not [d for _, dirs, _ in os.walk(v1cpu) for d in dirs if d in ours]
 
 

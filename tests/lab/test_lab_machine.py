@@ -90,9 +90,9 @@ def test_the_cgroup_v2_mount_is_found_on_hybrid_and_unified_hosts() -> None:
         "37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
     )
     unified = "30 25 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
-    assert supervise.cgroup2_mount(hybrid) == Path("/sys/fs/cgroup/unified")
-    assert supervise.cgroup2_mount(unified) == Path("/sys/fs/cgroup")
-    assert supervise.cgroup2_mount("37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
+    assert supervise.cgroup_mount(hybrid) == Path("/sys/fs/cgroup/unified")
+    assert supervise.cgroup_mount(unified) == Path("/sys/fs/cgroup")
+    assert supervise.cgroup_mount("37 35 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
 
 
 def test_the_cpu_controller_s_v1_hierarchy_is_found_by_its_option_not_its_name() -> None:
@@ -101,9 +101,9 @@ def test_the_cpu_controller_s_v1_hierarchy_is_found_by_its_option_not_its_name()
         "37 35 0:32 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
         "38 35 0:33 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
     )
-    assert supervise.cgroup1_mount(mountinfo, "cpu") == Path("/sys/fs/cgroup/cpu,cpuacct")
-    assert supervise.cgroup1_mount(mountinfo, "cpuacct") == Path("/sys/fs/cgroup/cpu,cpuacct")
-    assert supervise.cgroup1_mount(mountinfo, "memory") is None  # "cpuset" is not "cpu" either
+    assert supervise.cgroup_mount(mountinfo, "cpu") == Path("/sys/fs/cgroup/cpu,cpuacct")
+    assert supervise.cgroup_mount(mountinfo, "cpuacct") == Path("/sys/fs/cgroup/cpu,cpuacct")
+    assert supervise.cgroup_mount(mountinfo, "memory") is None  # "cpuset" is not "cpu" either
 
 
 def test_a_board_whose_cpu_budget_cannot_be_enforced_is_not_booted(
@@ -116,7 +116,7 @@ def test_a_board_whose_cpu_budget_cannot_be_enforced_is_not_booted(
     board.mkdir()
     (board / supervise.CPUS_FILE).write_text("0.5\n")
     monkeypatch.setattr(supervise, "own_cgroup", lambda b: None)
-    monkeypatch.setattr(supervise, "cgroup1_mount", lambda mountinfo, controller: None)
+    monkeypatch.setattr(supervise, "cgroup_mount", lambda mountinfo, controller=None: None)
     booted: list[object] = []
     monkeypatch.setattr(supervise.subprocess, "Popen", lambda *a, **k: booted.append(a))
     assert supervise.main([str(board)]) == 1
@@ -320,3 +320,14 @@ def test_the_board_s_init_is_pid_1_of_its_namespace_not_nspawn_s_first_child(tmp
         subprocess.run(["pkill", "-KILL", "-P", str(tree.pid)], check=False)  # unshare: its child goes with it
         tree.kill()
         tree.wait()
+
+
+@pytest.mark.parametrize("text", ["nan", "-1", "0", "lots"])
+def test_a_cpu_budget_that_is_not_a_number_of_cores_is_refused(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    board = tmp_path / "vb1"
+    board.mkdir()
+    (board / supervise.CPUS_FILE).write_text(f"{text}\n")
+    with pytest.raises(OSError, match="not a number of cores"):
+        supervise.cpu_budget(board, None)

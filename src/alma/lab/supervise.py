@@ -10,6 +10,7 @@ for ``HANG_S`` and the power-on starts again (the watchdog's reset; the retry is
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -51,14 +52,27 @@ def nspawn_argv(board: Path, plan: machine.BootPlan | None = None) -> list[str]:
     ]  # fmt: skip
 
 
-def cgroup2_mount(mountinfo: str) -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` or, on a hybrid host,
-    ``/sys/fs/cgroup/unified``), from /proc/self/mountinfo."""
+def cgroup_mount(mountinfo: str, controller: str | None = None) -> Path | None:
+    """Where a cgroup hierarchy is mounted, from /proc/self/mountinfo: v2's (``/sys/fs/cgroup``,
+    or ``/sys/fs/cgroup/unified`` on a hybrid host) when ``controller`` is None, else the v1
+    hierarchy holding ``controller`` (``/sys/fs/cgroup/cpu,cpuacct``, say)."""
     for line in mountinfo.splitlines():
         left, _, right = line.partition(" - ")
-        if right.split(" ", 1)[0] == "cgroup2":
+        fields = right.split()
+        if controller is None and fields[:1] == ["cgroup2"]:
+            return Path(left.split()[4])
+        if controller is not None and len(fields) >= 3 and fields[0] == "cgroup" and controller in fields[2].split(","):
             return Path(left.split()[4])
     return None
+
+
+def my_cgroup(controller: str | None = None) -> str:
+    """This process's cgroup in the hierarchy ``cgroup_mount`` names (from /proc/self/cgroup)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (controllers == "") if controller is None else (controller in controllers.split(",")):
+            return path
+    return "/"
 
 
 def own_cgroup(board: Path) -> Path | None:
@@ -67,26 +81,14 @@ def own_cgroup(board: Path) -> Path | None:
     so boards started from one cgroup would all share one tree: each board's systemd would see
     the others' processes in "its" units (a stop waits out its timeout for them, a freeze of
     alma-work.slice would reach every board). Returns the cgroup, or None without cgroup v2."""
-    mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+    mount = cgroup_mount(Path("/proc/self/mountinfo").read_text())
     if mount is None:
         return None
-    mine = next((ln[3:] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")), "/")
-    cg = mount / mine.lstrip("/") / f"alma-lab-{board.name}"
+    cg = mount / my_cgroup().lstrip("/") / f"alma-lab-{board.name}"
     cg.mkdir(exist_ok=True)
     (board / CGROUP_FILE).write_text(f"{cg}\n")
     (cg / "cgroup.procs").write_text(f"{os.getpid()}\n")
     return cg
-
-
-def cgroup1_mount(mountinfo: str, controller: str) -> Path | None:
-    """Where the cgroup v1 hierarchy holding ``controller`` is mounted (``/sys/fs/cgroup/cpu``
-    or ``.../cpu,cpuacct`` on a hybrid host), from /proc/self/mountinfo."""
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        fields = right.split()
-        if len(fields) >= 3 and fields[0] == "cgroup" and controller in fields[2].split(","):
-            return Path(left.split()[4])
-    return None
 
 
 def cpu_budget(board: Path, own: Path | None) -> Path | None:
@@ -96,9 +98,15 @@ def cpu_budget(board: Path, own: Path | None) -> Path | None:
     board's own in v1's cpu hierarchy. Returns where, None without a budget; OSError when it
     cannot be enforced (the board must not boot pretending it is)."""
     try:
-        cpus = float((board / CPUS_FILE).read_text())
+        text = (board / CPUS_FILE).read_text().strip()
     except FileNotFoundError:
         return None
+    try:
+        cpus = float(text)
+    except ValueError:
+        cpus = math.nan
+    if not math.isfinite(cpus) or cpus <= 0:
+        raise OSError(f"{board / CPUS_FILE}: {text[:40]!r} is not a number of cores")
     quota = f"{max(1000, round(cpus * CPU_PERIOD_US))}"
     if own is not None:
         with contextlib.suppress(OSError):  # refused when the parent holds processes of its own
@@ -106,15 +114,10 @@ def cpu_budget(board: Path, own: Path | None) -> Path | None:
         if (own / "cpu.max").exists():
             (own / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}\n")
             return own
-    mount = cgroup1_mount(Path("/proc/self/mountinfo").read_text(), "cpu")
+    mount = cgroup_mount(Path("/proc/self/mountinfo").read_text(), "cpu")
     if mount is None:
         raise OSError("no cpu controller for the board: cgroup v2's cpu.max cannot be enabled, no v1 cpu hierarchy")
-    mine = next(
-        (f[2] for f in (ln.split(":", 2) for ln in Path("/proc/self/cgroup").read_text().splitlines())
-         if len(f) == 3 and "cpu" in f[1].split(",")),
-        "/",
-    )  # fmt: skip
-    cg = mount / mine.lstrip("/") / f"alma-lab-{board.name}"
+    cg = mount / my_cgroup("cpu").lstrip("/") / f"alma-lab-{board.name}"
     cg.mkdir(exist_ok=True)
     (board / CPU_CGROUP_FILE).write_text(f"{cg}\n")
     (cg / "cpu.cfs_period_us").write_text(f"{CPU_PERIOD_US}\n")
